@@ -1,0 +1,158 @@
+"""Step-named, atomically completed checkpoints on top of `accelerator.save_state` / `load_state`.
+
+Layout of `<output_dir>/checkpoints/`:
+
+    step_00001200/            complete checkpoint (the name exists only once everything is written)
+        model.safetensors     weights, rank 0      ─┐
+        optimizer.bin         rank 0                │ accelerate.save_state
+        random_states_<r>.pkl every rank            │
+        custom_checkpoint_*.pkl  registered objects ─┘  (TrainState, LR scheduler; rank 0)
+        train_state.json      human-readable position (rank 0)
+        config.yaml           the resolved config (rank 0)
+        COMPLETE              marker: written last, then the folder is renamed into place
+    .step_00001300.tmp/       a save in progress (or killed mid-save): never loaded
+
+Why not accelerate's own naming: `automatic_checkpoint_naming` never restores its counter on load
+(accelerate #1601, #3306) and `total_limit` deletes the oldest checkpoint *before* writing the new
+one, so a crash mid-save can leave nothing. Here pruning happens only after the new checkpoint is
+complete, and `find_latest_checkpoint` ignores anything without the marker.
+
+Every function that contains a collective says so; all ranks must call those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CHECKPOINT_RE = re.compile(r"^step_(\d{8})$")
+MARKER = "COMPLETE"
+
+# Config keys that may change between the interrupted run and its re-launch without breaking
+# exactness (they only say where to stop, how often to save/log, or where to write).
+RESUME_SAFE_KEYS = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
+                    "eval_steps", "num_workers", "report_to", "data_cache_dir")
+
+
+@dataclasses.dataclass
+class TrainState:
+    """The training position. Registered with `accelerator.register_for_checkpointing`."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch (0-based)
+    batches_in_epoch: int = 0  # this rank's batches already consumed in `epoch`
+    world_size: int = 1
+    gradient_accumulation_steps: int = 1
+    config_hash: str = ""  # config_hash(config, ignore=RESUME_SAFE_KEYS)
+    config: dict = dataclasses.field(default_factory=dict)  # the resolved config, for diffs
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / "checkpoints" / f"step_{step:08d}"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if CHECKPOINT_RE.match(p.name) and (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(output_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in sorted(path.iterdir()):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, save_total_limit: int | None) -> Path:
+    """Save everything needed to resume at `state.step`. Collective: call on every rank.
+
+    Must be called at an optimizer-step boundary (gradients of an unfinished accumulation window
+    are not saved by anyone).
+    """
+    final = checkpoint_dir(output_dir, state.step)
+    tmp = final.parent / f".{final.name}.tmp"
+    if accelerator.is_main_process:  # a save killed earlier may have left a partial folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))  # every rank: its RNG file; rank 0: model, optimizer, objects
+    accelerator.wait_for_everyone()  # accelerate has no barrier at the end of save_state
+    if accelerator.is_main_process:
+        (tmp / "train_state.json").write_text(json.dumps(state.state_dict(), indent=2))
+        with open(tmp / "config.yaml", "w") as f:
+            yaml.safe_dump(state.config, f, sort_keys=False)
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / MARKER).write_text(json.dumps({"step": state.step, "files": files}, indent=2))
+        _fsync_tree(tmp)
+        if final.exists():  # the same step saved twice (e.g. final save right after a periodic one)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        if save_total_limit:
+            for old in list_checkpoints(output_dir)[:-save_total_limit]:
+                shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainState) -> Path | None:
+    """Load the newest complete checkpoint into the prepared objects and `state`, if any.
+
+    Collective: call on every rank, after `accelerator.prepare` and `register_for_checkpointing`.
+    Refuses a checkpoint whose world size, accumulation or data-affecting config differs: the
+    resumed run could not reproduce the uninterrupted one.
+    """
+    ckpt = find_latest_checkpoint(output_dir)
+    if ckpt is None:
+        return None
+    saved = json.loads((ckpt / "train_state.json").read_text())
+    problems = []
+    for key in ("world_size", "gradient_accumulation_steps"):
+        if saved[key] != getattr(state, key):
+            problems.append(f"{key}: checkpoint {saved[key]} != now {getattr(state, key)}")
+    if saved["config_hash"] != state.config_hash:
+        for k in sorted(set(saved["config"]) | set(state.config)):
+            if k not in RESUME_SAFE_KEYS and saved["config"].get(k) != state.config.get(k):
+                problems.append(f"{k}: checkpoint {saved['config'].get(k)!r} != now {state.config.get(k)!r}")
+    if problems:
+        raise RuntimeError(
+            f"refusing to resume from {ckpt}: it was made with a different setting\n  "
+            + "\n  ".join(problems)
+            + "\nUse a new --output_dir, or re-launch with the checkpoint's settings."
+        )
+    config_now = state.config
+    accelerator.load_state(str(ckpt))
+    state.config = config_now  # resume-safe keys (max_steps, ...) keep their new values
+    return ckpt

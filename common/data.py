@@ -1,0 +1,186 @@
+"""Manifests, audio loading, and the duration-bucketing batch sampler.
+
+Data contract that makes resume exact and DDP honest:
+- a manifest is sorted by utterance id, so its order never depends on the file system;
+- the batch sampler is a pure function of (seed, epoch, world_size): every rank builds the same
+  global list of batches, whose length is a multiple of world_size. Accelerate then deals batch i
+  to rank i % world_size, so ranks see disjoint samples and the same number of steps, and its
+  `even_batches` padding (which re-serves the first batches, duplicating samples) never triggers;
+- per-sample randomness (masking, augmentation) comes from `sample_generator(seed, epoch, id)`,
+  so worker count, sharding and `skip_first_batches` cannot change it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio
+
+from common.distributed import derive_seed
+
+# ---------------------------------------------------------------------------------------------
+# Manifests (Hugging Face `datasets`)
+# ---------------------------------------------------------------------------------------------
+
+
+def read_librispeech(root: str | Path, splits: str) -> datasets.Dataset:
+    """LibriSpeech layout: `<root>/<split>/<spk>/<chap>/<spk>-<chap>-<utt>.flac` + `<spk>-<chap>.trans.txt`.
+
+    `splits` is one subfolder name or several joined by commas (`train-clean-100,train-clean-360`).
+    Columns: id, path, text (as in the transcript), speaker, duration (seconds), sample_rate.
+    """
+    rows = []
+    for split in splits.split(","):
+        split_dir = Path(root) / split
+        if not split_dir.is_dir():
+            raise FileNotFoundError(f"LibriSpeech split folder not found: {split_dir}")
+        for trans in sorted(split_dir.glob("*/*/*.trans.txt")):
+            for line in trans.read_text().splitlines():
+                if not line.strip():
+                    continue
+                utt_id, _, text = line.partition(" ")
+                path = trans.parent / f"{utt_id}.flac"
+                info = sf.info(str(path))
+                rows.append(
+                    dict(
+                        id=utt_id,
+                        path=str(path),
+                        text=text.strip(),
+                        speaker=utt_id.split("-")[0],
+                        duration=info.frames / info.samplerate,
+                        sample_rate=info.samplerate,
+                    )
+                )
+    rows.sort(key=lambda r: r["id"])
+    return datasets.Dataset.from_list(rows)
+
+
+def read_ljspeech(root: str | Path) -> datasets.Dataset:
+    """LJSpeech layout: `<root>/metadata.csv` (`id|raw text|normalized text`) + `<root>/wavs/<id>.wav`."""
+    rows = []
+    for line in (Path(root) / "metadata.csv").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        utt_id, raw, *rest = line.split("|")
+        path = Path(root) / "wavs" / f"{utt_id}.wav"
+        info = sf.info(str(path))
+        rows.append(
+            dict(
+                id=utt_id,
+                path=str(path),
+                text=(rest[0] if rest else raw).strip(),
+                speaker="ljspeech",
+                duration=info.frames / info.samplerate,
+                sample_rate=info.samplerate,
+            )
+        )
+    rows.sort(key=lambda r: r["id"])
+    return datasets.Dataset.from_list(rows)
+
+
+def load_audio(path: str, sample_rate: int) -> torch.Tensor:
+    """Mono float32 waveform in [-1, 1] at `sample_rate` Hz, shape (samples,)."""
+    wav, sr = sf.read(path, dtype="float32", always_2d=True)  # (samples, channels)
+    wav = torch.from_numpy(wav).mean(dim=1)
+    if sr != sample_rate:
+        wav = torchaudio.functional.resample(wav, sr, sample_rate)
+    return wav
+
+
+def sample_generator(seed: int, epoch: int, sample_id: str) -> torch.Generator:
+    """The only source of per-sample randomness: a pure function of (seed, epoch, sample id)."""
+    return torch.Generator().manual_seed(derive_seed(seed, epoch, sample_id))
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching
+# ---------------------------------------------------------------------------------------------
+
+
+class DurationBatchSampler:
+    """Dynamic batches of similar-length utterances, sized in seconds of (padded) audio.
+
+    Each epoch: sort utterances by duration (random tie-break), cut into `num_buckets` buckets of
+    equal count, shuffle inside each bucket, then pack greedily so that
+    `len(batch) * max(duration in batch) <= max_batch_seconds` (the padded size, which is what
+    costs memory and compute); finally shuffle the batch order. An utterance longer than
+    `max_batch_seconds` gets a batch of its own.
+
+    The result is identical on every rank. Its length is made a multiple of `world_size` by
+    splitting the largest batches, so Accelerate's round-robin sharding covers every utterance
+    exactly once with equal step counts. Do not shard it again (accelerate #4075).
+    """
+
+    def __init__(
+        self,
+        durations: list[float] | np.ndarray,
+        max_batch_seconds: float,
+        *,
+        num_buckets: int = 10,
+        shuffle: bool = True,
+        seed: int = 0,
+        world_size: int = 1,
+        max_batch_size: int | None = None,
+    ):
+        self.durations = np.asarray(durations, dtype=np.float64)
+        if len(self.durations) < world_size:
+            raise ValueError(f"{len(self.durations)} utterances cannot feed {world_size} processes")
+        self.max_batch_seconds = max_batch_seconds
+        self.num_buckets = max(1, min(num_buckets, len(self.durations)))
+        self.shuffle = shuffle
+        self.seed = seed
+        self.world_size = world_size
+        self.max_batch_size = max_batch_size or len(self.durations)
+        self.epoch = 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[list[int]]:
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        rng = np.random.default_rng(derive_seed(self.seed, "batches", self.epoch))
+        n = len(self.durations)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = order[np.argsort(self.durations[order], kind="stable")]
+        batches: list[list[int]] = []
+        for bucket in np.array_split(order, self.num_buckets):
+            if self.shuffle:
+                bucket = rng.permutation(bucket)
+            batch: list[int] = []
+            longest = 0.0
+            for idx in bucket.tolist():
+                d = float(self.durations[idx])
+                fits = (len(batch) + 1) * max(longest, d) <= self.max_batch_seconds
+                if batch and (not fits or len(batch) >= self.max_batch_size):
+                    batches.append(batch)
+                    batch, longest = [], 0.0
+                batch.append(idx)
+                longest = max(longest, d)
+            if batch:
+                batches.append(batch)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        # Make the count a multiple of world_size by halving the largest batches (never dropping).
+        while len(batches) % self.world_size:
+            big = max(range(len(batches)), key=lambda i: (len(batches[i]), -i))
+            b = batches[big]
+            if len(b) < 2:
+                raise ValueError(
+                    f"cannot split {n} utterances into a multiple of {self.world_size} batches; "
+                    "raise max_batch_seconds"
+                )
+            batches[big : big + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
+        self._cache = (self.epoch, batches)
+        return batches
+
+    def __iter__(self):
+        yield from self.batches()
+
+    def __len__(self) -> int:
+        return len(self.batches())

@@ -1,0 +1,104 @@
+import json
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from common.checkpoint import (TrainState, checkpoint_dir, find_latest_checkpoint, list_checkpoints,
+                               resume_from_checkpoint, save_checkpoint)
+
+
+def setup(seed=0):
+    torch.manual_seed(seed)
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    model, opt = accelerator.prepare(model, opt)
+    state = TrainState(world_size=1, gradient_accumulation_steps=1, config_hash="h",
+                       config={"lr": 0.1, "max_steps": 10})
+    accelerator.register_for_checkpointing(state, sched)
+    return accelerator, model, opt, sched, state
+
+
+def train_step(model, opt, sched):
+    model(torch.randn(2, 4)).pow(2).sum().backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+
+
+def test_roundtrip_prune_and_marker(tmp_path):
+    accelerator, model, opt, sched, state = setup()
+    for step in range(1, 5):
+        train_step(model, opt, sched)
+        state.step, state.batches_in_epoch = step, step
+        save_checkpoint(accelerator, tmp_path, state, save_total_limit=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
+    latest = find_latest_checkpoint(tmp_path)
+    assert latest == checkpoint_dir(tmp_path, 4)
+    marker = json.loads((latest / "COMPLETE").read_text())
+    assert marker["step"] == 4 and "model.safetensors" in marker["files"]
+    assert json.loads((latest / "train_state.json").read_text())["batches_in_epoch"] == 4
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    lr = sched.get_last_lr()
+
+    # a fresh process state: different init, then resume
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    assert resume_from_checkpoint(accelerator2, tmp_path, state2) == latest
+    assert state2.step == 4 and state2.batches_in_epoch == 4
+    assert all(torch.equal(weights[k], v) for k, v in model2.state_dict().items())
+    assert sched2.get_last_lr() == lr
+    # the same next step gives the same result
+    torch.manual_seed(5)
+    train_step(model, opt, sched)
+    torch.manual_seed(5)
+    train_step(model2, opt2, sched2)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+
+
+def test_incomplete_checkpoints_are_ignored(tmp_path):
+    accelerator, model, opt, sched, state = setup()
+    state.step = 2
+    save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    # a save killed mid-way: temp folder, and a step folder without marker
+    (tmp_path / "checkpoints" / ".step_00000003.tmp").mkdir()
+    checkpoint_dir(tmp_path, 4).mkdir()
+    assert find_latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 2)
+    # the next real save of step 3 replaces the leftover temp folder
+    state.step = 3
+    save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    assert find_latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 3)
+    assert not (tmp_path / "checkpoints" / ".step_00000003.tmp").exists()
+
+
+def test_no_checkpoint_means_fresh_start(tmp_path):
+    accelerator, model, opt, sched, state = setup()
+    assert resume_from_checkpoint(accelerator, tmp_path, state) is None
+
+
+@pytest.mark.parametrize("change", ["world_size", "gradient_accumulation_steps", "config"])
+def test_mismatched_checkpoint_is_refused(tmp_path, change):
+    accelerator, model, opt, sched, state = setup()
+    state.step = 1
+    save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    accelerator2, model2, opt2, sched2, state2 = setup()
+    if change == "config":
+        state2.config = {"lr": 0.2, "max_steps": 10}
+        state2.config_hash = "other"
+        expected = "lr: checkpoint 0.1 != now 0.2"
+    else:
+        setattr(state2, change, 2)
+        expected = change
+    with pytest.raises(RuntimeError, match=expected):
+        resume_from_checkpoint(accelerator2, tmp_path, state2)
+
+
+def test_resume_safe_keys_may_change(tmp_path):
+    accelerator, model, opt, sched, state = setup()
+    state.step = 1
+    save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    accelerator2, model2, opt2, sched2, state2 = setup()
+    state2.config = {"lr": 0.1, "max_steps": 99}  # same hash: max_steps is resume-safe
+    assert resume_from_checkpoint(accelerator2, tmp_path, state2) is not None
+    assert state2.config["max_steps"] == 99

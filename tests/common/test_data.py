@@ -1,0 +1,73 @@
+import numpy as np
+import pytest
+import torch
+
+from common.data import DurationBatchSampler, sample_generator
+from common.distributed import derive_seed
+
+
+def durations(n=103, seed=0):
+    return np.random.default_rng(seed).uniform(1.0, 8.0, n)
+
+
+def shard(batches, rank, world):
+    return batches[rank::world]  # what accelerate's BatchSamplerShard does with even_batches
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_epoch_covers_once_disjoint_equal_steps(world):
+    d = durations()
+    s = DurationBatchSampler(d, 20.0, num_buckets=5, seed=1, world_size=world)
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        batches = list(s)
+        assert len(batches) == len(s) and len(batches) % world == 0
+        flat = [i for b in batches for i in b]
+        assert sorted(flat) == list(range(len(d)))  # every utterance exactly once, none dropped
+        per_rank = [shard(batches, r, world) for r in range(world)]
+        assert len({len(p) for p in per_rank}) == 1  # same number of steps on every rank
+        for b in batches:
+            assert b and (len(b) == 1 or len(b) * d[b].max() <= 20.0)
+
+
+def test_pure_function_of_seed_and_epoch():
+    d = durations()
+    a = DurationBatchSampler(d, 20.0, seed=3, world_size=2)
+    b = DurationBatchSampler(d, 20.0, seed=3, world_size=2)
+    b.set_epoch(5)
+    list(b)  # a different state before must not matter
+    b.set_epoch(1)
+    a.set_epoch(1)
+    assert list(a) == list(b)
+    a.set_epoch(2)
+    assert list(a) != list(b)  # epochs differ
+    c = DurationBatchSampler(d, 20.0, seed=4, world_size=2)
+    c.set_epoch(1)
+    assert list(c) != list(b)
+
+
+def test_buckets_group_similar_lengths():
+    d = durations(400)
+    s = DurationBatchSampler(d, 30.0, num_buckets=10, seed=0)
+    spread = np.mean([d[b].max() - d[b].min() for b in s if len(b) > 1])
+    assert spread < 1.0  # random batches would spread over ~5 s
+
+
+def test_no_shuffle_is_fixed():
+    s = DurationBatchSampler(durations(), 20.0, shuffle=False, world_size=2)
+    first = list(s)
+    s.set_epoch(7)
+    assert list(s) == first
+
+
+def test_too_few_utterances():
+    with pytest.raises(ValueError):
+        DurationBatchSampler([1.0], 10.0, world_size=2)
+
+
+def test_sample_generator_and_seeds():
+    x = torch.rand(5, generator=sample_generator(1, 2, "a-b-c"))
+    assert torch.equal(x, torch.rand(5, generator=sample_generator(1, 2, "a-b-c")))
+    assert not torch.equal(x, torch.rand(5, generator=sample_generator(1, 3, "a-b-c")))
+    assert derive_seed(1, "x") == derive_seed(1, "x") != derive_seed(1, "y")
+    assert 0 <= derive_seed("big", 10**30) < 2**63

@@ -1,0 +1,49 @@
+"""Test-only: record every file a process opens for writing, per rank.
+
+Put this folder on PYTHONPATH and set AUDIT_WRITES_DIR; each process appends the paths it writes to
+`<AUDIT_WRITES_DIR>/<RANK or 'launcher'>.<pid>.txt`. safetensors writes from Rust (no Python `open`),
+so its `save_file` is wrapped too.
+"""
+
+import os
+import sys
+
+_dir = os.environ.get("AUDIT_WRITES_DIR")
+if _dir:
+    _log_path = os.path.join(_dir, f"{os.environ.get('RANK', 'launcher')}.{os.getpid()}.txt")
+    _log = None
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def _record(path):
+        global _log
+        path = os.path.abspath(os.fsdecode(path))
+        if path.startswith(_dir) or path.startswith("/dev/") or path.startswith("/proc/"):
+            return
+        if _log is None:
+            _log = open(_log_path, "a", buffering=1)  # the audit's own file is skipped above
+        _log.write(path + "\n")
+
+    def _hook(event, args):
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            mode, flags = args[1], args[2]
+            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS
+            ):
+                _record(args[0])
+        elif event in ("os.rename", "shutil.rmtree", "os.remove"):  # replace() raises os.rename
+            _record(args[0])
+
+    sys.addaudithook(_hook)
+
+    try:
+        import safetensors.torch as _st
+
+        _orig = _st.save_file
+
+        def save_file(tensors, filename, *a, **k):
+            _record(filename)
+            return _orig(tensors, filename, *a, **k)
+
+        _st.save_file = save_file
+    except ImportError:
+        pass

@@ -1,0 +1,199 @@
+"""BEST-RQ end to end, through `accelerate launch`: interrupted == continuous, sharding, rank discipline."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.data import DurationBatchSampler, read_librispeech
+from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, run
+
+pytestmark = pytest.mark.slow
+
+SEED = 42
+TINY = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64",
+        "--conv_kernel", "7", "--codebook_size", "64", "--warmup_steps", "5", "--logging_steps", "1",
+        "--eval_steps", "4", "--report_to", "none", "--seed", str(SEED), "--mask_prob", "0.05"]
+
+
+def load_recipe_module(recipe: str, name: str):
+    spec = importlib.util.spec_from_file_location(f"{recipe}_{name}", ROOT / "recipes" / recipe / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def epoch_lengths(corpus: Path, max_batch_seconds: float, world: int, epochs: int = 3) -> list[int]:
+    """Batches per rank in each epoch, as the recipe's sampler will make them."""
+    train = read_librispeech(corpus / "librispeech", "train")
+    s = DurationBatchSampler(train["duration"], max_batch_seconds, seed=SEED, world_size=world)
+    lengths = []
+    for e in range(epochs):
+        s.set_epoch(e)
+        lengths.append(len(s) // world)
+    return lengths
+
+
+def resumed_positions(log: Path) -> list[tuple[int, int, int]]:
+    """(step, epoch, batch) of every resume the recipe reported."""
+    return [tuple(map(int, m)) for m in
+            re.findall(r"resumed from .*?: step (\d+), epoch (\d+), batch (\d+)", log.read_text())]
+
+
+def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
+    return ["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra]
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit tests of the quantizer and masking
+# ---------------------------------------------------------------------------------------------
+
+
+def test_quantizer_is_frozen_deterministic_unit_norm():
+    model = load_recipe_module("best_rq", "model")
+    q = model.RandomProjectionQuantizer(320, 16, 1024, seed=7)
+    assert not list(q.parameters())  # buffers only: never trained, saved with the weights
+    assert torch.equal(q.codebook, model.RandomProjectionQuantizer(320, 16, 1024, seed=7).codebook)
+    assert not torch.equal(q.codebook, model.RandomProjectionQuantizer(320, 16, 1024, seed=8).codebook)
+    torch.manual_seed(0)  # the global RNG must not matter
+    assert torch.equal(q.projection, model.RandomProjectionQuantizer(320, 16, 1024, seed=7).projection)
+    x = torch.randn(4, 50, 320)
+    assert torch.allclose(q.project(x).norm(dim=-1), torch.ones(4, 50), atol=1e-5)
+    assert torch.allclose(q.codebook.norm(dim=-1), torch.ones(1024), atol=1e-5)
+    labels = q(x)
+    assert labels.shape == (4, 50) and labels.dtype == torch.long
+    assert labels.min() >= 0 and labels.max() < 1024
+    # nearest code in l2 distance == argmax of cosine similarity
+    dist = torch.cdist(q.project(x).reshape(-1, 16), q.codebook)
+    assert torch.equal(dist.argmin(-1), labels.reshape(-1))
+    assert len(labels.unique()) > 100  # random projections spread over the codebook
+
+
+def test_span_mask_fraction_and_determinism():
+    model = load_recipe_module("best_rq", "model")
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    m = model.span_mask(100_000, 0.01, 10, g())
+    assert torch.equal(m, model.span_mask(100_000, 0.01, 10, g()))
+    expected = 1 - (1 - 0.01) ** 10  # a position is masked if any of the 10 before it started a span
+    assert abs(m.float().mean().item() - expected) < 0.01
+    runs = torch.diff(torch.nonzero(torch.diff(m.int())).flatten())
+    assert runs.min() >= 1
+    assert model.span_mask(5, 0.0, 3, g()).sum() >= 1  # never an utterance without a masked label
+
+
+def test_masked_loss_starts_near_chance():
+    model = load_recipe_module("best_rq", "model")
+    cfg = model.encoder_config(input_dim=320, hidden_size=32, num_layers=1, num_heads=2, ffn_dim=64,
+                               conv_kernel=7, dropout=0.0)
+    m = model.BestRQ(cfg, n_mels=80, stack_frames=4, codebook_size=256, code_dim=16, quantizer_seed=0)
+    feats = torch.randn(2, 200, 80)
+    mask = torch.zeros(2, 50, dtype=torch.bool)
+    mask[:, 10:20] = True
+    loss, acc, n = m(feats, torch.tensor([200, 160]), mask, torch.zeros_like(feats))
+    assert n == 20 and abs(loss.item() - math.log(256)) < 1.0
+    # labels are computed from the clean input: noise in masked frames does not change them
+    x = (feats - m.feat_mean) / m.feat_std
+    assert torch.equal(m.quantizer(x.reshape(2, 50, 320)), m.quantizer(x.reshape(2, 50, 320)))
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
+    """Two SIGKILLs: one inside epoch 0, one inside epoch ≥ 1; same weights and per-step losses."""
+    mbs = 16.0
+    e0, e1, _ = epoch_lengths(tiny_corpus, mbs, nproc)
+    assert e0 >= 4 and e1 >= 4
+    k1, k2, max_steps = 2, e0 + 2, e0 + e1 + 2
+    extra = ["--max_batch_seconds", str(mbs), "--max_steps", str(max_steps), "--save_steps", "1",
+             "--save_total_limit", "3"]
+
+    cont = tmp_path / "continuous"
+    run("best_rq", nproc, args_for(tiny_corpus, cont, *extra))
+
+    cut = tmp_path / "interrupted"
+    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k1)
+    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k2)
+    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra))
+
+    resumes = resumed_positions(tmp_path / "interrupted.log")
+    assert len(resumes) == 2
+    (s1, ep1, b1), (s2, ep2, b2) = resumes
+    assert ep1 == 0 and b1 > 0, resumes  # the first cut was inside epoch 0
+    assert ep2 >= 1 and b2 > 0, resumes  # the second inside a later epoch
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+    assert [r["step"] for r in metrics(cut)] == list(range(1, max_steps + 1))  # each step once
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_interrupted_equals_continuous_with_accumulation(tiny_corpus, tmp_path, nproc):
+    """--gradient_accumulation_steps 3 with epochs whose length is not a multiple of 3."""
+    accum = 3
+    mbs = next(m for m in (16.0, 15.0, 17.0, 14.0, 18.0, 13.0)
+               if all(n % accum for n in epoch_lengths(tiny_corpus, m, nproc, 2)))
+    e0, e1 = epoch_lengths(tiny_corpus, mbs, nproc, 2)
+    steps0 = math.ceil(e0 / accum)  # the last window of epoch 0 is short
+    k, max_steps = steps0 + 1, steps0 + math.ceil(e1 / accum)
+    extra = ["--max_batch_seconds", str(mbs), "--gradient_accumulation_steps", str(accum),
+             "--max_steps", str(max_steps), "--save_steps", "1"]
+
+    cont = tmp_path / "continuous"
+    run("best_rq", nproc, args_for(tiny_corpus, cont, *extra))
+    cut = tmp_path / "interrupted"
+    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k)
+    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra))
+
+    [(step, epoch, batch)] = resumed_positions(tmp_path / "interrupted.log")
+    assert epoch == 1 and batch % accum == 0 and batch > 0  # resumed at a window boundary in epoch 1
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+
+
+def test_ddp_shards_disjoint_and_only_rank0_writes(tiny_corpus, tmp_path):
+    """2 processes: each epoch's ids are disjoint across ranks and cover the training set; the
+    shared files (weights, optimizer, metrics, config, markers) are written by rank 0 alone."""
+    out = tmp_path / "run"
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    e0, e1, _ = epoch_lengths(tiny_corpus, 16.0, 2)
+    run("best_rq", 2, args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--max_steps", str(e0 + e1),
+                               "--save_steps", "3", "--dump_batch_ids", "true", "--report_to", "tensorboard"),
+        env={"AUDIT_WRITES_DIR": str(audit), "PYTHONPATH": str(ROOT / "tests" / "recipes" / "audit")})
+
+    all_ids = set(read_librispeech(tiny_corpus / "librispeech", "train")["id"])
+    per_rank = {}
+    for r in (0, 1):
+        rows = [json.loads(line) for line in (out / f"batch_ids.rank{r}.jsonl").read_text().splitlines()]
+        per_rank[r] = rows
+    for epoch, n in ((0, e0), (1, e1)):
+        ids = [[i for row in per_rank[r] if row["epoch"] == epoch for i in row["ids"]] for r in (0, 1)]
+        assert len([row for row in per_rank[0] if row["epoch"] == epoch]) == n
+        assert len([row for row in per_rank[1] if row["epoch"] == epoch]) == n  # same steps
+        assert not set(ids[0]) & set(ids[1]), f"epoch {epoch}: ranks share samples"
+        assert len(ids[0]) + len(ids[1]) == len(all_ids) and set(ids[0]) | set(ids[1]) == all_ids
+
+    writes = {}
+    for f in audit.iterdir():
+        writes.setdefault(f.name.split(".")[0], set()).update(f.read_text().split())
+    rank1 = {str(Path(p).relative_to(out)) for p in writes["1"] if p.startswith(str(out))}
+    allowed = re.compile(r"^(checkpoints/\.step_\d{8}\.tmp/random_states_1\.pkl|batch_ids\.rank1\.jsonl)$")
+    assert rank1 and all(allowed.match(p) for p in rank1), sorted(rank1)
+    rank0 = {Path(p).name for p in writes["0"]}
+    assert {"model.safetensors", "optimizer.bin", "COMPLETE", "metrics.jsonl", "random_states_0.pkl"} <= rank0
+    assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, e0 + e1 + 1))
+    assert (out / "final" / "model.safetensors").exists() and (out / "final" / "config.yaml").exists()
+    from transformers import Wav2Vec2BertModel
+
+    Wav2Vec2BertModel.from_pretrained(out / "final" / "encoder")  # the ecosystem can load it
