@@ -1,8 +1,8 @@
 """A built-in, zero-download, multi-speaker English corpus synthesized with espeak-ng.
 
 It lets every recipe (BEST-RQ, ASR, TTS) and every test run with no network and no dataset on
-disk. The corpus is a pure function of (profile, CORPUS_VERSION, espeak-ng version): the same
-inputs give byte-identical files on every machine and in every process.
+disk. The corpus is a pure function of (profile, CORPUS_VERSION) and of the installed versions of
+espeak-ng, libsndfile/libFLAC and torchaudio: byte-identical files in every process and machine.
 
 Layout written under the corpus directory:
     librispeech/{train,validation,test}/<spk>/<chap>/<spk>-<chap>-<utt>.flac   16 kHz, PCM_16
@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import ctypes
+import functools
+import glob
 import json
 import os
 import random
@@ -51,13 +53,14 @@ import soundfile as sf
 CORPUS_VERSION = "1"
 
 # Utterance counts per profile. `default`: enough for tiny BEST-RQ/ASR/TTS models to learn on CPU.
-# `tiny`: for tests, generated in about a second.
+# `tiny`: for tests, generated in a few seconds.
+# *_utts are utterances per speaker; validation uses the training speakers.
 PROFILES: dict[str, dict[str, int]] = {
-    "default": dict(
-        train_speakers=40, train_utts=30, validation_utts=3, test_speakers=8, test_utts=15, ljspeech_utts=600
-    ),
-    "tiny": dict(train_speakers=6, train_utts=8, validation_utts=1, test_speakers=2, test_utts=3, ljspeech_utts=24),
-}
+    "default": dict(train_speakers=40, train_utts=30, validation_utts=3,
+                    test_speakers=8, test_utts=15, ljspeech_utts=600),
+    "tiny": dict(train_speakers=6, train_utts=8, validation_utts=1,
+                 test_speakers=2, test_utts=3, ljspeech_utts=24),
+}  # fmt: skip
 
 ESPEAK_SAMPLE_RATE = 22050  # Hz, fixed by espeak-ng's formant synthesizer
 LIBRISPEECH_SAMPLE_RATE = 16000  # Hz, as in real LibriSpeech
@@ -66,9 +69,11 @@ LIBRISPEECH_SAMPLE_RATE = 16000  # Hz, as in real LibriSpeech
 # data shipped by espeakng-loader 0.2.4 (espeak-ng 1.52): all load. Pitfalls: "en-gb" is *not* a
 # voice name ("en" is British English), and an unknown "+variant" is silently ignored by the
 # library, so `synthesize` validates variants against the voices/!v folder itself.
-ACCENTS = ("en-us", "en", "en-029", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-gb-x-rp", "en-us-nyc")
-# Classic male/female variants plus a few named ones that sound like speech, are not too quiet and
-# do not clip (whisper/robot/novelty variants are left out).
+ACCENTS = (
+    "en-us", "en", "en-029", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-gb-x-rp", "en-us-nyc",
+)  # fmt: skip
+# Classic male/female variants plus named ones that sound like speech and are not too quiet
+# (whisper/robot/novelty variants are left out).
 VARIANTS = (
     "m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5",
     "klatt3", "klatt6", "Alex", "Andy", "Annie", "aunty", "belinda", "benjamin",
@@ -125,21 +130,24 @@ def _espeak_paths() -> tuple[str, str]:
 def _library_copy() -> str:
     """A per-process private copy of libespeak-ng: dlclose then really unmaps it (see module doc)."""
     global _private_library
-    if _private_library is None:
+    if _private_library is None or not os.path.exists(_private_library):  # e.g. a /tmp cleaner
         src, _ = _espeak_paths()
         tmp = tempfile.mkdtemp(prefix="espeak-ng-")
-        atexit.register(shutil.rmtree, tmp, True)
+        atexit.register(_remove_copy, tmp, os.getpid())
         _private_library = shutil.copy(src, os.path.join(tmp, os.path.basename(src)))
     return _private_library
 
 
+def _remove_copy(folder: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # a forked child exiting must not delete its parent's copy
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def espeak_version() -> str:
     """Version of the bundled espeak-ng (e.g. "1.52.0"); generated audio depends on it."""
-    lib_path, data_path = _espeak_paths()
     with _synth_lock:
-        lib = _load(data_path)
+        lib = _load(_espeak_paths()[1])
         try:
-            lib.espeak_Info.restype = ctypes.c_char_p
             return lib.espeak_Info(None).decode()
         finally:
             _unload(lib)
@@ -147,7 +155,15 @@ def espeak_version() -> str:
 
 def _load(data_path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(_library_copy())
-    lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    c_int, c_uint, c_void_p = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
+    lib.espeak_Initialize.argtypes = [c_int, c_int, ctypes.c_char_p, c_int]  # output, buflength, path, options
+    lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+    lib.espeak_SetParameter.argtypes = [c_int, c_int, c_int]  # parameter, value, relative
+    lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
+    lib.espeak_Info.restype = ctypes.c_char_p
+    # text, size, position, position_type, end_position, flags, unique_identifier, user_data
+    lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, c_uint, c_int, c_uint, c_uint, c_void_p,
+                                 c_void_p]  # fmt: skip
     sample_rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), _INITIALIZE_DONT_EXIT)
     if sample_rate != ESPEAK_SAMPLE_RATE:
         _unload(lib)
@@ -169,8 +185,9 @@ def _unload(lib: ctypes.CDLL) -> None:
     raise RuntimeError("libespeak-ng stayed loaded after dlclose; synthesis would not be deterministic")
 
 
-def _voice_variants(data_path: str) -> set[str]:
-    return set(os.listdir(os.path.join(data_path, "voices", "!v")))
+@functools.lru_cache(maxsize=None)
+def _voice_variants(data_path: str) -> frozenset[str]:
+    return frozenset(os.listdir(os.path.join(data_path, "voices", "!v")))
 
 
 def synthesize(text: str, voice: str, rate: int, pitch: int) -> np.ndarray:
@@ -182,7 +199,7 @@ def synthesize(text: str, voice: str, rate: int, pitch: int) -> np.ndarray:
     if not 80 <= rate <= 450 or not 0 <= pitch <= 99:
         raise ValueError(f"rate must be in 80..450 wpm and pitch in 0..99, got rate={rate} pitch={pitch}")
     _, data_path = _espeak_paths()
-    language, _, variant = voice.partition("+")
+    variant = voice.partition("+")[2]
     if variant and variant not in _voice_variants(data_path):
         raise ValueError(f"unknown espeak-ng voice variant {variant!r} in {voice!r}")
     with _synth_lock:
@@ -195,10 +212,8 @@ def synthesize(text: str, voice: str, rate: int, pitch: int) -> np.ndarray:
             lib.espeak_SetParameter(_PARAM_RATE, rate, 0)
             lib.espeak_SetParameter(_PARAM_VOLUME, _VOLUME, 0)
             lib.espeak_SetParameter(_PARAM_PITCH, pitch, 0)
-            lib.espeak_ng_SetRandSeed(ctypes.c_long(_ESPEAK_RNG_SEED))
+            lib.espeak_ng_SetRandSeed(_ESPEAK_RNG_SEED)
             data = text.encode("utf-8") + b"\0"
-            lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
-                                         ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
             status = lib.espeak_Synth(data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
             if status != _EE_OK or lib.espeak_Synchronize() != _EE_OK:
                 raise RuntimeError(f"espeak_Synth failed with status {status} for {text!r}")
@@ -281,9 +296,14 @@ _TIMES = [
 ]  # fmt: skip
 _SUBJECT_PRONOUNS = ["i", "you", "we", "they", "he", "she"]
 _MODALS = ["will", "can", "should", "might", "must", "could", "would"]
-_CONTRACTIONS = ["i don't think", "we didn't know", "they weren't sure", "she couldn't believe", "you won't see",
-                 "he doesn't say", "i'm sure", "we're glad", "it's true", "they've heard"]  # fmt: skip
-_ONES = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()  # fmt: skip
+_CONTRACTIONS = [
+    "i don't think", "we didn't know", "they weren't sure", "she couldn't believe", "you won't see",
+    "he doesn't say", "i'm sure", "we're glad", "it's true", "they've heard",
+]  # fmt: skip
+_ONES = (
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen"
+).split()
 _TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
 
 
@@ -321,7 +341,8 @@ def _sentence(rng: random.Random) -> str:
         f"{rng.choice(_PREPOSITIONS)} the {rng.choice(_PLACES)}",
         lambda: f"{rng.choice(_SUBJECT_PRONOUNS)} {rng.choice(_MODALS)} {rng.choice(_TRANSITIVE)[0]} "
         f"{noun_phrase()} {rng.choice(_TIMES)}",
-        lambda: f"{rng.choice(_CONTRACTIONS)} that {noun_phrase()} is {rng.choice(_DEGREE)} {rng.choice(_ADJECTIVES)}",
+        lambda: f"{rng.choice(_CONTRACTIONS)} that {noun_phrase()} is {rng.choice(_DEGREE)} "
+        f"{rng.choice(_ADJECTIVES)}",
         lambda: f"the {rng.choice(_NOUNS)[0]}'s {rng.choice(_NOUNS)[0]} was {rng.choice(_DEGREE)} "
         f"{rng.choice(_ADJECTIVES)}{optional(rng.choice(_TIMES))}",
         lambda: f"{rng.choice(['why did', 'when did', 'where did', 'how did'])} {subject()} "
@@ -329,7 +350,8 @@ def _sentence(rng: random.Random) -> str:
         lambda: f"{rng.choice(_NAMES)} and {rng.choice(_NAMES)} {rng.choice(_TRANSITIVE)[1]} {number()} "
         f"{rng.choice(_NOUNS)[1]} {rng.choice(_TIMES)}",
         lambda: f"it's {rng.choice(_ADJECTIVES)} {rng.choice(_TIMES)} so {rng.choice(_SUBJECT_PRONOUNS)} "
-        f"{rng.choice(_MODALS)} {rng.choice(_INTRANSITIVE)[0]} {rng.choice(_PREPOSITIONS)} the {rng.choice(_PLACES)}",
+        f"{rng.choice(_MODALS)} {rng.choice(_INTRANSITIVE)[0]} {rng.choice(_PREPOSITIONS)} "
+        f"the {rng.choice(_PLACES)}",
         lambda: f"{subject()} {rng.choice(_INTRANSITIVE)[1]} {rng.choice(_ADVERBS)} "
         f"{rng.choice(['and', 'but', 'while', 'because'])} {subject()} {rng.choice(_INTRANSITIVE)[1]}",
         lambda: f"{subject()} {rng.choice(_INTRANSITIVE)[1]}{optional(rng.choice(_ADVERBS), 0.5)} "
@@ -495,6 +517,9 @@ def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError:
+        if not path.is_dir():  # some file systems (FUSE, ...) cannot fsync folders: best effort
+            raise
     finally:
         os.close(fd)
 
@@ -522,12 +547,12 @@ class _Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            if _read_text(self._lock) != self._token:
-                return  # our lock was broken as stale: never refresh somebody else's
             try:
+                if _read_text(self._lock) != self._token:
+                    return  # our lock was broken as stale: never refresh somebody else's
                 os.utime(self._lock)  # times=None: on NFS the server's clock sets the mtime
             except OSError:
-                pass
+                pass  # transient (NFS): try again next beat
 
     def stop(self) -> None:
         self._stop.set()
@@ -596,8 +621,8 @@ def prepare_once(
     stale_after_s: float = 120.0,
     info: dict | None = None,
 ) -> Path:
-    """Run `build(tmp_dir)` at most once across processes and machines sharing `final_dir`'s
-    file system, and return `final_dir` once it is complete.
+    """Run `build(tmp_dir)` once across the processes and machines sharing `final_dir`'s file
+    system, and return `final_dir` once it is complete.
 
     `final_dir` is complete iff it contains `.complete` (JSON: `info`, file count, builder), which
     is written last inside a temporary sibling that is then renamed into place: readers can never
@@ -606,6 +631,10 @@ def prepare_once(
     min(10, stale_after_s/4) s; a lock unchanged for `stale_after_s` s is taken over. If `build`
     raises, its temporary folder and the lock are removed and the exception propagates.
     Raises TimeoutError after `timeout_s` s of waiting (monotonic clock).
+
+    A builder that stalls for longer than `stale_after_s` (but is alive) may be joined by a
+    second one; both publish with an atomic rename, the first wins and the other's copy is
+    dropped, so readers still only ever see one complete directory.
     """
     final_dir = Path(final_dir)
     marker = final_dir / COMPLETE_MARKER
@@ -651,9 +680,30 @@ def prepare_once(
                     pass
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_dead_builders_tmp(final_dir: Path, host: str) -> None:
+    """Temporary folders left by killed builders on this host (pid gone) are garbage. Other
+    hosts' leftovers are kept: we cannot tell whether their builder is alive."""
+    prefix = f"{final_dir.name}.tmp-{host}-"
+    for path in final_dir.parent.glob(glob.escape(prefix) + "*"):
+        pid = path.name[len(prefix) :].rsplit("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _build_and_publish(
     final_dir: Path, build: Callable[[Path], None], host: str, pid: int, info: dict | None
 ) -> Path:
+    _remove_dead_builders_tmp(final_dir, host)
     # Random suffix: two containers can share a hostname and a pid.
     tmp = final_dir.with_name(f"{final_dir.name}.tmp-{host}-{pid}-{uuid.uuid4().hex[:8]}")
     try:
@@ -698,10 +748,14 @@ def builtin_corpus_dir(cache_dir: str | Path | None = None, profile: str = "defa
     return Path(cache_dir).expanduser() / f"espeak_corpus-{profile}-v{CORPUS_VERSION}"
 
 
-def ensure_builtin_corpus(cache_dir: str | Path | None = None, profile: str = "default", **prepare_kwargs) -> Path:
-    """The built-in corpus directory, generated on first use (once per cache, whoever asks first)."""
+def ensure_builtin_corpus(
+    cache_dir: str | Path | None = None, profile: str = "default", **prepare_once_kwargs
+) -> Path:
+    """The built-in corpus directory, generated on first use (once per cache, whoever asks first).
+    Every rank/node may call it; `prepare_once_kwargs` go to `prepare_once` (timeout_s, ...)."""
     final_dir = builtin_corpus_dir(cache_dir, profile)
-    return prepare_once(final_dir, lambda tmp: prepare_corpus(tmp, profile), **_with_info(profile, prepare_kwargs))
+    build = functools.partial(prepare_corpus, profile=profile)
+    return prepare_once(final_dir, build, **_with_info(profile, prepare_once_kwargs))
 
 
 def _with_info(profile: str, kwargs: dict) -> dict:
@@ -712,11 +766,13 @@ def corpus_summary(root: str | Path) -> dict[str, dict[str, float]]:
     """Utterances, speakers and hours per LibriSpeech split and for LJSpeech."""
     root = Path(root)
     summary = {}
-    for name, pattern in [*((s, f"librispeech/{s}/*/*/*.flac") for s in SPLITS), ("ljspeech", "ljspeech/wavs/*.wav")]:
+    patterns = {split: f"librispeech/{split}/*/*/*.flac" for split in SPLITS}
+    patterns["ljspeech"] = "ljspeech/wavs/*.wav"
+    for name, pattern in patterns.items():
         files = sorted(root.glob(pattern))
         seconds = sum(sf.info(str(p)).duration for p in files)
-        speakers = {p.name.split("-")[0] for p in files} if name != "ljspeech" else {"lj"}
-        summary[name] = {"utterances": len(files), "speakers": len(speakers) if files else 0, "hours": seconds / 3600}
+        n_speakers = len({p.parent.parent.name for p in files}) if name != "ljspeech" else int(bool(files))
+        summary[name] = {"utterances": len(files), "speakers": n_speakers, "hours": seconds / 3600}
     return summary
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import torch
 from safetensors.torch import load_file
 
@@ -34,6 +35,21 @@ def command(recipe: str, nproc: int, args: list[str]) -> list[str]:
     return launch + [str(ROOT / "recipes" / recipe / "train.py"), *args]
 
 
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every process under it at once, as a scheduler killing the job
+    would. (torch's elastic agent starts its workers in sessions of their own, so killing the
+    launcher's process group alone leaves the training processes running.)"""
+    procs = [psutil.Process(proc.pid)]
+    procs += procs[0].children(recursive=True)
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    proc.wait()
+
+
 def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, timeout: float = 600,
         kill_after_checkpoint: int | None = None) -> subprocess.CompletedProcess | None:
     """Run to completion, or SIGKILL the whole process group as soon as checkpoint
@@ -51,13 +67,12 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
             if kill_after_checkpoint is not None:
                 marker = out_dir / "checkpoints" / f"step_{kill_after_checkpoint:08d}" / "COMPLETE"
                 if marker.exists():
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    kill_tree(proc)
                     return None
             time.sleep(0.02)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc)
         log.close()
     text = Path(log.name).read_text()
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{text[-4000:]}"
