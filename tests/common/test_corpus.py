@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import multiprocessing
-import os
 import random
 import re
-import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +20,6 @@ from common.corpus import (
     builtin_corpus_dir,
     ensure_builtin_corpus,
     make_sentences,
-    prepare_once,
     synthesize,
 )
 
@@ -201,106 +194,3 @@ def test_generation_is_byte_identical_across_processes(tiny_corpus, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert str(out) in proc.stdout and "train" in proc.stdout
     assert _tree_digest(out) == _tree_digest(tiny_corpus)
-
-
-# ------------------------------------------------------------------------------------------------
-# prepare_once
-# ------------------------------------------------------------------------------------------------
-
-
-def _counting_build(tmp: Path, calls_dir: Path, seconds: float) -> None:
-    # One file per call, written *outside* the build folder: counts builds across processes.
-    (calls_dir / f"{os.getpid()}-{time.monotonic_ns()}").write_text("")
-    time.sleep(seconds)
-    (tmp / "data.txt").write_text("payload")
-
-
-def _contender(final_dir: str, calls_dir: str, delay_s: float, results_dir: str) -> None:
-    time.sleep(delay_s)
-    build = functools.partial(_counting_build, calls_dir=Path(calls_dir), seconds=1.5)
-    # stale_after_s far below the build time: only the builder's heartbeat keeps its lock alive.
-    out = prepare_once(Path(final_dir), build, timeout_s=30, poll_s=0.05, stale_after_s=0.6)
-    assert (out / ".complete").is_file() and (out / "data.txt").read_text() == "payload"
-    Path(results_dir, str(os.getpid())).write_text(str(out))
-
-
-def test_prepare_once_builds_exactly_once_under_concurrency(tmp_path):
-    final_dir, calls, results = tmp_path / "shared" / "data", tmp_path / "calls", tmp_path / "results"
-    calls.mkdir()
-    results.mkdir()
-    ctx = multiprocessing.get_context("spawn")
-    # Four contenders starting 150 ms apart: the later ones find the lock held and must wait.
-    args = [(str(final_dir), str(calls), 0.15 * i, str(results)) for i in range(4)]
-    procs = [ctx.Process(target=_contender, args=a) for a in args]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    assert len(list(calls.iterdir())) == 1
-    assert {r.read_text() for r in results.iterdir()} == {str(final_dir)}
-    assert sorted(p.name for p in final_dir.parent.iterdir()) == ["data"]  # no lock, no temp dirs left
-
-
-def test_prepare_once_failed_build_leaves_nothing(tmp_path):
-    final_dir = tmp_path / "data"
-
-    def failing(tmp: Path) -> None:
-        (tmp / "half-written").write_text("x")
-        raise RuntimeError("boom")
-
-    with pytest.raises(RuntimeError, match="boom"):
-        prepare_once(final_dir, failing, poll_s=0.05)
-    assert list(tmp_path.iterdir()) == []
-    # And the next attempt is not blocked by anything left behind.
-    assert prepare_once(final_dir, lambda tmp: (tmp / "ok").write_text("1"), poll_s=0.05) == final_dir
-    assert (final_dir / "ok").is_file()
-
-
-def test_prepare_once_takes_over_a_stale_lock(tmp_path):
-    final_dir = tmp_path / "data"
-    lock = tmp_path / "data.lock"
-    # A builder on this host was killed: its lock stopped being touched and its temp dir remains.
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(dead.stdout)
-    lock.write_text(f"{socket.gethostname()} {dead_pid} 0.0 deadbeef\n")
-    os.utime(lock, (time.time() - 3600, time.time() - 3600))
-    leftover = tmp_path / f"data.tmp-{socket.gethostname()}-{dead_pid}-0123abcd"
-    leftover.mkdir()
-    start = time.monotonic()
-    prepare_once(final_dir, lambda tmp: (tmp / "ok").write_text("1"), poll_s=0.05, stale_after_s=0.3)
-    assert (final_dir / ".complete").is_file() and not lock.exists() and not leftover.exists()
-    assert time.monotonic() - start < 5
-
-
-def test_prepare_once_waits_for_a_live_lock_then_times_out(tmp_path):
-    final_dir = tmp_path / "data"
-    lock = tmp_path / "data.lock"
-    lock.write_text("busy-host 1 0.0 cafe\n")
-    stop = threading.Event()
-
-    def heartbeat():  # a live builder elsewhere keeps touching its lock
-        while not stop.wait(0.05):
-            os.utime(lock)
-
-    thread = threading.Thread(target=heartbeat, daemon=True)
-    thread.start()
-    try:
-        with pytest.raises(TimeoutError, match=re.escape(str(lock))):
-            prepare_once(final_dir, lambda tmp: None, timeout_s=0.8, poll_s=0.05, stale_after_s=0.3)
-    finally:
-        stop.set()
-        thread.join()
-    assert not final_dir.exists() and lock.exists()
-
-
-def test_prepare_once_never_trusts_a_dir_without_marker(tmp_path):
-    final_dir = tmp_path / "data"
-    final_dir.mkdir()
-    (final_dir / "partial.flac").write_text("truncated")  # an old-style writer crashed here
-    out = prepare_once(final_dir, lambda tmp: (tmp / "ok").write_text("1"), poll_s=0.05)
-    assert out == final_dir
-    assert sorted(p.name for p in final_dir.iterdir()) == [".complete", "ok"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
-    # Complete now: a second call returns at once without building.
-    assert prepare_once(final_dir, lambda tmp: pytest.fail("rebuilt a complete dir")) == final_dir
