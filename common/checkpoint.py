@@ -9,28 +9,44 @@ Layout of `<output_dir>/checkpoints/`:
         custom_checkpoint_*.pkl  registered objects ─┘  (TrainState, LR scheduler; rank 0)
         train_state.json      human-readable position (rank 0)
         config.yaml           the resolved config (rank 0)
-        COMPLETE              marker: written last, then the folder is renamed into place
+        COMPLETE              marker with every file's size and blake2b digest: written last,
+                              then the folder is renamed into place
     .step_00001300.tmp/       a save in progress (or killed mid-save): never loaded
 
 Why not accelerate's own naming: `automatic_checkpoint_naming` never restores its counter on load
 (accelerate #1601, #3306) and `total_limit` deletes the oldest checkpoint *before* writing the new
 one, so a crash mid-save can leave nothing. Here pruning happens only after the new checkpoint is
-complete, and `find_latest_checkpoint` ignores anything without the marker.
+complete, and `find_latest_checkpoint` ignores anything without the marker. At resume, the
+newest checkpoint whose files all match the marker's digests is loaded; a damaged one is named in
+a warning and skipped for the one before it.
+
+Loading executes no code from the checkpoint folder: weights come from safetensors, and everything
+else (optimizer, RNG states, registered objects) through `torch.load(weights_only=True)`.
+accelerate loads registered objects with `weights_only=False`; we swap in a safe loader for them.
 
 Every function that contains a collective says so; all ranks must call those.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import accelerate.accelerator
+import torch
 import yaml
+from accelerate.utils import broadcast_object_list
+from accelerate.utils import load as accelerate_safe_load
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_RE = re.compile(r"^step_(\d{8})$")
 MARKER = "COMPLETE"
@@ -38,7 +54,8 @@ MARKER = "COMPLETE"
 # Config keys that may change between the interrupted run and its re-launch without breaking
 # exactness (they only say where to stop, how often to save/log, or where to write).
 RESUME_SAFE_KEYS = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
-                    "eval_steps", "num_workers", "report_to", "data_cache_dir")
+                    "eval_steps", "num_workers", "report_to", "data_cache_dir", "ddp_timeout",
+                    "max_nonfinite_updates", "dump_batch_ids")
 
 
 @dataclasses.dataclass
@@ -50,6 +67,8 @@ class TrainState:
     batches_in_epoch: int = 0  # this rank's batches already consumed in `epoch`
     world_size: int = 1
     gradient_accumulation_steps: int = 1
+    skipped_updates: int = 0  # optimizer steps whose update was skipped (non-finite gradients)
+    nonfinite_streak: int = 0  # consecutive ones, up to now
     config_hash: str = ""  # config_hash(config, ignore=RESUME_SAFE_KEYS)
     config: dict = dataclasses.field(default_factory=dict)  # the resolved config, for diffs
 
@@ -79,6 +98,31 @@ def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def _digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """None if every file listed in the marker is present with its size and digest, else what is wrong."""
+    try:
+        files = json.loads((ckpt / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError) as e:
+        return f"unreadable {MARKER} marker ({e})"
+    for name, meta in files.items():
+        path = ckpt / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != meta["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, {meta['bytes']} were written"
+        if _digest(path) != meta["blake2b"]:
+            return f"{name} is corrupted (digest mismatch)"
+    return None
+
+
 def _fsync_tree(path: Path) -> None:
     for f in sorted(path.iterdir()):
         if f.is_file():
@@ -101,6 +145,9 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, save
     Must be called at an optimizer-step boundary (gradients of an unfinished accumulation window
     are not saved by anyone).
     """
+    # The training loop skips non-finite updates; this is the last line of defence.
+    if not all(torch.isfinite(p).all() for m in accelerator._models for p in m.parameters()):
+        raise RuntimeError(f"refusing to save step {state.step}: the model has non-finite weights")
     final = checkpoint_dir(output_dir, state.step)
     tmp = final.parent / f".{final.name}.tmp"
     if accelerator.is_main_process:  # a save killed earlier may have left a partial folder
@@ -113,9 +160,14 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, save
         (tmp / "train_state.json").write_text(json.dumps(state.state_dict(), indent=2))
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(state.config, f, sort_keys=False)
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        (tmp / MARKER).write_text(json.dumps({"step": state.step, "files": files}, indent=2))
         _fsync_tree(tmp)
+        files = {p.name: {"bytes": p.stat().st_size, "blake2b": _digest(p)}
+                 for p in sorted(tmp.iterdir()) if p.is_file()}
+        with open(tmp / MARKER, "w") as f:
+            json.dump({"step": state.step, "files": files}, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
         if final.exists():  # the same step saved twice (e.g. final save right after a periodic one)
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -127,14 +179,47 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, save
     return final
 
 
+def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint whose files match their digests (checked by the main process,
+    which reads each file once; the choice is broadcast). Collective: call on every rank."""
+    choice = [None]
+    if accelerator.is_main_process:
+        for ckpt in reversed(list_checkpoints(output_dir)):
+            problem = verify_checkpoint(ckpt)
+            if problem is None:
+                choice = [str(ckpt)]
+                break
+            logger.warning(f"skipping damaged checkpoint {ckpt}: {problem}")
+    if accelerator.num_processes > 1:
+        broadcast_object_list(choice, from_process=0)
+    return Path(choice[0]) if choice[0] else None
+
+
+@contextlib.contextmanager
+def _safe_custom_state_loading():
+    """accelerate's `load_custom_state` unpickles registered objects with `weights_only=False`,
+    which runs whatever code a crafted file names. Ours are plain dicts of numbers and strings, so
+    load them with accelerate's weights-only loader instead for the duration of `load_state`."""
+    original = accelerate.accelerator.load_custom_state
+
+    def safe_load_custom_state(obj, path, index=0):
+        obj.load_state_dict(accelerate_safe_load(Path(path) / f"custom_checkpoint_{index}.pkl", map_location="cpu"))
+
+    accelerate.accelerator.load_custom_state = safe_load_custom_state
+    try:
+        yield
+    finally:
+        accelerate.accelerator.load_custom_state = original
+
+
 def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainState) -> Path | None:
-    """Load the newest complete checkpoint into the prepared objects and `state`, if any.
+    """Load the newest intact checkpoint into the prepared objects and `state`, if any.
 
     Collective: call on every rank, after `accelerator.prepare` and `register_for_checkpointing`.
     Refuses a checkpoint whose world size, accumulation or data-affecting config differs: the
     resumed run could not reproduce the uninterrupted one.
     """
-    ckpt = find_latest_checkpoint(output_dir)
+    ckpt = choose_checkpoint(accelerator, output_dir)
     if ckpt is None:
         return None
     saved = json.loads((ckpt / "train_state.json").read_text())
@@ -153,6 +238,7 @@ def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainStat
             + "\nUse a new --output_dir, or re-launch with the checkpoint's settings."
         )
     config_now = state.config
-    accelerator.load_state(str(ckpt))
+    with _safe_custom_state_loading():
+        accelerator.load_state(str(ckpt))
     state.config = config_now  # resume-safe keys (max_steps, ...) keep their new values
     return ckpt

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from common.config import config_hash, config_to_dict, parse_config, save_config
 from common.corpus import ensure_builtin_corpus
 from common.data import DurationBatchSampler, load_audio, read_librispeech, sample_generator
 from common.distributed import build_accelerator, derive_seed, seed_everything
+from common.faults import PREEMPTED_EXIT_CODE, Preemption, run_main
 from common.features import LogMel, feature_stats, shared_feature_stats
 from common.logs import MetricsLog, get_logger, progress_bar
 
@@ -76,10 +78,12 @@ class Config:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     max_grad_norm: float = 5.0
+    max_nonfinite_updates: int = 5  # consecutive NaN/Inf gradient updates skipped before the run stops
     max_steps: int = 1500  # optimizer steps
     gradient_accumulation_steps: int = 1  # batches per optimizer step
     seed: int = 42
     mixed_precision: str = "no"  # "no" | "bf16" | "fp16"
+    ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
     output_dir: str = "outputs/best_rq"
     logging_steps: int = 10  # optimizer steps between metrics.jsonl lines
@@ -174,9 +178,10 @@ def main():
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=None if cfg.report_to == "none" else cfg.report_to,
+        log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
     )
     rank, world = accelerator.process_index, accelerator.num_processes
+    out.mkdir(parents=True, exist_ok=True)  # every rank: idempotent, and no rank races another's mkdir
     seed_everything(cfg.seed)  # model init: identical on every rank
     cfg_dict = config_to_dict(cfg)
 
@@ -229,13 +234,13 @@ def main():
         unwrapped.feat_mean.copy_(mean)
         unwrapped.feat_std.copy_(std)
     if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
     if cfg.report_to != "none":
         accelerator.init_trackers("tensorboard", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
                                                          for k, v in cfg_dict.items()})
     ids_log = open(out / f"batch_ids.rank{rank}.jsonl", "a") if cfg.dump_batch_ids else None
+    preemption = Preemption(accelerator)  # SIGTERM/SIGUSR1 → save at the next step boundary, exit 75
 
     # ---- training loop ----------------------------------------------------------------------
     logger.info(f"chance level: ln({cfg.codebook_size}) = {math.log(cfg.codebook_size):.3f}")
@@ -272,7 +277,18 @@ def main():
                 continue
 
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+            # Gradients were all-reduced, so every rank sees the same norm and takes the same branch.
+            if torch.isfinite(grad_norm):
+                optimizer.step()
+                state.nonfinite_streak = 0
+            else:
+                state.skipped_updates += 1
+                state.nonfinite_streak += 1
+                logger.warning(f"step {state.step + 1}: non-finite gradient norm, update skipped "
+                               f"({state.nonfinite_streak} in a row, {state.skipped_updates} in total)")
+                if state.nonfinite_streak >= cfg.max_nonfinite_updates:
+                    raise FloatingPointError(f"{state.nonfinite_streak} consecutive non-finite updates; "
+                                             f"stopping (last good checkpoint kept). Lower --learning_rate?")
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
@@ -290,13 +306,19 @@ def main():
                 loss_acc = accelerator.reduce(torch.stack([window_loss, window_acc]).float(), "mean")
                 row = {"step": state.step, "epoch": state.epoch, "loss": loss_acc[0].item(),
                        "acc": loss_acc[1].item(), "lr": scheduler.get_last_lr()[0],
-                       "grad_norm": grad_norm.item(), **row}
+                       "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates, **row}
                 metrics.log(row)  # one line per logged step, main process only
                 accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['acc']:.3f}")
             window_loss = window_acc = 0.0
-            if state.step % cfg.save_steps == 0 or state.step == cfg.max_steps:
+            stop = preemption.requested()  # collective: all ranks agree on the same step
+            if state.step % cfg.save_steps == 0 or state.step == cfg.max_steps or stop:
                 save_checkpoint(accelerator, out, state, cfg.save_total_limit)  # collective
+            if stop:
+                logger.warning(f"preempted at step {state.step}: checkpoint saved; re-run the same "
+                               f"command to resume (exit code {PREEMPTED_EXIT_CODE})")
+                accelerator.end_training()
+                sys.exit(PREEMPTED_EXIT_CODE)
             if state.step >= cfg.max_steps:
                 break
     bar.close()
@@ -313,4 +335,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

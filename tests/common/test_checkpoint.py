@@ -1,11 +1,13 @@
 import json
+import os
+import pickle
 
 import pytest
 import torch
 from accelerate import Accelerator
 
-from common.checkpoint import (TrainState, checkpoint_dir, find_latest_checkpoint, list_checkpoints,
-                               resume_from_checkpoint, save_checkpoint)
+from common.checkpoint import (TrainState, _digest, checkpoint_dir, find_latest_checkpoint, list_checkpoints,
+                               resume_from_checkpoint, save_checkpoint, verify_checkpoint)
 
 
 def setup(seed=0):
@@ -102,3 +104,62 @@ def test_resume_safe_keys_may_change(tmp_path):
     state2.config = {"lr": 0.1, "max_steps": 99}  # same hash: max_steps is resume-safe
     assert resume_from_checkpoint(accelerator2, tmp_path, state2) is not None
     assert state2.config["max_steps"] == 99
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+def test_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage, caplog):
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        train_step(model, opt, sched)
+        state.step = step
+        save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+        if step == 1:
+            weights_at_1 = {k: v.clone() for k, v in model.state_dict().items()}
+    victim = checkpoint_dir(tmp_path, 2) / ("model.safetensors" if damage != "delete" else "optimizer.bin")
+    data = bytearray(victim.read_bytes())
+    if damage == "truncate":
+        victim.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        data[-3] ^= 0xFF  # same size, one byte of a weight changed
+        victim.write_bytes(data)
+    else:
+        victim.unlink()
+    assert verify_checkpoint(checkpoint_dir(tmp_path, 2)) is not None
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    with caplog.at_level("WARNING"):
+        assert resume_from_checkpoint(accelerator2, tmp_path, state2) == checkpoint_dir(tmp_path, 1)
+    assert "step_00000002" in caplog.text and victim.name in caplog.text
+    assert state2.step == 1
+    assert all(torch.equal(weights_at_1[k], v) for k, v in model2.state_dict().items())
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {_Evil.target}",))
+
+
+def test_loading_runs_no_code_from_the_checkpoint(tmp_path):
+    """A crafted registered-object file (with a matching marker) is refused, not executed."""
+    accelerator, model, opt, sched, state = setup()
+    state.step = 1
+    ckpt = save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    _Evil.target = tmp_path / "pwned"
+    torch.save({"step": _Evil()}, ckpt / "custom_checkpoint_0.pkl")
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    marker["files"]["custom_checkpoint_0.pkl"] = {
+        "bytes": (ckpt / "custom_checkpoint_0.pkl").stat().st_size,
+        "blake2b": _digest(ckpt / "custom_checkpoint_0.pkl")}
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    accelerator2, model2, opt2, sched2, state2 = setup()
+    with pytest.raises(pickle.UnpicklingError):
+        resume_from_checkpoint(accelerator2, tmp_path, state2)
+    assert not _Evil.target.exists()
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    accelerator, model, opt, sched, state = setup()
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="non-finite"):
+        save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    assert find_latest_checkpoint(tmp_path) is None

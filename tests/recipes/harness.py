@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
+SUPPORT = ROOT / "tests" / "recipes" / "support"  # sitecustomize: write audit, fault injection
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 
 
@@ -50,34 +51,58 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def worker(proc: subprocess.Popen, rank: int) -> psutil.Process:
+    """The training process of `rank` under a launcher."""
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK", "0") == str(rank) and "train.py" in " ".join(child.cmdline()):
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise LookupError(f"no rank {rank} worker under {proc.pid}")
+
+
+def checkpoint_exists(step: int):
+    return lambda out: (out / "checkpoints" / f"step_{step:08d}" / "COMPLETE").exists()
+
+
 def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, timeout: float = 600,
-        kill_after_checkpoint: int | None = None) -> subprocess.CompletedProcess | None:
-    """Run to completion, or SIGKILL the whole process group as soon as checkpoint
-    `step_{kill_after_checkpoint:08d}` is complete. Returns the finished process (or None if killed)."""
+        kill_after_checkpoint: int | None = None, when=None, then=None, expect_rc: int | None = 0) -> str:
+    """Launch a recipe and wait for it; return its log.
+
+    `when(output_dir)` is polled every 20 ms; the first time it is true, `then(proc)` runs once
+    (e.g. `kill_tree`, or a signal to one rank). `kill_after_checkpoint=k` is short for killing the
+    whole tree as soon as checkpoint k is complete (then the exit code is not checked).
+    """
+    if kill_after_checkpoint is not None:
+        when, then, expect_rc = checkpoint_exists(kill_after_checkpoint), kill_tree, None
     out_dir = Path(args[args.index("--output_dir") + 1])
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    log = open(out_dir.parent / f"{out_dir.name}.log", "a")
-    proc = subprocess.Popen(command(recipe, nproc, args), cwd=ROOT, env=full_env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    log_path = out_dir.parent / f"{out_dir.name}.log"
+    start = log_path.stat().st_size if log_path.exists() else 0
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(command(recipe, nproc, args), cwd=ROOT, env=full_env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
+    fired = False
     try:
         while proc.poll() is None:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{recipe} run timed out; see {log.name}")
-            if kill_after_checkpoint is not None:
-                marker = out_dir / "checkpoints" / f"step_{kill_after_checkpoint:08d}" / "COMPLETE"
-                if marker.exists():
-                    kill_tree(proc)
-                    return None
+                raise TimeoutError(f"{recipe} run timed out; see {log_path}")
+            if when is not None and not fired and when(out_dir):
+                then(proc)
+                fired = True
             time.sleep(0.02)
     finally:
         if proc.poll() is None:
             kill_tree(proc)
-        log.close()
-    text = Path(log.name).read_text()
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{text[-4000:]}"
-    assert kill_after_checkpoint is None, f"finished before checkpoint {kill_after_checkpoint} was seen"
-    return proc
+    with open(log_path, errors="replace") as f:
+        f.seek(start)
+        text = f.read()
+    assert when is None or fired, f"the run ended before the awaited event:\n{text[-3000:]}"
+    if expect_rc is not None:
+        assert proc.returncode == expect_rc, f"exit {proc.returncode} (expected {expect_rc}):\n{text[-4000:]}"
+    return text
 
 
 def metrics(out_dir: Path) -> list[dict]:

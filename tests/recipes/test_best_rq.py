@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common.data import DurationBatchSampler, read_librispeech
-from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, run
+from tests.recipes.harness import ROOT, SUPPORT, assert_same_losses, assert_same_weights, metrics, run
 
 pytestmark = pytest.mark.slow
 
@@ -168,7 +168,7 @@ def test_ddp_shards_disjoint_and_only_rank0_writes(tiny_corpus, tmp_path):
     e0, e1, _ = epoch_lengths(tiny_corpus, 16.0, 2)
     run("best_rq", 2, args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--max_steps", str(e0 + e1),
                                "--save_steps", "3", "--dump_batch_ids", "true", "--report_to", "tensorboard"),
-        env={"AUDIT_WRITES_DIR": str(audit), "PYTHONPATH": str(ROOT / "tests" / "recipes" / "audit")})
+        env={"AUDIT_WRITES_DIR": str(audit), "PYTHONPATH": str(SUPPORT)})
 
     all_ids = set(read_librispeech(tiny_corpus / "librispeech", "train")["id"])
     per_rank = {}

@@ -1,8 +1,12 @@
-"""Test-only: record every file a process opens for writing, per rank.
+"""Test-only hooks, active when this folder is on PYTHONPATH (Python imports `sitecustomize` at start).
 
-Put this folder on PYTHONPATH and set AUDIT_WRITES_DIR; each process appends the paths it writes to
-`<AUDIT_WRITES_DIR>/<RANK or 'launcher'>.<pid>.txt`. safetensors writes from Rust (no Python `open`),
-so its `save_file` is wrapped too.
+AUDIT_WRITES_DIR=dir: each process appends the paths it writes (opens for writing, renames, removes)
+to `<dir>/<RANK or 'launcher'>.<pid>.txt`. safetensors writes from Rust (no Python `open`), so its
+`save_file` is wrapped too.
+
+INJECT_FAULT=kind:rank:n[,n...]: on process RANK (`*` = all), at the n-th call of
+`Accelerator.backward` (1-based, counted per process), `nan` multiplies the loss by NaN and `raise`
+raises RuntimeError("injected failure"). Production code has no fault-injection switches.
 """
 
 import os
@@ -47,3 +51,24 @@ if _dir:
         _st.save_file = save_file
     except ImportError:
         pass
+
+
+_fault = os.environ.get("INJECT_FAULT")
+if _fault:
+    _kind, _rank, _calls = _fault.split(":")
+    _calls = {int(c) for c in _calls.split(",")}
+    if _rank in ("*", os.environ.get("RANK", "0")):
+        import accelerate
+
+        _orig_backward = accelerate.Accelerator.backward
+        _count = [0]
+
+        def backward(self, loss, **kwargs):
+            _count[0] += 1
+            if _count[0] in _calls:
+                if _kind == "raise":
+                    raise RuntimeError("injected failure")
+                loss = loss * float("nan")
+            return _orig_backward(self, loss, **kwargs)
+
+        accelerate.Accelerator.backward = backward

@@ -1,0 +1,143 @@
+"""Fault tolerance through the real command line: preemption, kills mid-save, damaged checkpoints,
+non-finite losses, a failing rank. Every scenario ends in a clear message and no lost work."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from common.checkpoint import list_checkpoints
+from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
+                                   metrics, run, worker)
+from tests.recipes.test_best_rq import args_for
+
+pytestmark = pytest.mark.slow
+
+STEPS = ["--max_batch_seconds", "16", "--max_steps", "8", "--save_steps", "1", "--save_total_limit", "2"]
+
+
+@pytest.fixture(scope="module")
+def continuous(tiny_corpus, tmp_path_factory):
+    """Reference runs that were never interrupted, per process count."""
+    cache = {}
+
+    def get(nproc: int) -> Path:
+        if nproc not in cache:
+            out = tmp_path_factory.mktemp(f"continuous{nproc}") / "run"
+            run("best_rq", nproc, args_for(tiny_corpus, out, *STEPS))
+            cache[nproc] = out
+        return cache[nproc]
+
+    return get
+
+
+def newest_step(out: Path) -> int:
+    return int(list_checkpoints(out)[-1].name.split("_")[1])
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_preemption_saves_the_same_step_on_all_ranks_and_resumes_exactly(tiny_corpus, tmp_path, continuous, nproc):
+    """SIGUSR1 to the last rank only, then SIGTERM to every rank while the save is running."""
+    out = tmp_path / "run"
+
+    def preempt(proc):
+        worker(proc, nproc - 1).send_signal(signal.SIGUSR1)
+
+        def second_signal():  # a second signal, during the save the first one asked for
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not list((out / "checkpoints").glob(".step_*.tmp")):
+                time.sleep(0.001)
+            for r in range(nproc):
+                try:
+                    worker(proc, r).send_signal(signal.SIGTERM)
+                except Exception:  # already gone
+                    pass
+
+        threading.Thread(target=second_signal, daemon=True).start()
+
+    log = run("best_rq", nproc, args_for(tiny_corpus, out, *STEPS), when=checkpoint_exists(2), then=preempt,
+              expect_rc=1)  # accelerate launch reports any non-zero worker exit as 1
+    assert "preempted at step" in log and "exit code 75" in log
+    assert "75" in log.split("preempted at step")[1]  # the workers' own exit status
+    stopped = newest_step(out)
+    assert 2 <= stopped < 8
+    assert not (out / "final").exists()
+    rows = metrics(out)
+    assert rows[-1]["step"] == stopped
+    run("best_rq", nproc, args_for(tiny_corpus, out, *STEPS))
+    assert_same_weights(continuous(nproc), out)
+    assert_same_losses(continuous(nproc), out)
+
+
+def test_kill_mid_save_and_torn_metrics_line_lose_nothing(tiny_corpus, tmp_path, continuous):
+    out = tmp_path / "run"
+    args = args_for(tiny_corpus, out, *STEPS[:-1], "1")  # keep a single checkpoint: the riskiest setting
+    # SIGKILL while the step-4 checkpoint is being written
+    run("best_rq", 1, args, when=lambda o: (o / "checkpoints" / ".step_00000004.tmp").exists(), then=kill_tree,
+        expect_rc=None)
+    assert [p.name for p in list_checkpoints(out)] == ["step_00000003"]  # the older one is intact
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "loss": 1.2')  # a line torn by the kill
+    log = run("best_rq", 1, args)
+    assert "resumed from" in log and "step 3" in log
+    assert_same_weights(continuous(1), out)
+    assert_same_losses(continuous(1), out)
+    assert [r["step"] for r in metrics(out)] == list(range(1, 9))
+
+
+def test_damaged_newest_checkpoint_is_skipped(tiny_corpus, tmp_path, continuous):
+    out = tmp_path / "run"
+    run("best_rq", 1, args_for(tiny_corpus, out, *STEPS), kill_after_checkpoint=5)
+    newest = list_checkpoints(out)[-1]
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # truncated, marker still there
+    log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS))
+    assert f"skipping damaged checkpoint {newest}: model.safetensors has" in log
+    assert_same_weights(continuous(1), out)
+    assert_same_losses(continuous(1), out)
+
+
+def test_changed_settings_are_refused_on_resume(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    run("best_rq", 1, args_for(tiny_corpus, out, *STEPS), kill_after_checkpoint=2)
+    log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--gradient_accumulation_steps", "2",
+                                     "--learning_rate", "0.1"), expect_rc=1)
+    assert "refusing to resume" in log
+    assert "gradient_accumulation_steps: checkpoint 1 != now 2" in log and "learning_rate" in log
+
+
+def test_non_finite_loss_on_one_rank_skips_the_update_everywhere(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    log = run("best_rq", 2, args_for(tiny_corpus, out, *STEPS),
+              env={"PYTHONPATH": str(SUPPORT), "INJECT_FAULT": "nan:1:3"})
+    assert "step 3: non-finite gradient norm, update skipped (1 in a row, 1 in total)" in log
+    rows = metrics(out)
+    assert [r["skipped_updates"] for r in rows] == [0, 0] + [1] * 6
+    assert all(torch.isfinite(t).all() for t in load_file(out / "final" / "model.safetensors").values())
+
+
+def test_consecutive_non_finite_losses_stop_the_run(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_nonfinite_updates", "3"),
+              env={"PYTHONPATH": str(SUPPORT), "INJECT_FAULT": "nan:*:4,5,6"}, expect_rc=1)
+    assert "FloatingPointError: 3 consecutive non-finite updates" in log
+    assert newest_step(out) == 5  # skipped updates leave the weights as they were: still saved
+    for ckpt in list_checkpoints(out):
+        assert all(torch.isfinite(t).all() for t in load_file(ckpt / "model.safetensors").values())
+
+
+def test_an_exception_on_one_rank_stops_every_rank_quickly(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    log = run("best_rq", 2, args_for(tiny_corpus, out, *STEPS),
+              env={"PYTHONPATH": str(SUPPORT), "INJECT_FAULT": "raise:1:3"}, expect_rc=1, timeout=120)
+    assert time.monotonic() - t0 < 60
+    assert log.count("[rank 1] FAILED: RuntimeError: injected failure") == 1
+    assert log.count("Traceback") <= 2  # the failing rank's (+ the launcher's summary), none from rank 0
