@@ -21,6 +21,7 @@ import torch
 import torchaudio
 
 from common.distributed import derive_seed
+from common.manifest import DataError, report, scan_librispeech, scan_ljspeech
 
 # ---------------------------------------------------------------------------------------------
 # Manifests (Hugging Face `datasets`)
@@ -28,56 +29,25 @@ from common.distributed import derive_seed
 
 
 def read_librispeech(root: str | Path, splits: str) -> datasets.Dataset:
-    """LibriSpeech layout: `<root>/<split>/<spk>/<chap>/<spk>-<chap>-<utt>.flac` + `<spk>-<chap>.trans.txt`.
-
-    `splits` is one subfolder name or several joined by commas (`train-clean-100,train-clean-360`).
-    Columns: id, path, text (as in the transcript), speaker, duration (seconds), sample_rate.
-    """
-    rows = []
-    for split in splits.split(","):
-        split_dir = Path(root) / split
-        if not split_dir.is_dir():
-            raise FileNotFoundError(f"LibriSpeech split folder not found: {split_dir}")
-        for trans in sorted(split_dir.glob("*/*/*.trans.txt")):
-            for line in trans.read_text().splitlines():
-                if not line.strip():
-                    continue
-                utt_id, _, text = line.partition(" ")
-                path = trans.parent / f"{utt_id}.flac"
-                info = sf.info(str(path))
-                rows.append(
-                    dict(
-                        id=utt_id,
-                        path=str(path),
-                        text=text.strip(),
-                        speaker=utt_id.split("-")[0],
-                        duration=info.frames / info.samplerate,
-                        sample_rate=info.samplerate,
-                    )
-                )
-    rows.sort(key=lambda r: r["id"])
-    return datasets.Dataset.from_list(rows)
+    """LibriSpeech-layout manifest without the validation pass (see `common.manifest` for that):
+    columns id, path, text, speaker, duration (seconds), sample_rate; sorted by id."""
+    rows, problems = scan_librispeech(root, splits)
+    return _with_durations(rows, problems, f"{root} [{splits}]")
 
 
 def read_ljspeech(root: str | Path) -> datasets.Dataset:
-    """LJSpeech layout: `<root>/metadata.csv` (`id|raw text|normalized text`) + `<root>/wavs/<id>.wav`."""
-    rows = []
-    for line in (Path(root) / "metadata.csv").read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        utt_id, raw, *rest = line.split("|")
-        path = Path(root) / "wavs" / f"{utt_id}.wav"
-        info = sf.info(str(path))
-        rows.append(
-            dict(
-                id=utt_id,
-                path=str(path),
-                text=(rest[0] if rest else raw).strip(),
-                speaker="ljspeech",
-                duration=info.frames / info.samplerate,
-                sample_rate=info.samplerate,
-            )
-        )
+    """LJSpeech-layout manifest (`metadata.csv` + `wavs/`), same columns as `read_librispeech`."""
+    rows, problems = scan_ljspeech(root)
+    return _with_durations(rows, problems, str(root))
+
+
+def _with_durations(rows: list[dict], problems: list[dict], source: str) -> datasets.Dataset:
+    if problems:
+        raise DataError(report(problems, source))
+    for row in rows:
+        del row["where"]
+        info = sf.info(row["path"])
+        row.update(duration=info.frames / info.samplerate, sample_rate=info.samplerate)
     rows.sort(key=lambda r: r["id"])
     return datasets.Dataset.from_list(rows)
 

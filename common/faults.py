@@ -67,7 +67,7 @@ def run_main(main) -> None:
                   f"its error is printed above", file=sys.stderr)
         else:
             traceback.print_exc()
-            print(f"[rank {rank}] FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"[rank {rank}] FAILED with {type(e).__name__} (traceback above)", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

@@ -29,11 +29,12 @@ from torch.utils.data import DataLoader
 from common.checkpoint import RESUME_SAFE_KEYS, TrainState, resume_from_checkpoint, save_checkpoint
 from common.config import config_hash, config_to_dict, parse_config, save_config
 from common.corpus import ensure_builtin_corpus
-from common.data import DurationBatchSampler, load_audio, read_librispeech, sample_generator
+from common.data import DurationBatchSampler, load_audio, sample_generator
 from common.distributed import build_accelerator, derive_seed, seed_everything
 from common.faults import PREEMPTED_EXIT_CODE, Preemption, run_main
 from common.features import LogMel, feature_stats, shared_feature_stats
 from common.logs import MetricsLog, get_logger, progress_bar
+from common.manifest import DataPolicy, prepare_manifest
 
 from model import BestRQ, encoder_config, span_mask  # recipe-local (this folder is on sys.path)
 
@@ -50,7 +51,11 @@ class Config:
     valid_split: str = "validation"
     builtin_corpus: str = "default"  # built-in corpus profile when data_dir is None ("default" | "tiny")
     data_cache_dir: str | None = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
-    sample_rate: int = 16000  # Hz; audio at other rates is resampled on load
+    sample_rate: int = 16000  # Hz
+    wrong_sample_rate: str = "resample"  # audio at another rate: "resample" (on load) | "refuse"
+    min_seconds: float = 0.5  # shorter utterances are refused by the data check
+    max_seconds: float = 30.0  # longer utterances are refused by the data check
+    on_bad_data: str = "error"  # unusable entries: "error" (stop with a report) | "skip" (drop, log counts)
     n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
@@ -189,8 +194,13 @@ def main():
     # The built-in corpus is generated once per cache folder; every rank (and node) calls this,
     # one builds under a file lock and the others wait for its completion marker.
     data_dir = cfg.data_dir or str(ensure_builtin_corpus(cfg.data_cache_dir, cfg.builtin_corpus) / "librispeech")
-    train_set = read_librispeech(data_dir, cfg.train_split)
-    valid_set = read_librispeech(data_dir, cfg.valid_split)
+    # Checked once per output_dir (first process to arrive; the others wait): missing, corrupt,
+    # empty, too short/long, multi-channel, wrong-rate audio, duplicate ids, malformed lines.
+    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
+                        charset=None, on_bad_data=cfg.on_bad_data)  # BEST-RQ uses no transcripts
+    main = accelerator.is_main_process
+    train_set = prepare_manifest(out, "train", data_dir, policy, cfg.train_split, is_main_process=main)
+    valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=main)
     logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
                 f"{len(valid_set)} validation, {world} process(es)")
     train_ds = FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels)

@@ -1,0 +1,211 @@
+"""Manifests from LibriSpeech / LJSpeech layouts, validated once before training starts.
+
+`prepare_manifest` scans a corpus, decodes every audio file once, and sorts entries into usable
+rows and problems: missing files, unreadable or corrupt audio, empty or silent audio, too short or
+too long, empty transcripts, characters outside the symbol table, wrong sample rate (resampled on
+load, or refused), multi-channel audio, duplicate utterance ids, malformed transcript/metadata
+lines. Policy `on_bad_data="error"` stops with a report naming every offending entry;
+`"skip"` drops them and logs the counts. Nothing crashes hours into training because of one file.
+
+The pass runs once per output folder: the first process to arrive builds
+`<output_dir>/data/<name>-<fingerprint>/` (manifest.jsonl + problems.jsonl) under a file lock
+(`common.prepare.prepare_once`) while the others wait, and a re-launch reuses it. The fingerprint
+covers the file listing (names, sizes, mtimes) and the policy, so a fixed corpus is re-checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+import soundfile as sf
+
+from common.prepare import prepare_once
+
+logger = logging.getLogger(__name__)
+
+LIBRISPEECH_ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
+
+
+class DataError(RuntimeError):
+    """The corpus has entries the policy does not accept; the message lists every one."""
+
+
+@dataclass(frozen=True)
+class DataPolicy:
+    sample_rate: int  # Hz expected by the recipe
+    min_seconds: float = 0.5  # shorter audio is refused (the model needs a few frames)
+    max_seconds: float = 30.0  # longer audio is refused (one utterance must fit a batch)
+    wrong_sample_rate: str = "resample"  # "resample" (on load) | "refuse"
+    charset: str | None = None  # allowed transcript characters; None = transcripts are not used
+    on_bad_data: str = "error"  # "error": stop with a report | "skip": drop the entries, log counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Scanning: rows (id, path, text, speaker) and problems (entry, reason) from the folder layout
+# ---------------------------------------------------------------------------------------------
+
+
+def scan_librispeech(root: str | Path, splits: str) -> tuple[list[dict], list[dict]]:
+    """`<root>/<split>/<spk>/<chap>/<spk>-<chap>.trans.txt` lines `<spk>-<chap>-<utt> TEXT`;
+    `splits` may join several subfolders with commas (`train-clean-100,train-clean-360`)."""
+    rows, problems = [], []
+    for split in splits.split(","):
+        split_dir = Path(root) / split
+        if not split_dir.is_dir():
+            raise FileNotFoundError(f"LibriSpeech split folder not found: {split_dir}")
+        for trans in sorted(split_dir.glob("*/*/*.trans.txt")):
+            prefix = trans.name[: -len(".trans.txt")]
+            for n, line in enumerate(trans.read_text(errors="replace").splitlines(), 1):
+                if not line.strip():
+                    continue
+                utt_id, _, text = line.strip().partition(" ")
+                where = f"{trans}:{n}"
+                if not LIBRISPEECH_ID.match(utt_id) or not utt_id.startswith(prefix + "-"):
+                    problems.append({"entry": where, "reason": "malformed line", "detail": line[:80]})
+                    continue
+                rows.append(dict(id=utt_id, path=str(trans.parent / f"{utt_id}.flac"), text=text.strip(),
+                                 speaker=utt_id.split("-")[0], where=where))
+    return rows, problems
+
+
+def scan_ljspeech(root: str | Path) -> tuple[list[dict], list[dict]]:
+    """`<root>/metadata.csv` lines `id|raw text|normalized text` (the normalized one is used) and
+    `<root>/wavs/<id>.wav`."""
+    rows, problems = [], []
+    metadata = Path(root) / "metadata.csv"
+    for n, line in enumerate(metadata.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        where = f"{metadata}:{n}"
+        if len(fields) not in (2, 3) or not fields[0].strip():
+            problems.append({"entry": where, "reason": "malformed line", "detail": line[:80]})
+            continue
+        utt_id = fields[0].strip()
+        rows.append(dict(id=utt_id, path=str(Path(root) / "wavs" / f"{utt_id}.wav"), text=fields[-1].strip(),
+                         speaker="ljspeech", where=where))
+    return rows, problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking one entry
+# ---------------------------------------------------------------------------------------------
+
+
+def check_entry(row: dict, policy: DataPolicy) -> tuple[str | None, dict]:
+    """(reason it is unusable or None, audio facts). Decodes the whole file: a truncated FLAC
+    often has a valid header and fails only in the middle."""
+    path = Path(row["path"])
+    if not path.is_file():
+        return "missing file", {}
+    try:
+        audio, sr = sf.read(str(path), dtype="float32", always_2d=True)  # (samples, channels)
+    except Exception as e:  # noqa: BLE001 — libsndfile raises several types for bad files
+        return "unreadable audio", {"detail": str(e)[:120]}
+    facts = {"sample_rate": sr, "duration": audio.shape[0] / sr}
+    if audio.shape[1] != 1:
+        return "multi-channel audio", {**facts, "detail": f"{audio.shape[1]} channels"}
+    if audio.shape[0] == 0:
+        return "empty audio", facts
+    if not np.isfinite(audio).all() or np.abs(audio).max() == 0:
+        return "empty audio", {**facts, "detail": "silent or non-finite samples"}
+    if sr != policy.sample_rate and policy.wrong_sample_rate != "resample":
+        return "wrong sample rate", {**facts, "detail": f"{sr} Hz, expected {policy.sample_rate}"}
+    if facts["duration"] < policy.min_seconds:
+        return "too short", {**facts, "detail": f"{facts['duration']:.2f} s < {policy.min_seconds} s"}
+    if facts["duration"] > policy.max_seconds:
+        return "too long", {**facts, "detail": f"{facts['duration']:.2f} s > {policy.max_seconds} s"}
+    if policy.charset is not None:
+        if not row["text"]:
+            return "empty transcript", facts
+        outside = sorted(set(row["text"]) - set(policy.charset))
+        if outside:
+            return "characters outside the symbol table", {**facts, "detail": "".join(outside)}
+    return None, facts
+
+
+def validate(rows: list[dict], problems: list[dict], policy: DataPolicy) -> tuple[list[dict], list[dict]]:
+    """Good rows (sorted by id, with duration and sample_rate) and every problem found."""
+    problems = list(problems)
+    good, seen = [], set()
+    for row in rows:
+        if row["id"] in seen:
+            problems.append({"entry": row["where"], "reason": "duplicate utterance id", "detail": row["id"]})
+            continue
+        seen.add(row["id"])
+        reason, facts = check_entry(row, policy)
+        if reason:
+            problems.append({"entry": row["where"], "reason": reason, "id": row["id"], **facts})
+        else:
+            good.append({k: v for k, v in row.items() if k != "where"} | facts)
+    good.sort(key=lambda r: r["id"])
+    return good, problems
+
+
+def report(problems: list[dict], source: str) -> str:
+    counts = Counter(p["reason"] for p in problems)
+    lines = [f"{len(problems)} unusable entries in {source} "
+             f"({', '.join(f'{n} {reason}' for reason, n in counts.most_common())}):"]
+    for p in problems:
+        detail = f" ({p['detail']})" if p.get("detail") else ""
+        lines.append(f"  {p['entry']}: {p['reason']}{detail}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Once per output folder
+# ---------------------------------------------------------------------------------------------
+
+
+def _fingerprint(root: Path, parts: list[str], policy: DataPolicy) -> str:
+    h = hashlib.blake2b(json.dumps(asdict(policy), sort_keys=True).encode(), digest_size=8)
+    for part in parts:
+        for p in sorted((root / part).rglob("*")) if (root / part).is_dir() else [root / part]:
+            if p.is_file():
+                st = p.stat()
+                h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy: DataPolicy,
+                     splits: str | None = None, is_main_process: bool = True) -> datasets.Dataset:
+    """Validated manifest of a LibriSpeech split (`splits` given) or an LJSpeech folder (`splits`
+    None), as a `datasets.Dataset` with columns id, path, text, speaker, duration, sample_rate.
+
+    Every rank calls it (no collective): one validates, the others wait for its result.
+    """
+    root = Path(root)
+    parts = splits.split(",") if splits else ["metadata.csv", "wavs"]
+    final = Path(output_dir) / "data" / f"{name}-{_fingerprint(root, parts, policy)}"
+
+    def build(tmp: Path) -> None:
+        rows, problems = scan_librispeech(root, splits) if splits else scan_ljspeech(root)
+        good, problems = validate(rows, problems, policy)
+        (tmp / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
+        (tmp / "problems.jsonl").write_text("".join(json.dumps(p) + "\n" for p in problems))
+
+    prepare_once(final, build)
+    rows = [json.loads(line) for line in (final / "manifest.jsonl").read_text().splitlines()]
+    problems = [json.loads(line) for line in (final / "problems.jsonl").read_text().splitlines()]
+    source = f"{root}" + (f" [{splits}]" if splits else "")
+    if problems and policy.on_bad_data == "error":
+        if is_main_process:
+            raise DataError(report(problems, source) + f"\n(list in {final / 'problems.jsonl'}; "
+                            f"--on_bad_data skip drops them)")
+        raise SystemExit(1)  # the main process prints the report once
+    if problems and is_main_process:
+        counts = Counter(p["reason"] for p in problems)
+        logger.warning(f"skipping {len(problems)} of {len(rows) + len(problems)} entries in {source}: "
+                       + ", ".join(f"{n} {reason}" for reason, n in counts.most_common())
+                       + f" (list in {final / 'problems.jsonl'})")
+    if not rows:
+        raise DataError(f"no usable entries in {source}")
+    return datasets.Dataset.from_list(rows)

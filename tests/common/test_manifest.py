@@ -1,0 +1,67 @@
+import pytest
+
+from common.manifest import DataError, DataPolicy, prepare_manifest, scan_librispeech, validate
+
+ENTRY = "999-9990.trans.txt:{}"
+
+
+def reasons(problems):
+    return {p["entry"].rsplit("/", 1)[1]: p["reason"] for p in problems}
+
+
+def test_every_kind_of_bad_entry_is_named(bad_corpus):
+    rows, problems = scan_librispeech(bad_corpus, "train")
+    policy = DataPolicy(16000, min_seconds=0.5, max_seconds=8.0, wrong_sample_rate="refuse",
+                        charset="ABCDEFGHIJKLMNOPQRSTUVWXYZ' ")
+    good, problems = validate(rows, problems, policy)
+    assert reasons(problems) == {
+        ENTRY.format(1): "missing file",
+        ENTRY.format(2): "unreadable audio",
+        ENTRY.format(3): "unreadable audio",  # truncated FLAC: the header alone looks fine
+        ENTRY.format(4): "empty audio",
+        ENTRY.format(5): "too short",
+        ENTRY.format(6): "too long",
+        ENTRY.format(7): "wrong sample rate",
+        ENTRY.format(8): "multi-channel audio",
+        ENTRY.format(10): "duplicate utterance id",
+        ENTRY.format(11): "malformed line",
+        ENTRY.format(12): "empty transcript",
+        ENTRY.format(13): "characters outside the symbol table",
+    }
+    assert len(good) == 48 + 1  # the tiny corpus + the first copy of the duplicate
+    assert [r["id"] for r in good] == sorted(r["id"] for r in good)
+
+
+def test_resample_policy_and_unused_transcripts(bad_corpus):
+    rows, problems = scan_librispeech(bad_corpus, "train")
+    good, problems = validate(rows, problems, DataPolicy(16000, max_seconds=8.0))  # no charset
+    found = reasons(problems)
+    assert ENTRY.format(7) not in found  # 8 kHz accepted: resampled on load
+    assert ENTRY.format(12) not in found and ENTRY.format(13) not in found
+    assert {r["id"]: r["sample_rate"] for r in good}["999-9990-0006"] == 8000
+
+
+def test_prepare_manifest_error_report_and_skip(bad_corpus, tmp_path, caplog):
+    policy = DataPolicy(16000, max_seconds=8.0)
+    with pytest.raises(DataError) as e:
+        prepare_manifest(tmp_path, "train", bad_corpus, policy, "train")
+    text = str(e.value)
+    assert "9 unusable entries" in text
+    for n in (1, 2, 3, 4, 5, 6, 8, 10, 11):
+        assert ENTRY.format(n) in text
+    with pytest.raises(SystemExit):  # other ranks exit quietly; the main process reports
+        prepare_manifest(tmp_path, "train", bad_corpus, policy, "train", is_main_process=False)
+    skip = DataPolicy(16000, max_seconds=8.0, on_bad_data="skip")
+    with caplog.at_level("WARNING"):
+        ds = prepare_manifest(tmp_path, "train", bad_corpus, skip, "train")
+    assert len(ds) == 48 + 4  # + the 8 kHz file, one copy of the duplicate, 2 transcripts not checked
+    assert "skipping 9 of 61 entries" in caplog.text and "2 unreadable audio" in caplog.text
+    assert len(list((tmp_path / "data").iterdir())) == 2  # one validated manifest per policy
+
+
+def test_manifest_is_reused_and_refreshed_when_files_change(tiny_corpus, tmp_path):
+    policy = DataPolicy(16000)
+    root = tiny_corpus / "librispeech"
+    a = prepare_manifest(tmp_path, "valid", root, policy, "validation")
+    b = prepare_manifest(tmp_path, "valid", root, policy, "validation")
+    assert a["id"] == b["id"] and len(list((tmp_path / "data").iterdir())) == 1

@@ -1,0 +1,338 @@
+"""ASR (Conformer-CTC): unit tests of tokens, decoding, metrics, augmentation and data; end to end
+through `accelerate launch` in 1 and 2 processes: interrupted == continuous, --init_from a BEST-RQ
+run (and refusal of a mismatched one), evaluate.py scoring each test utterance exactly once."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jiwer
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from common.data import DurationBatchSampler, load_audio, read_librispeech
+from common.features import LogMel, feature_stats
+from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, command, metrics, run
+
+SEED = 42
+ENCODER = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64", "--conv_kernel", "7"]
+TINY = [*ENCODER, "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
+        "--max_batch_seconds", "16", "--stats_utterances", "20"]
+RECIPE = ROOT / "recipes" / "asr"
+
+
+def _asr_modules():
+    """Import the recipe's modules by their script-local names (train, model, text, ...), then take
+    them out of sys.modules again so that other recipes' same-named modules cannot collide."""
+    names = ("text", "ctc_decode", "manifest", "model", "scoring", "train")
+    saved_path, saved = sys.path[:], {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    sys.path.insert(0, str(RECIPE))
+    try:
+        mods = {n: importlib.import_module(n) for n in names}
+    finally:
+        sys.path[:] = saved_path
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+    return type("ASR", (), mods)
+
+
+asr = _asr_modules()
+
+
+def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
+    return ["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra]
+
+
+def epoch_lengths(corpus: Path, world: int, epochs: int = 2, mbs: float = 16.0) -> list[int]:
+    train = read_librispeech(corpus / "librispeech", "train")
+    s = DurationBatchSampler(train["duration"], mbs, seed=SEED, world_size=world)
+    lengths = []
+    for e in range(epochs):
+        s.set_epoch(e)
+        lengths.append(len(s) // world)
+    return lengths
+
+
+def resumed_positions(log: Path) -> list[tuple[int, int, int]]:
+    return [tuple(map(int, m)) for m in
+            re.findall(r"resumed from .*?: step (\d+), epoch (\d+), batch (\d+)", log.read_text())]
+
+
+def launch(script: str, nproc: int, args: list[str], log: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Any script of the recipe through `accelerate launch` (harness.run drives train.py only)."""
+    cmd = command("asr", nproc, args)
+    cmd[cmd.index(str(RECIPE / "train.py"))] = str(RECIPE / script)
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    log.write_text(proc.stdout)
+    return proc
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit tests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_normalize_text():
+    assert asr.text.normalize_text("  MR. O'BRIEN'S well-known CAFÉ,  2nd\tfloor ") == "mr o'brien's well known cafe nd floor"
+    assert asr.text.normalize_text("HELLO WORLD") == "hello world"  # LibriSpeech: case only
+    assert asr.text.normalize_text("123 ...") == ""
+
+
+def test_char_tokenizer_round_trip(tmp_path):
+    tok = asr.text.CharTokenizer()
+    ids = tok.encode("Don't  PANIC!")
+    assert asr.text.BLANK not in ids and tok.vocab_size == 29
+    assert tok.decode(ids) == "don't panic"
+    tok.save(tmp_path)
+    assert asr.text.load_tokenizer(tmp_path).encode("abc") == tok.encode("abc")
+
+
+def test_bpe_tokenizer_round_trip_and_determinism(tiny_corpus, tmp_path):
+    texts = read_librispeech(tiny_corpus / "librispeech", "train")["text"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    asr.text.build_tokenizer("bpe", texts, a, 60)
+    asr.text.build_tokenizer("bpe", texts, b, 60)
+    assert (a / "bpe.model").read_bytes() == (b / "bpe.model").read_bytes()  # same pieces every time
+    tok = asr.text.load_tokenizer(a)
+    assert tok.kind == "bpe" and 29 < tok.vocab_size <= 61
+    for t in texts[:10]:
+        ids = tok.encode(t)
+        assert asr.text.BLANK not in ids and len(ids) < len(asr.text.normalize_text(t))  # merges happened
+        assert tok.decode(ids) == asr.text.normalize_text(t)
+
+
+def test_ctc_greedy_merges_repeats_and_drops_blanks():
+    # frames: a a <b> a b b <b>  →  "a a b" as ids [1, 1, 2]
+    best = [1, 1, 0, 1, 2, 2, 0]
+    lp = torch.full((7, 3), -10.0)
+    lp[range(7), best] = 0.0
+    assert asr.ctc_decode.ctc_greedy(lp) == [1, 1, 2]
+    assert asr.ctc_decode.ctc_prefix_beam_search(lp, beam_size=4) == [1, 1, 2]
+
+
+def test_ctc_beam_beats_greedy_on_crafted_case():
+    # Two frames, P(blank) = 0.6, P(a) = 0.4 each. Greedy: blank blank → "" (0.36).
+    # P("a") = P(a a) + P(a -) + P(- a) = 0.16 + 0.24 + 0.24 = 0.64: the better labelling.
+    lp = torch.tensor([[0.6, 0.4], [0.6, 0.4]]).log()
+    assert asr.ctc_decode.ctc_greedy(lp) == []
+    assert asr.ctc_decode.ctc_prefix_beam_search(lp, beam_size=2) == [1]
+
+
+def _labelling_probs(lp: torch.Tensor) -> dict[tuple[int, ...], float]:
+    probs: dict[tuple[int, ...], float] = {}
+    for path in itertools.product(range(lp.shape[1]), repeat=lp.shape[0]):
+        labels = tuple(c for i, c in enumerate(path) if c != 0 and (i == 0 or c != path[i - 1]))
+        probs[labels] = probs.get(labels, 0.0) + math.exp(sum(lp[t, c].item() for t, c in enumerate(path)))
+    return probs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ctc_beam_search_finds_the_most_probable_labelling(seed):
+    """Against brute force over all paths (5 frames, 3 classes): a wide beam is exact."""
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.randn(5, 3, generator=g).mul(2).log_softmax(-1)
+    probs = _labelling_probs(lp)
+    assert abs(sum(probs.values()) - 1) < 1e-6
+    assert tuple(asr.ctc_decode.ctc_prefix_beam_search(lp, beam_size=64)) == max(probs, key=probs.get)
+
+
+def test_metric_modules_match_jiwer():
+    refs = ["the cat sat on the mat", "hello world", "a b c d", "it's true"]
+    hyps = ["the cat sat on mat", "hello word", "", "its true too"]
+    scores = asr.scoring.Scorer()(hyps, refs)
+    assert scores["wer"] == pytest.approx(jiwer.wer(refs, hyps))
+    assert scores["cer"] == pytest.approx(jiwer.cer(refs, hyps))
+    assert asr.scoring.Scorer()(refs, refs) == {"wer": 0.0, "cer": 0.0}
+    # the modules are plain `evaluate` modules loaded from the repository (no download)
+    module = asr.scoring._hf_evaluate().load(str(RECIPE / "metrics" / "wer"))
+    out = module.compute(predictions=hyps, references=refs)
+    assert out["wer"] == pytest.approx(jiwer.wer(refs, hyps)) and out["reference_words"] == 14
+
+
+def test_gather_results_dedupes_by_id():
+    rows = [("b", "x", "y"), ("a", "p", "q"), ("b", "x", "y")]  # a padded duplicate
+    assert asr.scoring.gather_results(rows) == [("a", "p", "q"), ("b", "x", "y")]
+
+
+def _collate(cfg, utt_ids, epoch):
+    items = [(u, torch.zeros(300 + 17 * k, cfg.n_mels), [1, 2], "ab") for k, u in enumerate(utt_ids)]
+    collator = asr.train.SpecAugmentCollator(cfg, augment=True)
+    collator.epoch = epoch
+    return collator(items)
+
+
+def test_spec_augment_is_a_function_of_seed_epoch_and_id():
+    cfg = asr.train.Config(seed=3)
+    a = _collate(cfg, ["u1", "u2", "u3"], epoch=0)
+    b = _collate(cfg, ["u3", "u1"], epoch=0)  # another batch, other neighbours, other position
+    n1 = int(a["feat_lens"][0])
+    assert torch.equal(a["time_mask"][0, :n1], b["time_mask"][1, :n1])
+    assert torch.equal(a["freq_mask"][0], b["freq_mask"][1])
+    assert torch.equal(a["freq_mask"][2], b["freq_mask"][0])
+    assert not a["time_mask"][0, n1:].any()  # padding never masked
+    c = _collate(cfg, ["u1", "u2", "u3"], epoch=1)
+    d = _collate(asr.train.Config(seed=4), ["u1", "u2", "u3"], epoch=0)
+    assert not torch.equal(a["freq_mask"], c["freq_mask"]) or not torch.equal(a["time_mask"], c["time_mask"])
+    assert not torch.equal(a["freq_mask"], d["freq_mask"]) or not torch.equal(a["time_mask"], d["time_mask"])
+    torch.manual_seed(0)  # the global RNG plays no part
+    assert torch.equal(_collate(cfg, ["u1", "u2", "u3"], epoch=0)["time_mask"], a["time_mask"])
+    width = a["freq_mask"].sum(1)
+    assert (width <= 2 * cfg.freq_mask_width).all() and a["time_mask"].sum(1).max() <= 2 * cfg.time_mask_width
+
+
+def test_speed_perturbation_is_a_function_of_seed_epoch_and_id(tiny_corpus):
+    manifest = asr.manifest.read_split(tiny_corpus / "librispeech", "train").select(range(6))
+    cfg = asr.train.Config(seed=1)
+    ds = asr.train.SpeechDataset(manifest, cfg, asr.text.CharTokenizer(), speed_perturb=0.2)
+    lengths = {}
+    for epoch in range(4):
+        ds.epoch = epoch
+        lengths[epoch] = [ds[i][1].shape[0] for i in range(6)]
+        assert [ds[i][1].shape[0] for i in range(6)] == lengths[epoch]
+    plain = [asr.train.SpeechDataset(manifest, cfg, asr.text.CharTokenizer())[i][1].shape[0] for i in range(6)]
+    ratios = {round(p / n, 1) for e in lengths for p, n in zip(plain, lengths[e])}
+    assert ratios == {0.8, 1.0, 1.2}  # 0.8× and 1.2× speed shorten/lengthen by 1/factor
+
+
+def test_hf_saved_datasets_are_read_like_librispeech(tiny_corpus, tmp_path):
+    import datasets
+
+    libri = read_librispeech(tiny_corpus / "librispeech", "test")
+    paths, texts = libri["path"], libri["text"]
+    datasets.Dataset.from_dict({"path": paths, "text": texts}).save_to_disk(str(tmp_path / "a" / "test"))
+    datasets.DatasetDict({"test": datasets.Dataset.from_dict({"audio": paths, "transcript": texts, "text": texts})
+                          .cast_column("audio", datasets.Audio())}).save_to_disk(str(tmp_path / "b"))
+    arrays = [load_audio(p, 16000).tolist() for p in paths]
+    datasets.Dataset.from_dict({"audio": [{"array": a, "sampling_rate": 16000} for a in arrays], "text": texts,
+                                "id": libri["id"]}).save_to_disk(str(tmp_path / "c" / "test"))
+    for root in ("a", "b", "c"):
+        m = asr.manifest.read_split(tmp_path / root, "test")
+        assert len(m) == len(libri) and m["text"] == texts
+        assert m["duration"] == pytest.approx(libri["duration"])
+        for i in range(len(m)):
+            assert torch.equal(asr.manifest.load_wav(m[i], 16000), load_audio(paths[i], 16000))
+    assert asr.manifest.read_split(tmp_path / "c", "test")["id"] == libri["id"]
+
+
+def test_labelled_subset_is_deterministic_and_nested(tiny_corpus):
+    m = asr.manifest.read_split(tiny_corpus / "librispeech", "train")
+    a = asr.manifest.labelled_subset(m, 0.25)["id"]
+    assert len(a) == 12 and a == asr.manifest.labelled_subset(m, 0.25)["id"]
+    assert set(a) < set(asr.manifest.labelled_subset(m, 0.5)["id"])
+    assert set(asr.manifest.labelled_subset(m.shuffle(seed=0), 0.25)["id"]) == set(a)  # order-independent
+
+
+def test_config_yaml_is_valid():
+    from common.config import parse_config
+
+    for yaml_file in sorted(RECIPE.glob("config*.yaml")):
+        parse_config(asr.train.Config, argv=[], default_yaml=yaml_file)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end (slow)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
+    """Char tokens, SpecAugment, speed perturbation, validation WER/CER; SIGKILL inside epoch 1."""
+    e0, e1 = epoch_lengths(tiny_corpus, 1)
+    k, max_steps = e0 + 2, e0 + e1
+    extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--eval_steps", "4", "--speed_perturb", "0.1"]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run("asr", 1, args_for(tiny_corpus, cont, *extra))
+    run("asr", 1, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k)
+    run("asr", 1, args_for(tiny_corpus, cut, *extra))
+
+    [(step, epoch, batch)] = resumed_positions(tmp_path / "interrupted.log")
+    assert epoch == 1 and batch > 0
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+    rows = metrics(cut)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))  # one row per step
+    evals = [r for r in rows if "eval_wer" in r]
+    assert [r["step"] for r in evals] == list(range(4, max_steps + 1, 4))
+    assert evals == [r for r in metrics(cont) if "eval_wer" in r]
+    assert all(0 <= r["eval_cer"] <= 1.5 and "loss" in r for r in evals)
+    # final/ holds everything needed to transcribe
+    assert {p.name for p in (cont / "final").iterdir()} >= {"model.safetensors", "config.yaml", "tokenizer"}
+    # global normalization statistics: the first stats_utterances training utterances, in buffers
+    weights = load_file(cont / "final" / "model.safetensors")
+    train = read_librispeech(tiny_corpus / "librispeech", "train")
+    mean, std = feature_stats([LogMel(16000, 80)(load_audio(p, 16000)) for p in train["path"][:20]])
+    assert torch.allclose(weights["feat_mean"], mean) and torch.allclose(weights["feat_std"], std)
+
+
+@pytest.mark.slow
+def test_interrupted_equals_continuous_2proc(tiny_corpus, tmp_path):
+    """2 DDP processes, BPE tokens, accumulation 2, encoder frozen for the first 3 steps; cut at step 2."""
+    extra = ["--max_steps", "6", "--save_steps", "1", "--eval_steps", "0", "--token_type", "bpe",
+             "--bpe_vocab_size", "60", "--gradient_accumulation_steps", "2", "--freeze_encoder_steps", "3",
+             "--speed_perturb", "0.1"]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run("asr", 2, args_for(tiny_corpus, cont, *extra))
+    run("asr", 2, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=2)
+    run("asr", 2, args_for(tiny_corpus, cut, *extra))
+
+    assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+    assert (cont / "final" / "tokenizer" / "bpe.model").read_bytes() == (cut / "tokenizer" / "bpe.model").read_bytes()
+
+
+@pytest.mark.slow
+def test_init_from_best_rq_freeze_and_evaluate(tiny_corpus, tmp_path):
+    """A tiny BEST-RQ run initializes the ASR encoder and its feature statistics; the encoder stays
+    frozen for freeze_encoder_steps in 2 DDP processes; a mismatched encoder is refused; evaluate.py
+    in 2 processes scores each test utterance exactly once."""
+    brq = tmp_path / "best_rq"
+    run("best_rq", 1, ["--data_dir", str(tiny_corpus / "librispeech"), "--output_dir", str(brq), *ENCODER,
+                       "--codebook_size", "64", "--max_steps", "4", "--warmup_steps", "2", "--save_steps", "4",
+                       "--eval_steps", "0", "--report_to", "none", "--max_batch_seconds", "16", "--stats_utterances", "20"])
+    pre = load_file(brq / "final" / "model.safetensors")
+
+    asr_out = tmp_path / "asr"
+    run("asr", 2, args_for(tiny_corpus, asr_out, "--init_from", str(brq), "--freeze_encoder_steps", "2",
+                           "--encoder_lr_scale", "0.5", "--max_steps", "4", "--save_steps", "1",
+                           "--save_total_limit", "10", "--eval_steps", "0"))
+    assert "initialized from" in (tmp_path / "asr.log").read_text()
+    step = {s: load_file(asr_out / "checkpoints" / f"step_{s:08d}" / "model.safetensors") for s in (1, 2, 3)}
+    enc_keys = [k for k in pre if k.startswith("encoder.")]
+    for s in (1, 2):  # frozen: bit-identical to pre-training
+        assert all(torch.equal(step[s][k], pre[k]) for k in enc_keys)
+    assert not all(torch.equal(step[3][k], pre[k]) for k in enc_keys)  # unfrozen at step 3
+    assert not torch.equal(step[1]["head.weight"], step[2]["head.weight"])  # the head trains meanwhile
+    final = load_file(asr_out / "final" / "model.safetensors")
+    for k in ("feat_mean", "feat_std"):  # BEST-RQ's statistics, not recomputed
+        assert torch.equal(final[k], pre[k])
+
+    bad = launch("train.py", 1, args_for(tiny_corpus, tmp_path / "bad", "--init_from", str(brq / "final"),
+                                         "--hidden_size", "48", "--stack_frames", "2"), tmp_path / "bad.log")
+    assert bad.returncode != 0
+    assert "does not match" in bad.stdout and "hidden_size: BEST-RQ 32 != ASR 48" in bad.stdout
+    assert "stack_frames: BEST-RQ 4 != ASR 2" in bad.stdout
+
+    ev = launch("evaluate.py", 2, ["--checkpoint", str(asr_out), "--split", "test", "--decoding", "beam",
+                                   "--beam_size", "4", "--max_batch_seconds", "8"], tmp_path / "eval.log")
+    assert ev.returncode == 0, ev.stdout[-3000:]
+    assert re.search(r"WER \d+\.\d\d%  CER \d+\.\d\d%", ev.stdout)
+    test_ids = read_librispeech(tiny_corpus / "librispeech", "test")["id"]
+    rows = [json.loads(line) for line in (asr_out / "final" / "decode" / "test-beam.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == sorted(test_ids)  # each test utterance exactly once
+    summary = json.loads((asr_out / "final" / "decode" / "test-beam.json").read_text())
+    assert summary["utterances"] == len(test_ids) and summary["processes"] == 2
+    hyps, refs = [r["hyp"] for r in rows], [r["ref"] for r in rows]
+    assert summary["cer"] == pytest.approx(jiwer.cer(refs, hyps))
