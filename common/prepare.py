@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import shutil
 import socket
@@ -19,6 +20,8 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 COMPLETE_MARKER = ".complete"
@@ -163,6 +166,7 @@ def prepare_once(
     host, pid = socket.gethostname(), os.getpid()
     watch = _StaleWatch(stale_after_s)
     deadline = time.monotonic() + timeout_s
+    announced = False
     while True:
         if marker.is_file():
             return final_dir
@@ -180,6 +184,9 @@ def prepare_once(
                     f"{lock} ({(_read_text(lock) or '').strip()!r}). If no process is preparing it, "
                     f"delete the lock file."
                 ) from None
+            if not announced:
+                logger.info(f"waiting for {final_dir}: prepared by {(_read_text(lock) or '?').split()[:2]}")
+                announced = True
             time.sleep(poll_s)
             continue
         with os.fdopen(fd, "w") as f:
@@ -188,6 +195,7 @@ def prepare_once(
         try:
             if marker.is_file():  # completed between our check and taking the lock
                 return final_dir
+            logger.info(f"preparing {final_dir} (lock held by {host}:{pid})")
             return _build_and_publish(final_dir, build, host, pid, info)
         finally:
             heartbeat.stop()
