@@ -81,8 +81,8 @@ def test_kill_mid_save_and_torn_metrics_line_lose_nothing(tiny_corpus, tmp_path,
     out = tmp_path / "run"
     args = args_for(tiny_corpus, out, *STEPS[:-1], "1")  # keep a single checkpoint: the riskiest setting
     # SIGKILL while the step-4 checkpoint is being written
-    run("best_rq", 1, args, when=lambda o: (o / "checkpoints" / ".step_00000004.tmp").exists(), then=kill_tree,
-        expect_rc=None)
+    run("best_rq", 1, args, when=lambda o: (o / "checkpoints" / ".step_00000004.tmp" / "model.safetensors").exists(),
+        then=kill_tree, expect_rc=None, env={"PYTHONPATH": str(SUPPORT), "SLOW_SAVE": "3"})
     assert [p.name for p in list_checkpoints(out)] == ["step_00000003"]  # the older one is intact
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "loss": 1.2')  # a line torn by the kill

@@ -6,7 +6,10 @@ to `<dir>/<RANK or 'launcher'>.<pid>.txt`. safetensors writes from Rust (no Pyth
 
 INJECT_FAULT=kind:rank:n[,n...]: on process RANK (`*` = all), at the n-th call of
 `Accelerator.backward` (1-based, counted per process), `nan` multiplies the loss by NaN and `raise`
-raises RuntimeError("injected failure"). Production code has no fault-injection switches.
+raises RuntimeError("injected failure").
+
+SLOW_SAVE=seconds: `Accelerator.save_state` sleeps that long after writing its files, so a test can
+kill a run reliably in the middle of a checkpoint. Production code has no fault-injection switches.
 """
 
 import os
@@ -72,3 +75,18 @@ if _fault:
             return _orig_backward(self, loss, **kwargs)
 
         accelerate.Accelerator.backward = backward
+
+
+if os.environ.get("SLOW_SAVE"):
+    import time
+
+    import accelerate
+
+    _orig_save_state = accelerate.Accelerator.save_state
+
+    def save_state(self, *args, **kwargs):
+        result = _orig_save_state(self, *args, **kwargs)
+        time.sleep(float(os.environ["SLOW_SAVE"]))
+        return result
+
+    accelerate.Accelerator.save_state = save_state
