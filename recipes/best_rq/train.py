@@ -198,9 +198,9 @@ def main():
     # empty, too short/long, multi-channel, wrong-rate audio, duplicate ids, malformed lines.
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
                         charset=None, on_bad_data=cfg.on_bad_data)  # BEST-RQ uses no transcripts
-    main = accelerator.is_main_process
-    train_set = prepare_manifest(out, "train", data_dir, policy, cfg.train_split, is_main_process=main)
-    valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=main)
+    is_main = accelerator.is_main_process
+    train_set = prepare_manifest(out, "train", data_dir, policy, cfg.train_split, is_main_process=is_main)
+    valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=is_main)
     logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
                 f"{len(valid_set)} validation, {world} process(es)")
     train_ds = FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels)
@@ -236,9 +236,9 @@ def main():
         logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "
                     f"batch {state.batches_in_epoch} of the epoch")
     else:
-        def compute():
-            n = min(cfg.stats_utterances, len(train_ds))
-            return feature_stats([train_ds[i][1] for i in range(n)])
+        def compute():  # an evenly spaced subset: the manifest is sorted by speaker
+            stride = max(1, len(train_ds) // cfg.stats_utterances)
+            return feature_stats([train_ds[i][1] for i in range(0, len(train_ds), stride)])
         mean, std = shared_feature_stats(accelerator, compute)
         unwrapped = accelerator.unwrap_model(model)
         unwrapped.feat_mean.copy_(mean)
