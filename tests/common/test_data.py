@@ -71,3 +71,29 @@ def test_sample_generator_and_seeds():
     assert not torch.equal(x, torch.rand(5, generator=sample_generator(1, 3, "a-b-c")))
     assert derive_seed(1, "x") == derive_seed(1, "x") != derive_seed(1, "y")
     assert 0 <= derive_seed("big", 10**30) < 2**63
+
+
+def test_skip_first_batches_loads_no_skipped_sample():
+    """Mid-epoch resume through accelerate: skipped batches cost index work only, no loading."""
+    from accelerate import Accelerator, skip_first_batches
+    from torch.utils.data import DataLoader
+
+    loaded = []
+
+    class Counting(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            loaded.append(i)
+            return i
+
+    d = np.linspace(1.0, 4.0, 40)
+    sampler = DurationBatchSampler(d, 8.0, seed=0)
+    loader = Accelerator(cpu=True).prepare(DataLoader(Counting(), batch_sampler=sampler,
+                                                      collate_fn=lambda b: b))
+    everything = [b for b in loader]
+    loaded.clear()
+    resumed = [b for b in skip_first_batches(loader, 3)]
+    assert resumed == everything[3:]
+    assert sorted(loaded) == sorted(i for b in everything[3:] for i in b)
