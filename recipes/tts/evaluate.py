@@ -1,0 +1,170 @@
+"""Score a TTS checkpoint on held-out sentences: mel-cepstral distortion, alignment checks, and
+(optionally) intelligibility with the ASR recipe.
+
+    python recipes/tts/evaluate.py --checkpoint outputs/tts --split test
+    python recipes/tts/evaluate.py --checkpoint outputs/tts --split test --asr_checkpoint outputs/asr
+
+Data settings (data_dir, built-in corpus, split sizes) come from the checkpoint's config.yaml, so the
+held-out ids are exactly the ones training never saw (`--split validation` scores those instead).
+
+Per utterance: the model synthesizes the sentence from text alone (predicted durations) and
+- MCD (dB) against the recording: mel-cepstra c1..c13 = (1/M) · DCT-II of the natural-log mel
+  amplitude (½ log power mel, M = 80 bins), c0 excluded; MCD = (10 / ln 10) · sqrt(2 · Σ_d (Δc_d)²),
+  averaged over the frame pairs of a Euclidean DTW path. Reported for the model's log-mel
+  (`mcd`, vocoder-independent), for the log-mel re-analysed from the Griffin-Lim audio
+  (`mcd_vocoded`), and for Griffin-Lim of the *recording's* mel (`mcd_vocoder_floor`: what the
+  vocoder alone costs);
+- length ratio (synthesized / recorded frames) and the log-energy envelope correlation after DTW;
+- alignment (teacher-forced on the recording): the hard durations sum to the mel length, the path
+  is monotonic (each frame's symbol index is the previous one or the next), and how peaked the soft
+  alignment is (mean max probability per frame; agreement of its argmax with the hard path).
+With --asr_checkpoint, the synthesized sentences are resampled to 16 kHz and written as FLAC in a
+LibriSpeech layout `<output>/librispeech/<split>/1/1/1-1-NNNN.flac` + `1-1.trans.txt` (uppercase),
+and the ASR recipe's evaluator is run on them as a subprocess; its WER/CER are reported (and, with
+--asr_recordings true (default), the same for the recordings in <output>/recordings/librispeech/).
+Writes <output>/<split>.json (summary), <output>/<split>.jsonl (per utterance), wavs/, and a
+spectrogram picture <output>/<first id>.png (synthesized above, recording below) and its
+alignment <output>/<first id>_alignment.png (soft above, hard below; symbols up, frames right).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio
+
+from common.config import parse_config
+from common.corpus import ensure_builtin_corpus
+from common.data import load_audio
+from common.manifest import DataPolicy, prepare_manifest
+
+# recipe-local modules (this folder is on sys.path)
+from audio import dtw_path, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
+from synthesize import load_tts, make_vocoder, synthesize
+from train import Collator, TTSDataset, split_manifest
+
+RECIPES = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class EvalConfig:
+    """Evaluate synthesis on held-out sentences. Every field can be set as --key value."""
+
+    checkpoint: str = "outputs/tts"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
+    split: str = "test"  # "test" | "validation" (the checkpoint's deterministic split)
+    data_dir: str | None = None  # None: the checkpoint's data_dir (or its built-in corpus)
+    data_cache_dir: str | None = None  # None: the checkpoint's
+    output: str | None = None  # None = <checkpoint folder>/eval
+    griffin_lim_iters: int = 60
+    asr_checkpoint: str | None = None  # ASR recipe output_dir: also measure intelligibility (WER/CER)
+    asr_sample_rate: int = 16000  # Hz of the audio handed to the ASR evaluator
+    asr_recordings: bool = True  # also score the held-out *recordings* (the ASR's ceiling on this voice)
+
+
+def envelope_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Correlation of the frame log-energies (log Σ mel power) along the DTW path of the cepstra."""
+    ia, ib = np.array(dtw_path(mel_cepstra(a), mel_cepstra(b))).T
+    ea, eb = np.log(np.exp(a).sum(1))[ia], np.log(np.exp(b).sum(1))[ib]
+    return float(np.corrcoef(ea, eb)[0, 1])
+
+
+def run_asr(args: EvalConfig, wavs: dict[str, torch.Tensor], texts: dict[str, str], sample_rate: int,
+            out: Path) -> dict:
+    """Write `wavs` as a one-speaker LibriSpeech split under `out` and run the ASR evaluator on it."""
+    chapter = out / "librispeech" / args.split / "1" / "1"
+    chapter.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for n, utt_id in enumerate(sorted(wavs)):
+        name = f"1-1-{n:04d}"
+        wav = torchaudio.functional.resample(wavs[utt_id], sample_rate, args.asr_sample_rate)
+        sf.write(chapter / f"{name}.flac", wav.numpy(), args.asr_sample_rate, subtype="PCM_16")
+        lines.append(f"{name} {texts[utt_id].upper()}\n")
+    (chapter / "1-1.trans.txt").write_text("".join(lines))
+    cmd = [sys.executable, str(RECIPES / "asr" / "evaluate.py"), "--checkpoint", args.asr_checkpoint,
+           "--data_dir", str(out / "librispeech"), "--split", args.split, "--output", str(out / "asr")]
+    print("running", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    scores = json.loads((out / "asr" / f"{args.split}-greedy.json").read_text())
+    return {"asr_checkpoint": args.asr_checkpoint, "wer": scores["wer"], "cer": scores["cer"]}
+
+
+def main():
+    args = parse_config(EvalConfig)
+    torch.set_grad_enabled(False)
+    model, cfg, symbols, folder = load_tts(args.checkpoint)
+    out = Path(args.output) if args.output else folder / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = args.data_dir or cfg.data_dir or str(
+        ensure_builtin_corpus(args.data_cache_dir or cfg.data_cache_dir, cfg.builtin_corpus) / "ljspeech")
+    # The same check and split as training (the data check's result is cached in <output>/data).
+    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
+                        charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data)
+    manifest = split_manifest(prepare_manifest(out, "all", data_dir, policy, None), cfg.num_valid,
+                              cfg.num_test)[args.split]
+    dataset, collate = TTSDataset(manifest, cfg), Collator(cfg)
+    vocoder = make_vocoder(cfg, args.griffin_lim_iters)
+    frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
+    (out / "wavs").mkdir(exist_ok=True)
+
+    start = time.monotonic()
+    rows, wavs, texts = [], {}, {}
+    for i in range(len(dataset)):
+        utt_id, tokens, ref = dataset[i]
+        text = symbols.normalize(manifest[i]["text"])
+        wav, pred, _ = synthesize(model, symbols, text, vocoder)
+        sf.write(out / "wavs" / f"{utt_id}.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
+        wavs[utt_id], texts[utt_id] = wav, text
+        revocoded = frontend(wav)
+        floor = frontend(vocoder(ref))
+        batch = collate([dataset[i]])
+        tf = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
+        hard, soft = tf["hard"][0], tf["soft"][0]  # (T, N)
+        index = hard.argmax(1)  # symbol of each frame
+        steps = torch.diff(index)
+        rows.append({
+            "id": utt_id, "text": text, "frames": ref.shape[0], "synth_frames": pred.shape[0],
+            "length_ratio": pred.shape[0] / ref.shape[0],
+            "mcd": mcd_dtw(pred.numpy(), ref.numpy()),
+            "mcd_vocoded": mcd_dtw(revocoded.numpy(), ref.numpy()),
+            "mcd_vocoder_floor": mcd_dtw(floor.numpy(), ref.numpy()),
+            "energy_corr": envelope_correlation(pred.numpy(), ref.numpy()),
+            "durations_sum_ok": int(tf["durations"][0].sum()) == ref.shape[0],
+            "monotonic_ok": bool(((steps == 0) | (steps == 1)).all() and index[0] == 0
+                                 and index[-1] == len(tokens) - 1 and hard.sum(1).eq(1).all()),
+            "soft_peak": soft.max(1).values.mean().item(),
+            "soft_hard_agreement": (soft.argmax(1) == index).float().mean().item(),
+            "synth_rms_db": float(20 * np.log10(wav.pow(2).mean().sqrt().item() + 1e-9)),
+        })
+        if i == 0:
+            lo, hi = float(ref.min()), float(ref.max())
+            big = lambda im: np.kron(im, np.ones((2, 2), np.uint8))  # noqa: E731 — 2× for reading
+            write_png(out / f"{utt_id}.png", big(stack_images([to_image(pred, lo, hi), to_image(ref, lo, hi)])))
+            write_png(out / f"{utt_id}_alignment.png", big(stack_images([to_image(soft, 0, 1), to_image(hard, 0, 1)])))
+    keys = ("mcd", "mcd_vocoded", "mcd_vocoder_floor", "length_ratio", "energy_corr", "soft_peak",
+            "soft_hard_agreement", "synth_rms_db")
+    summary = {"checkpoint": str(folder), "split": args.split, "utterances": len(rows),
+               **{k: float(np.mean([r[k] for r in rows])) for k in keys},
+               "durations_sum_ok": sum(r["durations_sum_ok"] for r in rows),
+               "monotonic_ok": sum(r["monotonic_ok"] for r in rows),
+               "seconds": round(time.monotonic() - start, 1)}
+    if args.asr_checkpoint:
+        summary["asr"] = run_asr(args, wavs, texts, cfg.sample_rate, out)
+        if args.asr_recordings:
+            recordings = {m["id"]: load_audio(m["path"], cfg.sample_rate) for m in manifest}
+            summary["asr_recordings"] = run_asr(args, recordings, texts, cfg.sample_rate, out / "recordings")
+    with open(out / f"{args.split}.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    (out / f"{args.split}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Non-autoregressive TTS (FastSpeech/FastPitch style) that learns its own alignment.
+
+The aligner is the unsupervised alignment learner of Badlani et al. 2021, "One TTS Alignment To
+Rule Them All" (arXiv:2108.10447):
+
+- soft alignment: text embeddings and mel frames go through small conv stacks; the score of
+  (frame t, symbol n) is −temperature·‖q_t − k_n‖², log-softmax over the symbols, plus the log of a
+  static beta-binomial prior (scaling ω) that favours the diagonal early in training;
+- forward-sum loss: CTC over those log-probabilities with a blank column, the targets being the
+  symbols 1..N in order — the likelihood of all monotonic alignments;
+- hard alignment: monotonic alignment search (Viterbi over monotonic paths, every symbol ≥ 1
+  frame) on the soft alignment → integer durations that sum to the mel length;
+- binarization loss: −mean log soft-attention on the hard path (switched on after a warm-up).
+
+The durations drive the length regulator in training; a duration predictor (on detached encoder
+states, in log(1 + d)) drives it at synthesis. No pitch or energy predictors (left out).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NEG = -1e4  # "minus infinity" that keeps softmax/CTC gradients finite
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbols
+# ---------------------------------------------------------------------------------------------
+
+
+class Symbols:
+    """Characters → ids. 0 is padding; symbol i of `chars` is id i + 1. Text is lowercased and
+    whitespace-collapsed first; a character outside the table is an error (never silently dropped)."""
+
+    def __init__(self, chars: str):
+        if len(set(chars)) != len(chars):
+            raise ValueError(f"symbol table has duplicates: {chars!r}")
+        self.chars = chars
+        self.index = {c: i + 1 for i, c in enumerate(chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars) + 1  # with padding
+
+    @staticmethod
+    def normalize(text: str) -> str:
+        return " ".join(text.lower().split())
+
+    def encode(self, text: str) -> list[int]:
+        text = self.normalize(text)
+        outside = sorted(set(text) - set(self.index))
+        if outside:
+            raise ValueError(f"characters outside the symbol table: {''.join(outside)!r} in {text!r}")
+        if not text:
+            raise ValueError("empty text")
+        return [self.index[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i - 1] for i in ids if i > 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Alignment pieces (pure functions, unit-tested)
+# ---------------------------------------------------------------------------------------------
+
+
+def beta_binomial_prior(mel_len: int, text_len: int, scaling: float = 1.0) -> torch.Tensor:
+    """(mel_len, text_len) static prior; row t is BetaBinomial(n=N−1, α=ω(t+1), β=ω(T−t)) over the
+    symbols, so each row sums to 1 and its mass slides along the diagonal (Badlani et al., eq. 4)."""
+    n = text_len - 1
+    k = torch.arange(text_len, dtype=torch.float64)[None, :]
+    t = torch.arange(1, mel_len + 1, dtype=torch.float64)[:, None]
+    a, b = scaling * t, scaling * (mel_len + 1 - t)
+    lbeta = lambda x, y: torch.lgamma(x) + torch.lgamma(y) - torch.lgamma(x + y)  # noqa: E731
+    log_choose = math.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+    return torch.exp(log_choose + lbeta(k + a, n - k + b) - lbeta(a, b)).float()
+
+
+def forward_sum_loss(attn_logprob: torch.Tensor, text_lens: torch.Tensor, mel_lens: torch.Tensor,
+                     blank_logprob: float = -1.0) -> torch.Tensor:
+    """CTC over the soft alignment: −log Σ over monotonic paths, per symbol, mean over the batch.
+
+    attn_logprob: (B, T, N) log-probabilities over symbols (padded symbols at NEG). A blank column
+    with score `blank_logprob` is prepended and each frame renormalized; targets are 1..N_b."""
+    B, T, N = attn_logprob.shape
+    logp = F.pad(attn_logprob, (1, 0), value=blank_logprob).log_softmax(-1)  # (B, T, N + 1)
+    targets = torch.arange(1, N + 1, device=attn_logprob.device).expand(B, N)
+    return F.ctc_loss(logp.transpose(0, 1), targets, mel_lens, text_lens, blank=0, reduction="mean",
+                      zero_infinity=True)
+
+
+def mas(logprob: np.ndarray) -> np.ndarray:
+    """Monotonic alignment search. logprob: (T, N) with T ≥ N. Returns the (T, N) 0/1 path that
+    starts at (0, 0), ends at (T−1, N−1), advances by 0 or 1 symbol per frame, and maximizes the
+    summed log-probability. On ties it advances (as FastPitch's `mas_width1`)."""
+    T, N = logprob.shape
+    if T < N:
+        raise ValueError(f"cannot align {N} symbols to {T} frames")
+    log_p = np.full((T, N), -np.inf)
+    log_p[0, 0] = logprob[0, 0]
+    advanced = np.zeros((T, N), dtype=bool)
+    for i in range(1, T):
+        stay = log_p[i - 1]
+        move = np.concatenate([[-np.inf], log_p[i - 1, :-1]])
+        advanced[i] = move >= stay
+        log_p[i] = np.where(advanced[i], move, stay) + logprob[i]
+    path = np.zeros((T, N), dtype=np.float32)
+    j = N - 1
+    for i in range(T - 1, -1, -1):
+        path[i, j] = 1
+        if i > 0 and advanced[i, j]:
+            j -= 1
+    return path
+
+
+def mas_batch(logprob: torch.Tensor, text_lens: torch.Tensor, mel_lens: torch.Tensor) -> torch.Tensor:
+    """(B, T, N) log-probs → (B, T, N) hard alignment (zeros outside each utterance)."""
+    lp = logprob.detach().float().cpu().numpy()
+    hard = np.zeros_like(lp)
+    for b, (n, t) in enumerate(zip(text_lens.tolist(), mel_lens.tolist())):
+        hard[b, :t, :n] = mas(lp[b, :t, :n])
+    return torch.from_numpy(hard).to(logprob.device)
+
+
+def length_regulate(x: torch.Tensor, durations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Repeat each symbol's state `durations` times. x: (B, N, D), durations: (B, N) ints ≥ 0.
+    Returns ((B, max Σd, D) zero-padded, (B,) lengths Σd)."""
+    lens = durations.sum(1)
+    out = [torch.repeat_interleave(x[b], durations[b], dim=0) for b in range(x.shape[0])]
+    return nn.utils.rnn.pad_sequence(out, batch_first=True), lens
+
+
+def lengths_to_padding(lens: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
+    """(B,) lengths → (B, max_len) bool, True at padding."""
+    max_len = max_len or int(lens.max())
+    return torch.arange(max_len, device=lens.device)[None, :] >= lens[:, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Network
+# ---------------------------------------------------------------------------------------------
+
+
+def sinusoids(length: int, dim: int, device=None) -> torch.Tensor:
+    pos = torch.arange(length, dtype=torch.float32, device=device)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim))
+    pe = torch.zeros(length, dim, device=device)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq)
+    return pe
+
+
+class FFTBlock(nn.Module):
+    """FastSpeech "feed-forward Transformer" block: self-attention + 1-D conv feed-forward, post-norm."""
+
+    def __init__(self, dim: int, heads: int, ffn_dim: int, kernel: int, dropout: float):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.norm1 = nn.LayerNorm(dim)
+        self.conv1 = nn.Conv1d(dim, ffn_dim, kernel, padding=kernel // 2)
+        self.conv2 = nn.Conv1d(ffn_dim, dim, 1)
+        self.norm2 = nn.LayerNorm(dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, pad):  # x (B, L, dim), pad (B, L) True at padding
+        keep = (~pad)[..., None].to(x.dtype)
+        a, _ = self.attn(x, x, x, key_padding_mask=pad, need_weights=False)
+        x = self.norm1(x + self.drop(a)) * keep
+        h = self.conv2(self.drop(F.relu(self.conv1(x.transpose(1, 2))))).transpose(1, 2)
+        return self.norm2(x + self.drop(h)) * keep
+
+
+class DurationPredictor(nn.Module):
+    """Two conv layers → log(1 + frames) per symbol."""
+
+    def __init__(self, dim: int, channels: int, kernel: int, dropout: float):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv1d(dim, channels, kernel, padding=kernel // 2),
+                                    nn.Conv1d(channels, channels, kernel, padding=kernel // 2)])
+        self.norms = nn.ModuleList([nn.LayerNorm(channels), nn.LayerNorm(channels)])
+        self.drop = nn.Dropout(dropout)
+        self.out = nn.Linear(channels, 1)
+
+    def forward(self, x, pad):  # (B, N, dim) → (B, N)
+        keep = (~pad)[..., None].to(x.dtype)
+        for conv, norm in zip(self.convs, self.norms):
+            x = self.drop(norm(F.relu(conv((x * keep).transpose(1, 2)).transpose(1, 2))))
+        return self.out(x).squeeze(-1) * keep.squeeze(-1)
+
+
+class Aligner(nn.Module):
+    """Soft alignment of mel frames (queries) to text embeddings (keys), Badlani et al. 2021 §3.1."""
+
+    def __init__(self, n_mels: int, text_dim: int, att_dim: int, temperature: float):
+        super().__init__()
+        self.temperature = temperature
+        self.key = nn.Sequential(nn.Conv1d(text_dim, 2 * text_dim, 3, padding=1), nn.ReLU(),
+                                 nn.Conv1d(2 * text_dim, att_dim, 1))
+        self.query = nn.Sequential(nn.Conv1d(n_mels, 2 * n_mels, 3, padding=1), nn.ReLU(),
+                                   nn.Conv1d(2 * n_mels, n_mels, 1), nn.ReLU(), nn.Conv1d(n_mels, att_dim, 1))
+
+    def forward(self, mel, text_emb, text_pad, log_prior):
+        """mel (B, T, n_mels) normalized; text_emb (B, N, dim); text_pad (B, N); log_prior (B, T, N).
+        Returns (soft (B, T, N) probabilities, logprob (B, T, N) = log-softmax score + log prior)."""
+        q = self.query(mel.transpose(1, 2)).transpose(1, 2)  # (B, T, att)
+        k = self.key(text_emb.transpose(1, 2)).transpose(1, 2)  # (B, N, att)
+        dist = (q * q).sum(-1, keepdim=True) - 2 * q @ k.transpose(1, 2) + (k * k).sum(-1)[:, None, :]
+        score = (-self.temperature * dist).masked_fill(text_pad[:, None, :], NEG)
+        logprob = (score.log_softmax(-1) + log_prior).masked_fill(text_pad[:, None, :], NEG)
+        return logprob.softmax(-1), logprob
+
+
+class AlignedFastSpeech(nn.Module):
+    def __init__(self, *, n_symbols: int, n_mels: int, dim: int, encoder_layers: int, decoder_layers: int,
+                 heads: int, ffn_dim: int, kernel: int, dropout: float, duration_channels: int,
+                 attention_dim: int, attention_temperature: float, blank_logprob: float):
+        super().__init__()
+        self.blank_logprob = blank_logprob
+        # Global log-mel statistics (set once from the training data, then checkpointed).
+        self.register_buffer("feat_mean", torch.zeros(n_mels))
+        self.register_buffer("feat_std", torch.ones(n_mels))
+        self.embed = nn.Embedding(n_symbols, dim, padding_idx=0)
+        self.encoder = nn.ModuleList(FFTBlock(dim, heads, ffn_dim, kernel, dropout) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(FFTBlock(dim, heads, ffn_dim, kernel, dropout) for _ in range(decoder_layers))
+        self.duration_predictor = DurationPredictor(dim, duration_channels, 3, dropout)
+        self.aligner = Aligner(n_mels, dim, attention_dim, attention_temperature)
+        self.mel_out = nn.Linear(dim, n_mels)
+
+    def encode(self, tokens, text_lens):
+        pad = lengths_to_padding(text_lens, tokens.shape[1])
+        emb = self.embed(tokens)  # (B, N, dim)
+        x = emb + sinusoids(tokens.shape[1], emb.shape[-1], emb.device)
+        for block in self.encoder:
+            x = block(x, pad)
+        return x, emb, pad
+
+    def decode(self, enc, durations):
+        x, lens = length_regulate(enc, durations)  # (B, T, dim)
+        pad = lengths_to_padding(lens, x.shape[1])
+        x = x + sinusoids(x.shape[1], x.shape[-1], x.device)
+        for block in self.decoder:
+            x = block(x, pad)
+        return self.mel_out(x), lens  # normalized log-mel
+
+    def forward(self, tokens, text_lens, mel, mel_lens, log_prior, binarize: bool):
+        """Teacher-forced losses. tokens (B, N); mel (B, T, n_mels) raw log-mel; log_prior (B, T, N)."""
+        target = (mel - self.feat_mean) / self.feat_std
+        enc, emb, text_pad = self.encode(tokens, text_lens)
+        soft, logprob = self.aligner(target, emb, text_pad, log_prior)
+        hard = mas_batch(soft.clamp_min(1e-12).log(), text_lens, mel_lens)  # (B, T, N) 0/1
+        durations = hard.sum(1).long()  # (B, N), Σ = mel_lens
+        pred, _ = self.decode(enc, durations)
+        frames = (~lengths_to_padding(mel_lens, mel.shape[1]))[..., None].to(mel.dtype)
+        mel_loss = (((pred - target) ** 2) * frames).sum() / (frames.sum() * mel.shape[-1])
+        log_dur = self.duration_predictor(enc.detach(), text_pad)
+        sym = (~text_pad).to(mel.dtype)
+        dur_loss = (((log_dur - torch.log1p(durations.to(mel.dtype))) ** 2) * sym).sum() / sym.sum()
+        align_loss = forward_sum_loss(logprob, text_lens, mel_lens, self.blank_logprob)
+        bin_loss = -(soft.clamp_min(1e-12).log() * hard).sum() / hard.sum()
+        return dict(mel_loss=mel_loss, dur_loss=dur_loss, align_loss=align_loss, bin_loss=bin_loss,
+                    pred=pred * self.feat_std + self.feat_mean, soft=soft, hard=hard, durations=durations)
+
+    @torch.no_grad()
+    def infer(self, tokens, text_lens, pace: float = 1.0):
+        """Predicted durations → raw log-mel (B, T, n_mels), lengths (B,), durations (B, N)."""
+        enc, _, text_pad = self.encode(tokens, text_lens)
+        frames = torch.expm1(self.duration_predictor(enc, text_pad)) / pace
+        durations = frames.round().clamp_min(1).long().masked_fill(text_pad, 0)
+        pred, lens = self.decode(enc, durations)
+        return pred * self.feat_std + self.feat_mean, lens, durations

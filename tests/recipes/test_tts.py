@@ -1,0 +1,300 @@
+"""TTS (aligned FastSpeech + Griffin-Lim): unit tests of the alignment pieces (beta-binomial prior,
+forward-sum loss, monotonic alignment search against brute force, length regulation, symbols, MCD,
+PNG); end to end through `accelerate launch` in 1 and 2 processes: smoke runs, interrupted ==
+continuous, synthesize.py and evaluate.py on the trained checkpoint."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from common.data import DurationBatchSampler, read_ljspeech
+from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, run
+
+SEED = 42
+RECIPE = ROOT / "recipes" / "tts"
+TINY = ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32", "--num_heads", "2",
+        "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
+        "--num_valid", "2", "--num_test", "2", "--max_batch_seconds", "16", "--stats_utterances", "20",
+        "--binarization_start_steps", "3", "--learning_rate", "3e-3"]
+slow = pytest.mark.slow
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"tts_{name}", RECIPE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+model = _load("model")  # model.py and audio.py import nothing recipe-local
+audio = _load("audio")
+
+
+def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
+    return ["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra]
+
+
+def epoch_lengths(corpus: Path, world: int, epochs: int = 2, mbs: float = 16.0) -> list[int]:
+    """Batches per rank in each epoch, as the recipe's sampler will make them (train = all but 4)."""
+    manifest = read_ljspeech(corpus / "ljspeech")
+    s = DurationBatchSampler(manifest["duration"][: len(manifest) - 4], mbs, seed=SEED, world_size=world)
+    lengths = []
+    for e in range(epochs):
+        s.set_epoch(e)
+        lengths.append(len(s) // world)
+    return lengths
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit tests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_beta_binomial_prior_shape_and_normalization():
+    T, N = 40, 9
+    p = model.beta_binomial_prior(T, N, scaling=1.0)
+    assert p.shape == (T, N) and (p > 0).all()
+    assert torch.allclose(p.sum(1), torch.ones(T), atol=1e-5)  # a distribution over symbols per frame
+    modes = p.argmax(1)
+    assert modes[0] == 0 and modes[-1] == N - 1 and (torch.diff(modes) >= 0).all()  # along the diagonal
+    assert torch.allclose(p, p.flip(0).flip(1), atol=1e-6)  # symmetric under reversing both axes
+    sharp = model.beta_binomial_prior(T, N, scaling=5.0)  # larger ω: more mass on the diagonal
+    assert sharp.max(1).values.mean() > p.max(1).values.mean()
+
+
+def _ctc(logprob_rows: list[torch.Tensor], blank: float) -> torch.Tensor:
+    """Pad (T_b, N_b) log-prob matrices into a batch and return the forward-sum loss."""
+    T = max(r.shape[0] for r in logprob_rows)
+    N = max(r.shape[1] for r in logprob_rows)
+    batch = torch.full((len(logprob_rows), T, N), model.NEG)
+    for b, r in enumerate(logprob_rows):
+        batch[b, : r.shape[0], : r.shape[1]] = r
+    lens = lambda i: torch.tensor([r.shape[i] for r in logprob_rows])  # noqa: E731
+    return model.forward_sum_loss(batch, lens(1), lens(0), blank_logprob=blank)
+
+
+def test_forward_sum_loss_known_values():
+    N = 5
+    diagonal = torch.full((N, N), model.NEG).fill_diagonal_(0.0)
+    assert _ctc([diagonal], blank=model.NEG).item() < 1e-5  # the only path has probability 1
+    # With the default blank score −1 each frame keeps 1 / (1 + e^−1) for its symbol.
+    assert math.isclose(_ctc([diagonal], blank=-1.0).item(), math.log(1 + math.exp(-1)), rel_tol=1e-5)
+    uniform = torch.full((N, N), -math.log(N))
+    assert math.isclose(_ctc([uniform], blank=model.NEG).item(), math.log(N), rel_tol=1e-5)
+    # T = 8 frames, N = 3 symbols, uniform: C(7, 2) monotonic paths of probability 3^−8, per symbol.
+    expected = -(math.log(math.comb(7, 2)) - 8 * math.log(3)) / 3
+    uniform83 = torch.full((8, 3), -math.log(3))
+    assert math.isclose(_ctc([uniform83], blank=model.NEG).item(), expected, rel_tol=1e-5)
+    # Padding in a batch changes nothing: the mean of the two per-utterance losses.
+    both = _ctc([uniform83, diagonal], blank=model.NEG).item()
+    assert math.isclose(both, (expected + 0.0) / 2, rel_tol=1e-4, abs_tol=1e-5)
+
+
+def _brute_force(logprob: np.ndarray) -> np.ndarray:
+    T, N = logprob.shape
+    best, best_path = -np.inf, None
+    for cuts in itertools.combinations(range(1, T), N - 1):  # every split of T frames into N runs ≥ 1
+        bounds = (0, *cuts, T)
+        path = np.zeros((T, N), dtype=np.float32)
+        for n in range(N):
+            path[bounds[n]: bounds[n + 1], n] = 1
+        score = (logprob * path).sum()
+        if score > best:
+            best, best_path = score, path
+    return best_path
+
+
+def test_mas_matches_brute_force():
+    rng = np.random.default_rng(0)
+    for T, N in [(1, 1), (5, 1), (4, 4), (7, 3), (9, 4), (10, 6)]:
+        for _ in range(5):
+            lp = np.log(rng.dirichlet(np.ones(N), size=T))
+            assert np.array_equal(model.mas(lp), _brute_force(lp)), (T, N)
+    with pytest.raises(ValueError):
+        model.mas(np.zeros((2, 3)))
+
+
+def test_mas_batch_durations_sum_to_mel_length():
+    torch.manual_seed(0)
+    text_lens, mel_lens = torch.tensor([3, 5]), torch.tensor([9, 12])
+    logprob = torch.randn(2, 12, 5).log_softmax(-1)
+    hard = model.mas_batch(logprob, text_lens, mel_lens)
+    durations = hard.sum(1)
+    assert torch.equal(durations.sum(1), mel_lens.float())
+    assert (durations[0, :3] >= 1).all() and (durations[0, 3:] == 0).all() and (durations[1] >= 1).all()
+    assert hard[0, 9:].sum() == 0  # nothing on padded frames
+    idx = hard[1].argmax(1)
+    assert idx[0] == 0 and idx[-1] == 4 and set(torch.diff(idx).tolist()) <= {0, 1}  # monotonic
+
+
+def test_length_regulation():
+    x = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
+    durations = torch.tensor([[1, 0, 2], [2, 2, 1]])
+    y, lens = model.length_regulate(x, durations)
+    assert y.shape == (2, 5, 2) and lens.tolist() == [3, 5]
+    assert torch.equal(y[0, :3], x[0, [0, 2, 2]]) and (y[0, 3:] == 0).all()
+    assert torch.equal(y[1], x[1, [0, 0, 1, 1, 2]])
+    assert model.lengths_to_padding(lens).tolist() == [[False] * 3 + [True] * 2, [False] * 5]
+
+
+def test_symbols_round_trip():
+    s = model.Symbols(" abcdefghijklmnopqrstuvwxyz'.,")
+    ids = s.encode("  It's   a Test, ok. ")
+    assert min(ids) >= 1 and s.decode(ids) == "it's a test, ok."
+    assert len(s) == 31  # 30 characters + padding
+    with pytest.raises(ValueError, match="outside"):
+        s.encode("numbers 42")
+    with pytest.raises(ValueError):
+        model.Symbols("aa")
+
+
+def test_model_infer_lengths_match_durations():
+    torch.manual_seed(0)
+    m = model.AlignedFastSpeech(n_symbols=10, n_mels=80, dim=16, encoder_layers=1, decoder_layers=1, heads=2,
+                                ffn_dim=32, kernel=3, dropout=0.0, duration_channels=16, attention_dim=16,
+                                attention_temperature=0.0005, blank_logprob=-1.0).eval()
+    tokens = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]])
+    mel, lens, durations = m.infer(tokens, torch.tensor([4, 2]))
+    assert torch.equal(lens, durations.sum(1)) and (durations[0] >= 1).all() and (durations[1, 2:] == 0).all()
+    assert mel.shape == (2, int(lens.max()), 80)
+    # teacher forcing: durations from MAS sum to the mel lengths, losses are finite
+    mels, mel_lens = torch.randn(2, 20, 80), torch.tensor([20, 11])
+    prior = torch.full((2, 20, 4), model.NEG)
+    prior[0] = model.beta_binomial_prior(20, 4).log()
+    prior[1, :11, :2] = model.beta_binomial_prior(11, 2).log()
+    out = m(tokens, torch.tensor([4, 2]), mels, mel_lens, prior, True)
+    assert torch.equal(out["durations"].sum(1), mel_lens)
+    assert all(torch.isfinite(out[k]) for k in ("mel_loss", "dur_loss", "align_loss", "bin_loss"))
+
+
+def test_mcd_constants_and_dtw():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(30, 80))
+    assert audio.mcd_dtw(a, a) == 0.0
+    assert audio.mcd_dtw(a, a + 3.0) < 1e-9  # a constant log offset lives in c0, which is excluded
+    assert audio.mcd_dtw(a, rng.normal(size=(25, 80))) > 1.0
+    assert audio.dtw_path(a[:3], a[:3]) == [(0, 0), (1, 1), (2, 2)]
+    # log A(ω) = c0 + 2 Σ c_n cos(nω): a log amplitude 2·0.3·cos(3ω) (log power twice that) is c3 = 0.3
+    m = np.arange(80)
+    log_power = 2 * (1.0 + 2 * 0.3 * np.cos(np.pi * 3 * (m + 0.5) / 80))
+    c = audio.mel_cepstra(np.tile(log_power, (4, 1)))
+    assert c.shape == (4, 13) and np.allclose(c[:, 2], 0.3) and np.allclose(np.delete(c, 2, axis=1), 0, atol=1e-12)
+    # so a difference of only Δc3 = 0.3 gives MCD = (10 / ln 10) · sqrt(2) · 0.3
+    assert math.isclose(audio.mcd_dtw(np.tile(log_power, (4, 1)), np.full((4, 80), 2.0)),
+                        10 / math.log(10) * math.sqrt(2) * 0.3, rel_tol=1e-9)
+
+
+def test_png_writer(tmp_path):
+    img = (np.arange(12, dtype=np.uint8) * 20).reshape(3, 4)
+    audio.write_png(tmp_path / "x.png", img)
+    data = (tmp_path / "x.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", data[16:24])
+    assert (w, h) == (4, 3)
+    idat = data.index(b"IDAT")
+    (length,) = struct.unpack(">I", data[idat - 4: idat])
+    raw = zlib.decompress(data[idat + 4: idat + 4 + length])
+    assert np.array_equal(np.frombuffer(raw, np.uint8).reshape(3, 5)[:, 1:], img)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+
+@slow
+def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
+    """1 process with TensorBoard on: metrics, images/audio at validation, final/; synthesize.py
+    makes a non-silent wav of plausible length; evaluate.py scores the held-out sentences."""
+    out = tmp_path / "run"
+    run("tts", 1, args_for(tiny_corpus, out, "--max_steps", "8", "--eval_steps", "4", "--save_steps", "4",
+                           "--report_to", "tensorboard", "--num_samples", "1", "--griffin_lim_iters", "4"))
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert all(math.isfinite(r[k]) for r in rows for k in ("loss", "mel_loss", "dur_loss", "align_loss", "bin_loss"))
+    assert "eval_mel_loss" in rows[3] and "eval_align_loss" in rows[7]
+    assert rows[-1]["mel_loss"] < rows[0]["mel_loss"]
+    for f in ("model.safetensors", "config.yaml", "symbols.json"):
+        assert (out / "final" / f).is_file()
+    events = list((out / "tensorboard").rglob("events.out.tfevents.*"))
+    blob = b"".join(p.read_bytes() for p in events)
+    assert b"mel/0_synth" in blob and b"alignment/0_soft_hard" in blob and b"audio/0" in blob
+
+    text = "she could not believe the farmer"
+    wav_path = tmp_path / "out.wav"
+    py = [sys.executable]
+    subprocess.run(py + [str(RECIPE / "synthesize.py"), "--checkpoint", str(out), "--text", text,
+                         "--output", str(wav_path), "--griffin_lim_iters", "4"], check=True, cwd=ROOT)
+    wav, sr = sf.read(wav_path)
+    assert sr == 22050 and wav.ndim == 1
+    # plausible length: at least one 11.6 ms frame per character, at most 0.5 s per character
+    assert len(text) * 256 <= len(wav) <= len(text) * sr * 0.5
+    assert np.sqrt(np.mean(wav ** 2)) > 1e-3  # not silent
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a radio wrote this\n\nthe pencil\n")
+    subprocess.run(py + [str(RECIPE / "synthesize.py"), "--checkpoint", str(out / "checkpoints" / "step_00000004"),
+                         "--text_file", str(lines), "--output_dir", str(tmp_path / "wavs"),
+                         "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
+    assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == ["0001.wav", "0002.wav"]
+
+    subprocess.run(py + [str(RECIPE / "evaluate.py"), "--checkpoint", str(out), "--griffin_lim_iters", "2",
+                         "--output", str(tmp_path / "eval")], check=True, cwd=ROOT)
+    summary = json.loads((tmp_path / "eval" / "test.json").read_text())
+    assert summary["utterances"] == 2 and summary["durations_sum_ok"] == 2 and summary["monotonic_ok"] == 2
+    assert math.isfinite(summary["mcd"]) and summary["mcd"] > 0
+    assert list((tmp_path / "eval").glob("*.png"))
+
+
+@slow
+def test_smoke_two_processes(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    run("tts", 2, args_for(tiny_corpus, out, "--max_steps", "4", "--eval_steps", "2", "--save_steps", "2"))
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def resumed_positions(log: Path) -> list[tuple[int, int, int]]:
+    return [tuple(map(int, m)) for m in
+            re.findall(r"resumed from .*?: step (\d+), epoch (\d+), batch (\d+)", log.read_text())]
+
+
+@slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
+    """SIGKILL inside epoch 0 (1 process: and inside epoch 1), re-launch: same weights and losses.
+    The binarization loss switches on at step 3, the validation pass runs on the way."""
+    e0, e1 = epoch_lengths(tiny_corpus, nproc)
+    assert e0 >= 3 and e1 >= 3
+    kills = [2, e0 + 1] if nproc == 1 else [2]
+    max_steps = e0 + 2
+    extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--save_total_limit", "3", "--eval_steps", "3"]
+
+    cont = tmp_path / "continuous"
+    run("tts", nproc, args_for(tiny_corpus, cont, *extra))
+    cut = tmp_path / "interrupted"
+    for k in kills:
+        run("tts", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k)
+    run("tts", nproc, args_for(tiny_corpus, cut, *extra))
+
+    resumes = resumed_positions(tmp_path / "interrupted.log")
+    assert len(resumes) == len(kills)
+    assert resumes[0][1] == 0 and resumes[0][2] > 0, resumes  # the first cut was inside epoch 0
+    if nproc == 1:
+        assert resumes[1][1] == 1 and resumes[1][2] > 0, resumes  # the second inside epoch 1
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+    assert [r["step"] for r in metrics(cut)] == list(range(1, max_steps + 1))
