@@ -1,0 +1,114 @@
+"""Transcribe a split with a trained Conformer-CTC and score it: WER and CER (corpus level).
+
+    accelerate launch recipes/asr/evaluate.py --checkpoint outputs/asr --split test
+    accelerate launch recipes/asr/evaluate.py --checkpoint outputs/asr/final --split test --decoding beam
+    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/asr/evaluate.py \
+        --checkpoint outputs/asr --split test
+    # a real LibriSpeech folder
+    accelerate launch recipes/asr/evaluate.py --checkpoint outputs/asr_100h --data_dir /data/LibriSpeech \
+        --split test-clean
+
+--checkpoint is a training output_dir (its final/ is used), a final/ folder, or a
+checkpoints/step_XXXXXXXX/ folder. Data settings (data_dir, built-in corpus, front end) come from the
+checkpoint's config.yaml unless given here. Writes <output>/<split>-<decoding>.jsonl, one
+{"id", "ref", "hyp"} per utterance sorted by id, and <output>/<split>-<decoding>.json with the
+scores; prints WER and CER. In N processes each process decodes its share and the main process
+scores the gathered results, each utterance exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from common.config import parse_config
+from common.corpus import ensure_builtin_corpus
+from common.distributed import build_accelerator
+from common.logs import get_logger
+
+# recipe-local modules (this folder is on sys.path)
+from manifest import read_split
+from model import ConformerCTC, encoder_config
+from scoring import Scorer, gather_results
+from text import load_tokenizer
+from train import Config, SpeechDataset, make_loader, transcribe
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class EvalConfig:
+    """Decode and score a split. Every field can be set as --key value."""
+
+    checkpoint: str = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
+    split: str = "test"  # subfolder(s) of data_dir, comma-separated
+    data_dir: str | None = None  # None: the checkpoint's data_dir (or its built-in corpus)
+    data_cache_dir: str | None = None  # None: the checkpoint's
+    output: str | None = None  # folder for hypotheses and scores; None = <checkpoint folder>/decode
+    decoding: str = "greedy"  # "greedy" | "beam" (CTC prefix beam search)
+    beam_size: int = 8  # prefixes kept by beam search
+    max_batch_seconds: float = 120.0  # padded seconds of audio per batch, per process
+    num_workers: int = 0  # DataLoader workers per process
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    path = Path(path)
+    for folder in (path / "final", path):
+        if (folder / "model.safetensors").is_file() and (folder / "config.yaml").is_file():
+            return folder
+    raise FileNotFoundError(f"--checkpoint {path}: no model.safetensors + config.yaml in it or in its final/")
+
+
+def main():
+    args = parse_config(EvalConfig)
+    folder = resolve_checkpoint(args.checkpoint)
+    cfg = parse_config(Config, argv=[], default_yaml=folder / "config.yaml")
+    accelerator = build_accelerator(mixed_precision="no")
+    world = accelerator.num_processes
+
+    # final/ holds its tokenizer; a checkpoints/step_X/ folder uses its run's <output_dir>/tokenizer.
+    tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
+    tokenizer = load_tokenizer(tok_dir)
+    data_dir = args.data_dir or cfg.data_dir or str(
+        ensure_builtin_corpus(args.data_cache_dir or cfg.data_cache_dir, cfg.builtin_corpus) / "librispeech")
+    manifest = read_split(data_dir, args.split)
+    cfg.num_workers = args.num_workers
+    loader, _, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"], cfg, world,
+                               shuffle=False, max_batch_seconds=args.max_batch_seconds)
+
+    enc_cfg = encoder_config(
+        input_dim=cfg.n_mels * cfg.stack_frames, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, conv_kernel=cfg.conv_kernel, dropout=cfg.dropout)
+    model = ConformerCTC(enc_cfg, n_mels=cfg.n_mels, stack_frames=cfg.stack_frames, vocab_size=tokenizer.vocab_size)
+    model.load_state_dict(load_file(folder / "model.safetensors"))  # weights and feature statistics
+    model.to(accelerator.device)
+    loader = accelerator.prepare(loader)  # shards the batches over processes (no DDP wrapper needed)
+
+    start = time.monotonic()
+    results, loss_sum, tokens = transcribe(model, loader, tokenizer, args.decoding, args.beam_size)
+    results = gather_results(results)  # collective: every utterance once, sorted by id
+    if accelerator.is_main_process:
+        if len(results) != len(manifest):
+            raise RuntimeError(f"scored {len(results)} utterances, the split has {len(manifest)}")
+        scores = Scorer()([h for _, h, _ in results], [r for _, _, r in results])
+        summary = {"checkpoint": str(folder), "split": args.split, "data_dir": data_dir, "decoding": args.decoding,
+                   "beam_size": args.beam_size if args.decoding == "beam" else None, "utterances": len(results),
+                   **scores, "processes": world, "decode_seconds": round(time.monotonic() - start, 2)}
+        out = Path(args.output) if args.output else folder / "decode"
+        out.mkdir(parents=True, exist_ok=True)
+        name = f"{args.split.replace(',', '+')}-{args.decoding}"
+        with open(out / f"{name}.jsonl", "w") as f:
+            for utt_id, hyp, ref in results:
+                f.write(json.dumps({"id": utt_id, "ref": ref, "hyp": hyp}) + "\n")
+        (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"{args.split} ({len(results)} utterances, {args.decoding}): "
+              f"WER {100 * scores['wer']:.2f}%  CER {100 * scores['cer']:.2f}%  → {out / name}.jsonl", flush=True)
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()
