@@ -98,6 +98,16 @@ def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The folder holding `model.safetensors` + `config.yaml` for a `--checkpoint` argument: a
+    training output_dir (its `final/`), a `final/`, or a `checkpoints/step_XXXXXXXX/`."""
+    path = Path(path)
+    for folder in (path / "final", path):
+        if (folder / "model.safetensors").is_file() and (folder / "config.yaml").is_file():
+            return folder
+    raise FileNotFoundError(f"--checkpoint {path}: no model.safetensors + config.yaml in it or in its final/")
+
+
 def _digest(path: Path) -> str:
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:

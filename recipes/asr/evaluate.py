@@ -25,6 +25,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from common.checkpoint import resolve_checkpoint
 from common.config import parse_config
 from common.corpus import ensure_builtin_corpus
 from common.distributed import build_accelerator
@@ -53,14 +54,6 @@ class EvalConfig:
     beam_size: int = 8  # prefixes kept by beam search
     max_batch_seconds: float = 120.0  # padded seconds of audio per batch, per process
     num_workers: int = 0  # DataLoader workers per process
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    path = Path(path)
-    for folder in (path / "final", path):
-        if (folder / "model.safetensors").is_file() and (folder / "config.yaml").is_file():
-            return folder
-    raise FileNotFoundError(f"--checkpoint {path}: no model.safetensors + config.yaml in it or in its final/")
 
 
 def main():

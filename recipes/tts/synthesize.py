@@ -18,6 +18,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
+from common.checkpoint import resolve_checkpoint
 from common.config import parse_config
 
 # recipe-local modules (this folder is on sys.path)
@@ -38,14 +39,6 @@ class SynthConfig:
     pace: float = 1.0  # > 1 speaks faster (durations divided by pace)
     griffin_lim_iters: int = 60
     griffin_lim_power: float = 1.0  # > 1 sharpens magnitudes before phase recovery
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    path = Path(path)
-    for folder in (path / "final", path):
-        if (folder / "model.safetensors").is_file() and (folder / "config.yaml").is_file():
-            return folder
-    raise FileNotFoundError(f"--checkpoint {path}: no model.safetensors + config.yaml in it or in its final/")
 
 
 def load_tts(checkpoint: str | Path):

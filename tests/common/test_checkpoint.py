@@ -163,3 +163,17 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     with pytest.raises(RuntimeError, match="non-finite"):
         save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
     assert find_latest_checkpoint(tmp_path) is None
+
+
+def test_resolve_checkpoint_accepts_output_dir_final_or_step(tmp_path):
+    from common.checkpoint import resolve_checkpoint
+
+    for folder in (tmp_path / "final", tmp_path / "checkpoints" / "step_00000001"):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"x")
+        (folder / "config.yaml").write_text("a: 1\n")
+    assert resolve_checkpoint(tmp_path) == tmp_path / "final"
+    assert resolve_checkpoint(tmp_path / "final") == tmp_path / "final"
+    assert resolve_checkpoint(tmp_path / "checkpoints" / "step_00000001") == tmp_path / "checkpoints" / "step_00000001"
+    with pytest.raises(FileNotFoundError):
+        resolve_checkpoint(tmp_path / "checkpoints")
