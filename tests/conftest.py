@@ -1,6 +1,12 @@
+import os
 from pathlib import Path
 
 import pytest
+
+# Subprocesses (accelerate launch, scripts) import this checkout's common/, not whichever one an
+# editable install points at (a second worktree, a copied repository).
+ROOT = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="session")

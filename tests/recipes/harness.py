@@ -78,6 +78,8 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
         when, then, expect_rc = checkpoint_exists(kill_after_checkpoint), kill_tree, None
     out_dir = Path(args[args.index("--output_dir") + 1])
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    # This checkout's common/ always (an `env` PYTHONPATH adds to it, never replaces it).
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (full_env.get("PYTHONPATH"), str(ROOT)) if p)
     log_path = out_dir.parent / f"{out_dir.name}.log"
     start = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "a") as log:
