@@ -5,9 +5,8 @@ Layout of `<output_dir>/checkpoints/`:
     step_00001200/            complete checkpoint (the name exists only once everything is written)
         model.safetensors     weights, rank 0      ─┐
         optimizer.bin         rank 0                │ accelerate.save_state
-        random_states_<r>.pkl every rank            │
-        custom_checkpoint_*.pkl  registered objects ─┘  (TrainState, LR scheduler; rank 0)
-        train_state.json      human-readable position (rank 0)
+        random_states_<r>.pkl every rank           ─┘
+        train_state.json      the position (TrainState) and the LR scheduler's state, as JSON (rank 0)
         config.yaml           the resolved config (rank 0)
         COMPLETE              marker with every file's size and blake2b digest: written last,
                               then the folder is renamed into place
@@ -20,16 +19,16 @@ complete, and `find_latest_checkpoint` ignores anything without the marker. At r
 newest checkpoint whose files all match the marker's digests is loaded; a damaged one is named in
 a warning and skipped for the one before it.
 
-Loading executes no code from the checkpoint folder: weights come from safetensors, and everything
-else (optimizer, RNG states, registered objects) through `torch.load(weights_only=True)`.
-accelerate loads registered objects with `weights_only=False`; we swap in a safe loader for them.
+Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer
+and RNG states through accelerate's `torch.load(weights_only=True)`, and our own state from JSON.
+(accelerate would unpickle objects given to `register_for_checkpointing` with `weights_only=False`,
+so we register none: the position and the schedule are plain numbers, saved as JSON.)
 
 Every function that contains a collective says so; all ranks must call those.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -40,11 +39,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import accelerate.accelerator
 import torch
 import yaml
 from accelerate.utils import broadcast_object_list
-from accelerate.utils import load as accelerate_safe_load
+from accelerate.utils import load as accelerate_load
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +58,7 @@ RESUME_SAFE_KEYS = ("output_dir", "max_steps", "save_steps", "save_total_limit",
 
 @dataclasses.dataclass
 class TrainState:
-    """The training position. Registered with `accelerator.register_for_checkpointing`."""
+    """The training position and what it was made with; saved into every checkpoint as JSON."""
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # current epoch (0-based)
@@ -71,6 +69,14 @@ class TrainState:
     nonfinite_streak: int = 0  # consecutive ones, up to now
     config_hash: str = ""  # config_hash(config, ignore=RESUME_SAFE_KEYS)
     config: dict = dataclasses.field(default_factory=dict)  # the resolved config, for diffs
+
+    @classmethod
+    def for_run(cls, config: dict[str, Any], world_size: int) -> "TrainState":
+        """The state of a fresh run of `config` (a `config_to_dict`) on `world_size` processes."""
+        from common.config import config_hash
+
+        return cls(world_size=world_size, gradient_accumulation_steps=config["gradient_accumulation_steps"],
+                   config_hash=config_hash(config, ignore=RESUME_SAFE_KEYS), config=config)
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -149,14 +155,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, save_total_limit: int | None) -> Path:
+def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainState, scheduler,
+                    save_total_limit: int | None) -> Path:
     """Save everything needed to resume at `state.step`. Collective: call on every rank.
 
     Must be called at an optimizer-step boundary (gradients of an unfinished accumulation window
     are not saved by anyone).
     """
     # The training loop skips non-finite updates; this is the last line of defence.
-    if not all(torch.isfinite(p).all() for m in accelerator._models for p in m.parameters()):
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise RuntimeError(f"refusing to save step {state.step}: the model has non-finite weights")
     final = checkpoint_dir(output_dir, state.step)
     tmp = final.parent / f".{final.name}.tmp"
@@ -167,7 +174,8 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, save
     accelerator.save_state(str(tmp))  # every rank: its RNG file; rank 0: model, optimizer, objects
     accelerator.wait_for_everyone()  # accelerate has no barrier at the end of save_state
     if accelerator.is_main_process:
-        (tmp / "train_state.json").write_text(json.dumps(state.state_dict(), indent=2))
+        (tmp / "train_state.json").write_text(
+            json.dumps({**state.state_dict(), "scheduler": scheduler.state_dict()}, indent=2))
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(state.config, f, sort_keys=False)
         _fsync_tree(tmp)
@@ -205,27 +213,10 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     return Path(choice[0]) if choice[0] else None
 
 
-@contextlib.contextmanager
-def _safe_custom_state_loading():
-    """accelerate's `load_custom_state` unpickles registered objects with `weights_only=False`,
-    which runs whatever code a crafted file names. Ours are plain dicts of numbers and strings, so
-    load them with accelerate's weights-only loader instead for the duration of `load_state`."""
-    original = accelerate.accelerator.load_custom_state
+def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainState, scheduler) -> Path | None:
+    """Load the newest intact checkpoint into the prepared objects, `state` and `scheduler`, if any.
 
-    def safe_load_custom_state(obj, path, index=0):
-        obj.load_state_dict(accelerate_safe_load(Path(path) / f"custom_checkpoint_{index}.pkl", map_location="cpu"))
-
-    accelerate.accelerator.load_custom_state = safe_load_custom_state
-    try:
-        yield
-    finally:
-        accelerate.accelerator.load_custom_state = original
-
-
-def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainState) -> Path | None:
-    """Load the newest intact checkpoint into the prepared objects and `state`, if any.
-
-    Collective: call on every rank, after `accelerator.prepare` and `register_for_checkpointing`.
+    Collective: call on every rank, after `accelerator.prepare`.
     Refuses a checkpoint whose world size, accumulation or data-affecting config differs: the
     resumed run could not reproduce the uninterrupted one.
     """
@@ -247,8 +238,16 @@ def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainStat
             + "\n  ".join(problems)
             + "\nUse a new --output_dir, or re-launch with the checkpoint's settings."
         )
-    config_now = state.config
-    with _safe_custom_state_loading():
-        accelerator.load_state(str(ckpt))
-    state.config = config_now  # resume-safe keys (max_steps, ...) keep their new values
+    if "scheduler" not in saved:
+        raise RuntimeError(f"{ckpt} was written by an older version of this repository (no scheduler state "
+                           f"in train_state.json); resume it with that version, or use a new --output_dir")
+    # accelerate ignores an RNG-state file it cannot load (it logs and goes on); we refuse instead.
+    accelerate_load(ckpt / f"random_states_{accelerator.process_index}.pkl")  # weights_only: runs no code
+    accelerator.load_state(str(ckpt))  # model, optimizer, this rank's RNG states
+    scheduler.load_state_dict(saved.pop("scheduler"))
+    saved.pop("config")  # resume-safe keys (max_steps, ...) keep their new values
+    state.load_state_dict(saved)
+    if accelerator.is_main_process:
+        logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "
+                    f"batch {state.batches_in_epoch} of the epoch")
     return ckpt

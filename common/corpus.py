@@ -509,18 +509,17 @@ def builtin_corpus_dir(cache_dir: str | Path | None = None, profile: str = "defa
     return Path(cache_dir).expanduser() / f"espeak_corpus-{profile}-v{CORPUS_VERSION}"
 
 
-def ensure_builtin_corpus(
-    cache_dir: str | Path | None = None, profile: str = "default", **prepare_once_kwargs
-) -> Path:
+def ensure_builtin_corpus(cache_dir: str | Path | None = None, profile: str = "default") -> Path:
     """The built-in corpus directory, generated on first use (once per cache, whoever asks first).
-    Every rank/node may call it; `prepare_once_kwargs` go to `prepare_once` (timeout_s, ...)."""
+    Every rank/node may call it: one builds under a file lock, the others wait for its marker."""
     final_dir = builtin_corpus_dir(cache_dir, profile)
     build = functools.partial(prepare_corpus, profile=profile)
-    return prepare_once(final_dir, build, **_with_info(profile, prepare_once_kwargs))
+    return prepare_once(final_dir, build, info={"profile": profile, "corpus_version": CORPUS_VERSION})
 
 
-def _with_info(profile: str, kwargs: dict) -> dict:
-    return {"info": {"profile": profile, "corpus_version": CORPUS_VERSION}, **kwargs}
+def resolve_data_dir(data_dir: str | None, cache_dir: str | None, profile: str, layout: str) -> str:
+    """`data_dir` if given, else the built-in corpus in `layout` ("librispeech" | "ljspeech")."""
+    return data_dir or str(ensure_builtin_corpus(cache_dir, profile) / layout)
 
 
 def corpus_summary(root: str | Path) -> dict[str, dict[str, float]]:
@@ -545,7 +544,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     start = time.monotonic()
     final_dir = Path(args.out) if args.out else builtin_corpus_dir(args.cache_dir, args.profile)
-    prepare_once(final_dir, lambda tmp: prepare_corpus(tmp, args.profile), **_with_info(args.profile, {}))
+    prepare_once(final_dir, lambda tmp: prepare_corpus(tmp, args.profile),
+                 info={"profile": args.profile, "corpus_version": CORPUS_VERSION})
     print(final_dir)
     for name, s in corpus_summary(final_dir).items():
         print(f"  {name:<11} {s['utterances']:5d} utterances  {s['speakers']:3d} speakers  {s['hours']:.3f} h")

@@ -1,5 +1,6 @@
-"""Manifests, audio loading, and the duration-bucketing batch sampler.
+"""Audio loading, the duration-bucketing batch sampler, and the training/validation DataLoader.
 
+(Manifests, i.e. reading a corpus folder into rows and checking them, are in `common.manifest`.)
 Data contract that makes resume exact and DDP honest:
 - a manifest is sorted by utterance id, so its order never depends on the file system;
 - the batch sampler is a pure function of (seed, epoch, world_size): every rank builds the same
@@ -12,45 +13,14 @@ Data contract that makes resume exact and DDP honest:
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import datasets
 import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
+from torch.utils.data import DataLoader
 
 from common.distributed import derive_seed
-from common.manifest import DataError, report, scan_librispeech, scan_ljspeech
-
-# ---------------------------------------------------------------------------------------------
-# Manifests (Hugging Face `datasets`)
-# ---------------------------------------------------------------------------------------------
-
-
-def read_librispeech(root: str | Path, splits: str) -> datasets.Dataset:
-    """LibriSpeech-layout manifest without the validation pass (see `common.manifest` for that):
-    columns id, path, text, speaker, duration (seconds), sample_rate; sorted by id."""
-    rows, problems = scan_librispeech(root, splits)
-    return _with_durations(rows, problems, f"{root} [{splits}]")
-
-
-def read_ljspeech(root: str | Path) -> datasets.Dataset:
-    """LJSpeech-layout manifest (`metadata.csv` + `wavs/`), same columns as `read_librispeech`."""
-    rows, problems = scan_ljspeech(root)
-    return _with_durations(rows, problems, str(root))
-
-
-def _with_durations(rows: list[dict], problems: list[dict], source: str) -> datasets.Dataset:
-    if problems:
-        raise DataError(report(problems, source))
-    for row in rows:
-        del row["where"]
-        info = sf.info(row["path"])
-        row.update(duration=info.frames / info.samplerate, sample_rate=info.samplerate)
-    rows.sort(key=lambda r: r["id"])
-    return datasets.Dataset.from_list(rows)
-
 
 def load_audio(path: str, sample_rate: int) -> torch.Tensor:
     """Mono float32 waveform in [-1, 1] at `sample_rate` Hz, shape (samples,)."""
@@ -94,7 +64,6 @@ class DurationBatchSampler:
         shuffle: bool = True,
         seed: int = 0,
         world_size: int = 1,
-        max_batch_size: int | None = None,
     ):
         self.durations = np.asarray(durations, dtype=np.float64)
         if len(self.durations) < world_size:
@@ -104,7 +73,6 @@ class DurationBatchSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.world_size = world_size
-        self.max_batch_size = max_batch_size or len(self.durations)
         self.epoch = 0
         self._cache: tuple[int, list[list[int]]] | None = None
 
@@ -127,7 +95,7 @@ class DurationBatchSampler:
             for idx in bucket.tolist():
                 d = float(self.durations[idx])
                 fits = (len(batch) + 1) * max(longest, d) <= self.max_batch_seconds
-                if batch and (not fits or len(batch) >= self.max_batch_size):
+                if batch and not fits:
                     batches.append(batch)
                     batch, longest = [], 0.0
                 batch.append(idx)
@@ -154,3 +122,17 @@ class DurationBatchSampler:
 
     def __len__(self) -> int:
         return len(self.batches())
+
+
+def make_loader(dataset, durations, collate_fn, *, max_batch_seconds: float, num_buckets: int, seed: int,
+                world_size: int, shuffle: bool, num_workers: int = 0) -> tuple[DataLoader, DurationBatchSampler]:
+    """A DataLoader over `DurationBatchSampler` batches (to be passed to `accelerator.prepare`).
+
+    The loader gets its own generator: creating an iterator draws one int64 from it, and from the
+    global torch RNG if it had none, so a resumed run (which creates its iterator at another point)
+    would otherwise shift the global RNG (dropout) from its first step on (docs/resume.md)."""
+    sampler = DurationBatchSampler(durations, max_batch_seconds, num_buckets=num_buckets, shuffle=shuffle,
+                                   seed=seed, world_size=world_size)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers,
+                        generator=torch.Generator().manual_seed(seed), persistent_workers=False)
+    return loader, sampler

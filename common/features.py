@@ -58,3 +58,13 @@ def shared_feature_stats(accelerator, compute) -> tuple[torch.Tensor, torch.Tens
             mean_std = torch.zeros(2, int(dim.item()))
         mean_std = broadcast(mean_std.to(accelerator.device), from_process=0).cpu()
     return mean_std[0], mean_std[1]
+
+
+def set_feature_stats(accelerator, model, compute) -> None:
+    """Fill `model`'s `feat_mean`/`feat_std` buffers with `shared_feature_stats(accelerator, compute)`.
+
+    Collective: every rank must call it (at the start of a fresh run; a resumed run loads them)."""
+    mean, std = shared_feature_stats(accelerator, compute)
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.feat_mean.copy_(mean)
+    unwrapped.feat_std.copy_(std)

@@ -209,3 +209,32 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
     if not rows:
         raise DataError(f"no usable entries in {source}")
     return datasets.Dataset.from_list(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a corpus folder without the check (tests, tools; training uses `prepare_manifest`)
+# ---------------------------------------------------------------------------------------------
+
+
+def read_librispeech(root: str | Path, splits: str) -> datasets.Dataset:
+    """LibriSpeech-layout manifest without the validation pass (any problem is an error):
+    columns id, path, text, speaker, duration (seconds), sample_rate; sorted by id."""
+    rows, problems = scan_librispeech(root, splits)
+    return _with_durations(rows, problems, f"{root} [{splits}]")
+
+
+def read_ljspeech(root: str | Path) -> datasets.Dataset:
+    """LJSpeech-layout manifest (`metadata.csv` + `wavs/`), same columns as `read_librispeech`."""
+    rows, problems = scan_ljspeech(root)
+    return _with_durations(rows, problems, str(root))
+
+
+def _with_durations(rows: list[dict], problems: list[dict], source: str) -> datasets.Dataset:
+    if problems:
+        raise DataError(report(problems, source))
+    for row in rows:
+        del row["where"]  # the scan's bookkeeping
+        info = sf.info(row["path"])
+        row.update(duration=info.frames / info.samplerate, sample_rate=info.samplerate)
+    rows.sort(key=lambda r: r["id"])
+    return datasets.Dataset.from_list(rows)

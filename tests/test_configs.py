@@ -3,31 +3,20 @@ keys, every value of the declared type), accelerate profiles through accelerate'
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 
 from common.config import parse_config
+from tests.recipe_import import recipe_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_CONFIGS = sorted(ROOT.glob("recipes/*/config*.yaml"))
 
 
 def recipe_config_class(recipe_dir: Path):
-    sys.path.insert(0, str(recipe_dir))  # train.py imports its recipe-local modules by name
-    try:
-        for name in ("model",):  # a sibling recipe's `model` may already be imported
-            sys.modules.pop(name, None)
-        spec = importlib.util.spec_from_file_location(f"{recipe_dir.name}_train", recipe_dir / "train.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module.Config
-    finally:
-        sys.path.remove(str(recipe_dir))
+    return recipe_modules(recipe_dir.name, "train").train.Config
 
 
 @pytest.mark.parametrize("path", RECIPE_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))

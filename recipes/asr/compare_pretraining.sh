@@ -28,7 +28,7 @@ common=(--train_fraction "$FRACTION" --max_steps "$STEPS" --eval_steps 250 --sav
     --init_from "$BEST_RQ" --freeze_encoder_steps 100 --encoder_lr_scale 0.5
 
 for run in scratch best_rq; do
-    "$ACCELERATE" launch recipes/asr/evaluate.py --checkpoint "$OUT/$run" --split test
+    "$ACCELERATE" launch recipes/asr/decode.py --checkpoint "$OUT/$run" --split test
 done
 python - "$OUT" <<'PY'
 import json, sys

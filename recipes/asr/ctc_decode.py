@@ -6,6 +6,9 @@ most likely *path*. A labelling's probability is the sum over all its paths, and
 (Hannun et al. 2014, arXiv:1408.2873) keeps the `beam_size` best prefixes with their probability
 split into "ends in blank" / "ends in a token", so it can prefer a labelling that many paths share
 (see tests/recipes/test_asr.py for a case where greedy is wrong).
+
+`transcribe` decodes a loader with a model; `evaluate` adds the validation loss and WER/CER across
+processes (used by train.py at evaluation steps, and by decode.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import math
 
 import torch
 
-BLANK = 0
+from model import ctc_loss
+from scoring import gather_results
+from text import BLANK
 NEG_INF = float("-inf")
 
 
@@ -38,13 +43,13 @@ def ctc_greedy(log_probs: torch.Tensor) -> list[int]:
     return out
 
 
-def ctc_prefix_beam_search(log_probs: torch.Tensor, beam_size: int = 8, token_beam: int | None = None) -> list[int]:
+def ctc_prefix_beam_search(log_probs: torch.Tensor, beam_size: int = 8) -> list[int]:
     """(frames, classes) → token ids of the most probable labelling found with `beam_size` prefixes.
 
-    At each frame only the `token_beam` (default `beam_size`) most likely classes extend prefixes.
+    At each frame only the `beam_size` most likely classes extend prefixes.
     """
     lp = log_probs.float().tolist()
-    k = min(len(lp[0]) if lp else 1, token_beam or beam_size)
+    k = min(len(lp[0]) if lp else 1, beam_size)
     # prefix (tuple of ids) → [log P(prefix, path ends in blank), log P(prefix, path ends in a token)]
     beams: dict[tuple[int, ...], list[float]] = {(): [0.0, NEG_INF]}
     for row in lp:
@@ -87,3 +92,32 @@ def ctc_decode(log_probs: torch.Tensor, lengths: torch.Tensor, method: str = "gr
         else:
             raise ValueError(f"unknown decoding method {method!r}: 'greedy' or 'beam'")
     return out
+
+
+@torch.no_grad()
+def transcribe(model, loader, tokenizer, decoding: str = "greedy", beam_size: int = 8):
+    """Decode this process's share of `loader` → ([(id, hyp, ref)], Σ CTC loss, Σ target tokens)."""
+    model.eval()
+    results, loss_sum, tokens = [], 0.0, 0
+    for batch in loader:
+        log_probs, out_lens = model(batch["feats"], batch["feat_lens"])
+        n = int(batch["target_lens"].sum())
+        loss_sum += ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"]).item() * n
+        tokens += n
+        hyps = ctc_decode(log_probs, out_lens, decoding, beam_size)
+        results += [(i, tokenizer.decode(h), r) for i, h, r in zip(batch["ids"], hyps, batch["texts"])]
+    model.train()
+    return results, loss_sum, tokens
+
+
+def evaluate(model, loader, accelerator, tokenizer, scorer) -> dict:
+    """Validation CTC loss (every rank) and greedy WER/CER (main process), each utterance once.
+    Collective: call on every rank."""
+    results, loss_sum, tokens = transcribe(model, loader, tokenizer)
+    totals = accelerator.reduce(torch.tensor([loss_sum, tokens], dtype=torch.float64, device=accelerator.device), "sum")
+    results = gather_results(results)  # collective
+    row = {"eval_loss": (totals[0] / totals[1]).item()}
+    if accelerator.is_main_process:  # metric modules run on the main process only
+        scores = scorer([h for _, h, _ in results], [r for _, _, r in results])
+        row.update(eval_wer=scores["wer"], eval_cer=scores["cer"])
+    return row

@@ -1,33 +1,17 @@
 """WER and CER through the `evaluate` metric modules shipped in metrics/ (no download), and the
 gathering of (id, hypothesis, reference) triples across processes.
 
-This folder holds a script named evaluate.py, and Python puts a script's folder first on sys.path:
-a plain `import evaluate` from train.py or evaluate.py would import our script instead of the
-Hugging Face package. `_hf_evaluate` imports the package with this folder taken off sys.path.
+(No script in this folder is named evaluate.py: Python puts a script's folder first on sys.path, and
+such a script would shadow the Hugging Face package.)
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 from accelerate.utils import gather_object
 
 HERE = Path(__file__).resolve().parent
-
-
-def _hf_evaluate():
-    module = sys.modules.get("evaluate")
-    if module is not None and hasattr(module, "load"):
-        return module
-    sys.modules.pop("evaluate", None)  # our script, imported by name by mistake
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
-    try:
-        return importlib.import_module("evaluate")
-    finally:
-        sys.path[:] = saved
 
 
 class Scorer:
@@ -39,7 +23,8 @@ class Scorer:
 
     def __call__(self, hyps: list[str], refs: list[str]) -> dict[str, float]:
         if self.modules is None:
-            evaluate = _hf_evaluate()
+            import evaluate  # the Hugging Face package; slow to import, so only when scoring
+
             self.modules = [evaluate.load(str(HERE / "metrics" / name)) for name in ("wer", "cer")]
         wer, cer = (m.compute(predictions=hyps, references=refs) for m in self.modules)
         return {"wer": wer["wer"], "cer": cer["cer"]}

@@ -10,48 +10,25 @@
     accelerate launch --config_file accelerate_configs/multi_gpu.yaml recipes/asr/train.py \
         --config recipes/asr/config_librispeech_100h.yaml --data_dir /data/LibriSpeech
     # word and character error rates on the test split
-    accelerate launch recipes/asr/evaluate.py --checkpoint outputs/asr --split test
+    accelerate launch recipes/asr/decode.py --checkpoint outputs/asr --split test
 
 Re-running the same command with the same --output_dir resumes from the newest complete checkpoint
 and ends bit-identical to a run that was never interrupted (on CPU; see the top README "Resume").
 Outputs: <output_dir>/final/{model.safetensors, config.yaml, tokenizer/}, <output_dir>/metrics.jsonl.
+
+Adapting it: the data (data.py), the model and its loss (model.py), freezing, what is logged and
+evaluated are yours to change. The lines marked `# keep` carry the exact-resume and DDP guarantees
+(common/loop.py, docs/resume.md): keep them when you edit the loop.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import torchaudio
-from accelerate import skip_first_batches
-from torch.utils.data import DataLoader
-
-from common.checkpoint import RESUME_SAFE_KEYS, TrainState, resume_from_checkpoint, save_checkpoint
-from common.config import config_hash, config_to_dict, parse_config, save_config
-from common.corpus import ensure_builtin_corpus
-from common.data import DurationBatchSampler, sample_generator
-from common.distributed import build_accelerator, derive_seed, seed_everything
-from common.faults import PREEMPTED_EXIT_CODE, Preemption, run_main
-from common.features import LogMel, feature_stats, shared_feature_stats
-from common.logs import MetricsLog, get_logger, progress_bar
-from common.manifest import DataPolicy, prepare_manifest
-from common.prepare import prepare_once
-
-# recipe-local modules (this folder is on sys.path)
-from ctc_decode import ctc_decode
-from manifest import labelled_subset, load_wav, read_split
-from model import ConformerCTC, ctc_loss, encoder_config, load_best_rq, spec_augment_masks
-from scoring import Scorer, gather_results
-from text import build_tokenizer, load_tokenizer, normalize_text
-
-logger = get_logger(__name__)
-
+from common.config import parse_config
 
 @dataclass
 class Config:
@@ -119,131 +96,51 @@ class Config:
     dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
 
 
-class SpeechDataset(torch.utils.data.Dataset):
-    """Manifest row → (id, log-mel (frames, n_mels), token ids, normalized transcript).
+if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
-    Speed perturbation (resampling: tempo and pitch, as in Kaldi) is drawn from (seed, epoch, id)."""
+import torch  # noqa: E402
 
-    def __init__(self, manifest, cfg: Config, tokenizer, speed_perturb: float = 0.0):
-        self.manifest, self.cfg, self.tokenizer, self.speed_perturb = manifest, cfg, tokenizer, speed_perturb
-        self.logmel = LogMel(cfg.sample_rate, cfg.n_mels)
-        self.epoch = 0
+from common.checkpoint import TrainState, resume_from_checkpoint  # noqa: E402
+from common.config import config_to_dict, save_config  # noqa: E402
+from common.corpus import resolve_data_dir  # noqa: E402
+from common.data import make_loader  # noqa: E402
+from common.distributed import build_accelerator, seed_everything  # noqa: E402
+from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
+from common.faults import Preemption, run_main  # noqa: E402
+from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
+from common.logs import MetricsLog, get_logger, progress_bar  # noqa: E402
+from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
+                         train_batches)
+from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
+from common.prepare import prepare_once  # noqa: E402
 
-    def __len__(self):
-        return len(self.manifest)
+# recipe-local modules (this folder is on sys.path)
+from ctc_decode import evaluate  # noqa: E402
+from data import SpecAugmentCollator, SpeechDataset, labelled_subset, load_wav, read_split  # noqa: E402
+from model import ConformerCTC, ctc_loss  # noqa: E402
+from scoring import Scorer  # noqa: E402
+from text import build_tokenizer, load_tokenizer  # noqa: E402
 
-    def __getitem__(self, i):
-        row = self.manifest[i]
-        wav = load_wav(row, self.cfg.sample_rate)
-        if self.speed_perturb:
-            g = sample_generator(self.cfg.seed, self.epoch, f"{row['id']}/speed")
-            factor = (1 - self.speed_perturb, 1.0, 1 + self.speed_perturb)[int(torch.randint(3, (1,), generator=g))]
-            if factor != 1.0:  # played `factor` times faster: fewer samples
-                sr = self.cfg.sample_rate
-                wav = torchaudio.functional.resample(wav, round(sr * factor), sr)
-        return row["id"], self.logmel(wav), self.tokenizer.encode(row["text"]), normalize_text(row["text"])
-
-
-class SpecAugmentCollator:
-    """Pads a batch and draws its SpecAugment masks from (seed, epoch, utterance id) alone."""
-
-    def __init__(self, cfg: Config, augment: bool):
-        self.cfg, self.augment = cfg, augment
-        self.epoch = 0
-
-    def __call__(self, items):
-        c, s = self.cfg, self.cfg.stack_frames
-        lens = torch.tensor([f.shape[0] // s * s for _, f, _, _ in items])  # whole 40 ms frames only
-        T = max(int(lens.max()), s)
-        feats = torch.zeros(len(items), T, c.n_mels)
-        time_mask = torch.zeros(len(items), T, dtype=torch.bool)
-        freq_mask = torch.zeros(len(items), c.n_mels, dtype=torch.bool)
-        for b, (utt_id, f, _, _) in enumerate(items):
-            n = int(lens[b])
-            feats[b, :n] = f[:n]
-            if self.augment:
-                g = sample_generator(c.seed, self.epoch, utt_id)
-                time_mask[b, :n], freq_mask[b] = spec_augment_masks(
-                    n, c.n_mels, g, freq_masks=c.freq_masks, freq_mask_width=c.freq_mask_width,
-                    time_masks=c.time_masks, time_mask_width=c.time_mask_width, time_mask_ratio=c.time_mask_ratio)
-        return dict(ids=[i for i, _, _, _ in items], feats=feats, feat_lens=lens, time_mask=time_mask,
-                    freq_mask=freq_mask, targets=torch.tensor([t for _, _, tok, _ in items for t in tok], dtype=torch.long),
-                    target_lens=torch.tensor([len(tok) for _, _, tok, _ in items]), texts=[t for *_, t in items])
+logger = get_logger(__name__)
 
 
-def make_loader(dataset, durations, cfg: Config, world_size: int, shuffle: bool, max_batch_seconds: float | None = None):
-    sampler = DurationBatchSampler(
-        durations, max_batch_seconds or cfg.max_batch_seconds, num_buckets=cfg.num_buckets, shuffle=shuffle,
-        seed=cfg.seed, world_size=world_size,
-    )
-    collator = SpecAugmentCollator(cfg, augment=shuffle)  # augment the training set only
-    loader = DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=collator, num_workers=cfg.num_workers,
-        # Its own generator: creating an iterator must not draw from the global torch RNG
-        # (a resumed run creates its iterator at a different point; ACCELERATE_NOTES #3).
-        generator=torch.Generator().manual_seed(cfg.seed),
-        persistent_workers=False,
-    )
-    return loader, sampler, collator
-
-
-def inverse_sqrt_schedule(warmup_steps: int):
-    """Linear warm-up to 1, then 1/sqrt decay (the Transformer/Conformer schedule).
-
-    It does not depend on max_steps, so extending a run on resume changes nothing before it."""
-    def f(step: int) -> float:
-        step = max(step, 1)
-        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
-    return f
-
-
-@torch.no_grad()
-def transcribe(model, loader, tokenizer, decoding: str = "greedy", beam_size: int = 8):
-    """Decode this process's share of `loader` → ([(id, hyp, ref)], Σ CTC loss, Σ target tokens)."""
-    model.eval()
-    results, loss_sum, tokens = [], 0.0, 0
-    for batch in loader:
-        log_probs, out_lens = model(batch["feats"], batch["feat_lens"])
-        n = int(batch["target_lens"].sum())
-        loss_sum += ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"]).item() * n
-        tokens += n
-        hyps = ctc_decode(log_probs, out_lens, decoding, beam_size)
-        results += [(i, tokenizer.decode(h), r) for i, h, r in zip(batch["ids"], hyps, batch["texts"])]
-    model.train()
-    return results, loss_sum, tokens
-
-
-def evaluate(model, loader, accelerator, tokenizer, scorer) -> dict:
-    """Validation CTC loss (every rank) and greedy WER/CER (main process), each utterance once.
-    Collective: call on every rank."""
-    results, loss_sum, tokens = transcribe(model, loader, tokenizer)
-    totals = accelerator.reduce(torch.tensor([loss_sum, tokens], dtype=torch.float64, device=accelerator.device), "sum")
-    results = gather_results(results)  # collective
-    row = {"eval_loss": (totals[0] / totals[1]).item()}
-    if accelerator.is_main_process:  # metric modules run on the main process only
-        scores = scorer([h for _, h, _ in results], [r for _, _, r in results])
-        row.update(eval_wer=scores["wer"], eval_cer=scores["cer"])
-    return row
-
-
-def main():
-    cfg = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
+def main(cfg: Config) -> None:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
         log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
     )
-    rank, world = accelerator.process_index, accelerator.num_processes
+    world = accelerator.num_processes
     out.mkdir(parents=True, exist_ok=True)  # every rank: idempotent, and no rank races another's mkdir
     seed_everything(cfg.seed)  # model init: identical on every rank
     cfg_dict = config_to_dict(cfg)
 
     # ---- data ------------------------------------------------------------------------------
-    # The built-in corpus is generated once per cache folder; every rank (and node) calls this,
-    # one builds under a file lock and the others wait for its completion marker.
-    data_dir = cfg.data_dir or str(ensure_builtin_corpus(cfg.data_cache_dir, cfg.builtin_corpus) / "librispeech")
-    # LibriSpeech layout: checked once per output_dir (first process to arrive; the others wait):
-    # missing, corrupt, empty, too short/long, multi-channel audio, duplicate ids, malformed lines.
+    # The built-in corpus is generated once per cache folder (one process builds, the others wait);
+    # LibriSpeech-layout data is checked once per output_dir (missing, corrupt, empty, too
+    # short/long, multi-channel audio, duplicate ids, malformed lines).
+    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
                         charset=None, on_bad_data=cfg.on_bad_data)  # text: normalize_text decides
 
@@ -267,20 +164,20 @@ def main():
     logger.info(f"tokens: {cfg.token_type}, {tokenizer.vocab_size} CTC classes (blank included)")
 
     train_ds = SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb)
-    train_loader, train_sampler, train_collator = make_loader(train_ds, train_set["duration"], cfg, world, True)
-    valid_loader, _, _ = make_loader(
-        SpeechDataset(valid_set, cfg, tokenizer), valid_set["duration"], cfg, world, False)
+    train_collator = SpecAugmentCollator(cfg, augment=True)  # the training set only is augmented
+    batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
+                    world_size=world, num_workers=cfg.num_workers)
+    train_loader, train_sampler = make_loader(train_ds, train_set["duration"], train_collator, shuffle=True,
+                                              **batching)
+    valid_loader, _ = make_loader(SpeechDataset(valid_set, cfg, tokenizer), valid_set["duration"],
+                                  SpecAugmentCollator(cfg, augment=False), shuffle=False, **batching)
 
-    # ---- model -----------------------------------------------------------------------------
-    enc_cfg = encoder_config(
-        input_dim=cfg.n_mels * cfg.stack_frames, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, conv_kernel=cfg.conv_kernel, dropout=cfg.dropout)
-    model = ConformerCTC(enc_cfg, n_mels=cfg.n_mels, stack_frames=cfg.stack_frames, vocab_size=tokenizer.vocab_size)
-    stats_loaded = load_best_rq(model, cfg.init_from, cfg_dict) if cfg.init_from else False  # every rank
+    # ---- model, optimizer, schedule (sized in optimizer steps) -------------------------------
+    model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                         vocab_size=tokenizer.vocab_size)
+    stats_loaded = load_pretrained_encoder(model, cfg.init_from, cfg_dict) if cfg.init_from else False  # every rank
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters"
                 + (f", initialized from {cfg.init_from}" if cfg.init_from else ", from scratch"))
-
-    # ---- optimizer and schedule (sized in optimizer steps) -----------------------------------
     # The head first, so that logged "lr" is the head's; the encoder at encoder_lr_scale × that.
     groups = []
     for part, lr in ((model.head, cfg.learning_rate), (model.encoder, cfg.learning_rate * cfg.encoder_lr_scale)):
@@ -289,123 +186,64 @@ def main():
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
     encoder_params = list(model.encoder.parameters())
-
-    # The scheduler is not prepared: we step it once per optimizer step ourselves (accelerate #1382).
+    # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
-    state = TrainState(world_size=world, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                       config_hash=config_hash(cfg_dict, ignore=RESUME_SAFE_KEYS), config=cfg_dict)
-    accelerator.register_for_checkpointing(state, scheduler)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --
-    ckpt = resume_from_checkpoint(accelerator, out, state)
-    if ckpt is not None:
-        logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "
-                    f"batch {state.batches_in_epoch} of the epoch")
-    elif not stats_loaded:
-        def compute():  # an evenly spaced subset: the manifest is sorted by speaker
-            stride = max(1, len(train_set) // cfg.stats_utterances)
-            logmel = LogMel(cfg.sample_rate, cfg.n_mels)
-            return feature_stats([logmel(load_wav(train_set[i], cfg.sample_rate))
-                                  for i in range(0, len(train_set), stride)])
-        mean, std = shared_feature_stats(accelerator, compute)
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.feat_mean.copy_(mean)
-        unwrapped.feat_std.copy_(std)
+    state = TrainState.for_run(cfg_dict, world)
+    if resume_from_checkpoint(accelerator, out, state, scheduler) is None and not stats_loaded:
+        stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
+        logmel = LogMel(cfg.sample_rate, cfg.n_mels)
+        set_feature_stats(accelerator, model, lambda: feature_stats(
+            [logmel(load_wav(train_set[i], cfg.sample_rate)) for i in range(0, len(train_set), stride)]))
     if accelerator.is_main_process:
         save_config(cfg, out / "config.yaml")
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
     if cfg.report_to != "none":
         accelerator.init_trackers("tensorboard", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
                                                          for k, v in cfg_dict.items()})
-    ids_log = open(out / f"batch_ids.rank{rank}.jsonl", "a") if cfg.dump_batch_ids else None
     preemption = Preemption(accelerator)  # SIGTERM/SIGUSR1 → save at the next step boundary, exit 75
     scorer = Scorer()
 
     # ---- training loop ----------------------------------------------------------------------
-    accum = cfg.gradient_accumulation_steps
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
-    window_loss = 0.0
-    while state.step < cfg.max_steps:
-        # Set the epoch on every object that has one: accelerate does not reach our sampler in
-        # DDP, and its own epoch counter is not checkpointed (ACCELERATE_NOTES).
-        train_sampler.set_epoch(state.epoch)
-        train_loader.set_epoch(state.epoch)
-        train_collator.epoch = state.epoch
-        train_ds.epoch = state.epoch
-        n_batches = len(train_loader)  # this rank's batches; equal on every rank
-        # Mid-epoch resume: drop the consumed batches' index lists, no audio is loaded for them.
-        loader = skip_first_batches(train_loader, state.batches_in_epoch) if state.batches_in_epoch else train_loader
-        for batch in loader:
-            i = state.batches_in_epoch
-            window_len = min(accum, n_batches - (i - i % accum))  # the epoch's last window may be short
-            sync = (i + 1) % accum == 0 or i + 1 == n_batches
-            # Dropout RNG as a pure function of the position: nothing about it is lost on a kill.
-            torch.manual_seed(derive_seed(cfg.seed, "train", state.epoch, i, rank))
-            if ids_log:
-                ids_log.write(json.dumps({"epoch": state.epoch, "batch": i, "ids": batch["ids"]}) + "\n")
-                ids_log.flush()
-            ctx = contextlib.nullcontext() if sync else accelerator.no_sync(model)
-            with ctx:
-                log_probs, out_lens = model(batch["feats"], batch["feat_lens"], batch["time_mask"], batch["freq_mask"])
-                loss = ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"])
-                accelerator.backward(loss / window_len)  # the mean over the window's batches
-            window_loss += loss.detach() / window_len
-            state.batches_in_epoch += 1
-            if not sync:
-                continue
+    window_loss = torch.zeros((), device=accelerator.device)  # mean CTC loss over the accumulation window
+    for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
+            accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=cfg.gradient_accumulation_steps,
+            seed=cfg.seed, epoch_objects=(train_sampler, train_collator, train_ds),
+            ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
+        with no_sync_unless(accelerator, model, micro.sync):  # keep
+            log_probs, out_lens = model(batch["feats"], batch["feat_lens"], batch["time_mask"], batch["freq_mask"])
+            loss = ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"])
+            accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
+        window_loss += loss.detach() / micro.window_len
+        if not micro.sync:  # keep
+            continue
+        # Frozen encoder: every parameter still gets its (DDP-reduced) gradient, so the DDP reducer
+        # sees the same graph every step; we drop the encoder's before the update, and AdamW skips
+        # parameters without a gradient (no step, no decay, no moments).
+        if state.step < cfg.freeze_encoder_steps:
+            for p in encoder_params:
+                p.grad = None
+        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, max_grad_norm=cfg.max_grad_norm,
+                                   max_nonfinite_updates=cfg.max_nonfinite_updates)  # keep
+        bar.update(1)
 
-            # Frozen encoder: every parameter still gets its (DDP-reduced) gradient, so the DDP
-            # reducer sees the same graph every step; we drop the encoder's before the update,
-            # and AdamW skips parameters without a gradient (no step, no decay, no moments).
-            if state.step < cfg.freeze_encoder_steps:
-                for p in encoder_params:
-                    p.grad = None
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            # Gradients were all-reduced, so every rank sees the same norm and takes the same branch.
-            if torch.isfinite(grad_norm):
-                optimizer.step()
-                state.nonfinite_streak = 0
-            else:
-                state.skipped_updates += 1
-                state.nonfinite_streak += 1
-                logger.warning(f"step {state.step + 1}: non-finite gradient norm, update skipped "
-                               f"({state.nonfinite_streak} in a row, {state.skipped_updates} in total)")
-                if state.nonfinite_streak >= cfg.max_nonfinite_updates:
-                    raise FloatingPointError(f"{state.nonfinite_streak} consecutive non-finite updates; "
-                                             f"stopping (last good checkpoint kept). Lower --learning_rate?")
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state.step += 1
-            if state.batches_in_epoch == n_batches:  # a checkpoint taken now resumes at the next epoch
-                state.epoch += 1
-                state.batches_in_epoch = 0
-            bar.update(1)
-
-            row = {}
-            if cfg.eval_steps and state.step % cfg.eval_steps == 0:
-                row = evaluate(model, valid_loader, accelerator, tokenizer, scorer)  # collective
-                logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()))
-            if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
-                # Collective (all ranks): mean over processes.
-                loss_mean = accelerator.reduce(window_loss.float(), "mean")
-                row = {"step": state.step, "epoch": state.epoch, "loss": loss_mean.item(),
-                       "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm.item(),
-                       "skipped_updates": state.skipped_updates, **row}
-                metrics.log(row)  # one line per logged step, main process only
-                accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
-                bar.set_postfix(loss=f"{row['loss']:.3f}")
-            window_loss = 0.0
-            stop = preemption.requested()  # collective: all ranks agree on the same step
-            if state.step % cfg.save_steps == 0 or state.step == cfg.max_steps or stop:
-                save_checkpoint(accelerator, out, state, cfg.save_total_limit)  # collective
-            if stop:
-                logger.warning(f"preempted at step {state.step}: checkpoint saved; re-run the same "
-                               f"command to resume (exit code {PREEMPTED_EXIT_CODE})")
-                accelerator.end_training()
-                sys.exit(PREEMPTED_EXIT_CODE)
-            if state.step >= cfg.max_steps:
-                break
+        row = {}
+        if cfg.eval_steps and state.step % cfg.eval_steps == 0:
+            row = evaluate(model, valid_loader, accelerator, tokenizer, scorer)  # collective
+            logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()))
+        if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
+            loss_mean = accelerator.reduce(window_loss, "mean").item()  # collective: mean over processes
+            row = {"step": state.step, "epoch": state.epoch, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],
+                   "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates, **row}
+            metrics.log(row)  # one line per logged step, main process only
+            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
+            bar.set_postfix(loss=f"{row['loss']:.3f}")
+        window_loss.zero_()
+        save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
+                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
     bar.close()
 
     # ---- export: everything needed to transcribe ------------------------------------------
@@ -420,4 +258,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(lambda: main(CONFIG))

@@ -132,3 +132,8 @@ def write_png(path, image: np.ndarray) -> None:
     with open(path, "wb") as f:
         f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
                 + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def make_vocoder(cfg, n_iter: int, power: float = 1.0) -> "GriffinLim":
+    """Griffin-Lim for the mel front end of a TTS config (the dataclass or a namespace)."""
+    return GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length), n_iter, power)

@@ -18,12 +18,19 @@ states, in log(1 + d)) drives it at synthesis. No pitch or energy predictors (le
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
+from safetensors.torch import load_file
 from torch import nn
+
+from common.checkpoint import resolve_checkpoint
 
 NEG = -1e4  # "minus infinity" that keeps softmax/CTC gradients finite
 
@@ -272,3 +279,32 @@ class AlignedFastSpeech(nn.Module):
         durations = frames.round().clamp_min(1).long().masked_fill(text_pad, 0)
         pred, lens = self.decode(enc, durations)
         return pred * self.feat_std + self.feat_mean, lens, durations
+
+
+def build_model(cfg) -> "AlignedFastSpeech":
+    """The model described by a TTS config (the dataclass, or a namespace read from a config.yaml)."""
+    return AlignedFastSpeech(
+        n_symbols=len(Symbols(cfg.symbols)), n_mels=cfg.n_mels, dim=cfg.dim, encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers, heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, kernel=cfg.conv_kernel,
+        dropout=cfg.dropout, duration_channels=cfg.duration_channels, attention_dim=cfg.attention_dim,
+        attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob)
+
+
+def load_tts(checkpoint: str | Path):
+    """(model in eval mode, its training config as a namespace, Symbols, folder) for a checkpoint."""
+    folder = resolve_checkpoint(checkpoint)
+    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
+    if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml
+        cfg.symbols = json.loads((folder / "symbols.json").read_text())["symbols"]
+    model = build_model(cfg)
+    model.load_state_dict(load_file(folder / "model.safetensors"))  # weights and feature statistics
+    return model.eval(), cfg, Symbols(cfg.symbols), folder
+
+
+@torch.no_grad()
+def synthesize(model, symbols: Symbols, text: str, vocoder=None, pace: float = 1.0):
+    """→ (waveform (samples,) or None without a vocoder, log-mel (frames, n_mels), durations (N,))."""
+    tokens = torch.tensor([symbols.encode(text)])
+    mel, lens, durations = model.infer(tokens, torch.tensor([tokens.shape[1]]), pace)
+    mel = mel[0, : int(lens[0])]
+    return (vocoder(mel) if vocoder is not None else None), mel, durations[0]

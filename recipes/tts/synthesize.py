@@ -10,21 +10,16 @@ per non-empty line: <output_dir>/0001.wav, 0002.wav, ... 22.05 kHz 16-bit PCM (t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import soundfile as sf
-import torch
-from safetensors.torch import load_file
 
-from common.checkpoint import resolve_checkpoint
 from common.config import parse_config
 
 # recipe-local modules (this folder is on sys.path)
-from audio import GriffinLim, mel_frontend
-from model import Symbols
-from train import Config, build_model
+from audio import make_vocoder
+from model import load_tts, synthesize
 
 
 @dataclass
@@ -39,30 +34,6 @@ class SynthConfig:
     pace: float = 1.0  # > 1 speaks faster (durations divided by pace)
     griffin_lim_iters: int = 60
     griffin_lim_power: float = 1.0  # > 1 sharpens magnitudes before phase recovery
-
-
-def load_tts(checkpoint: str | Path):
-    """(model in eval mode, its Config, Symbols, folder)."""
-    folder = resolve_checkpoint(checkpoint)
-    cfg = parse_config(Config, argv=[], default_yaml=folder / "config.yaml")
-    if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml
-        cfg.symbols = json.loads((folder / "symbols.json").read_text())["symbols"]
-    model = build_model(cfg)
-    model.load_state_dict(load_file(folder / "model.safetensors"))  # weights and feature statistics
-    return model.eval(), cfg, Symbols(cfg.symbols), folder
-
-
-def make_vocoder(cfg: Config, n_iter: int, power: float = 1.0) -> GriffinLim:
-    return GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length), n_iter, power)
-
-
-@torch.no_grad()
-def synthesize(model, symbols: Symbols, text: str, vocoder=None, pace: float = 1.0):
-    """→ (waveform (samples,) or None without a vocoder, log-mel (frames, n_mels), durations (N,))."""
-    tokens = torch.tensor([symbols.encode(text)])
-    mel, lens, durations = model.infer(tokens, torch.tensor([tokens.shape[1]]), pace)
-    mel = mel[0, : int(lens[0])]
-    return (vocoder(mel) if vocoder is not None else None), mel, durations[0]
 
 
 def main():

@@ -9,41 +9,24 @@ Hugging Face Accelerate.
     accelerate launch recipes/tts/train.py --data_dir /data/LJSpeech-1.1 --num_valid 100 --num_test 500
     # then
     python recipes/tts/synthesize.py --checkpoint outputs/tts --text "a radio wrote this clever pencil" --output out.wav
-    python recipes/tts/evaluate.py --checkpoint outputs/tts --split test
+    python recipes/tts/score.py --checkpoint outputs/tts --split test
 
 Re-running the same command with the same --output_dir resumes from the newest complete checkpoint
 and ends bit-identical to a run that was never interrupted (on CPU; see README "Resume").
 Outputs: <output_dir>/final/{model.safetensors, config.yaml, symbols.json}, <output_dir>/metrics.jsonl.
+
+Adapting it: the data (data.py), the model (model.py), the losses and their weights, what is logged
+and evaluated are yours to change. The lines marked `# keep` carry the exact-resume and DDP
+guarantees (common/loop.py, docs/resume.md): keep them when you edit the loop.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from accelerate import skip_first_batches
-from torch.utils.data import DataLoader
-
-from common.checkpoint import RESUME_SAFE_KEYS, TrainState, resume_from_checkpoint, save_checkpoint
-from common.config import config_hash, config_to_dict, parse_config, save_config
-from common.corpus import ensure_builtin_corpus
-from common.data import DurationBatchSampler, load_audio
-from common.distributed import build_accelerator, derive_seed, seed_everything
-from common.faults import PREEMPTED_EXIT_CODE, Preemption, run_main
-from common.features import feature_stats, shared_feature_stats
-from common.logs import MetricsLog, get_logger, progress_bar
-from common.manifest import DataPolicy, prepare_manifest
-
-# recipe-local modules (this folder is on sys.path)
-from audio import GriffinLim, mel_frontend, stack_images, to_image
-from model import NEG, AlignedFastSpeech, Symbols, beta_binomial_prior
-
-logger = get_logger(__name__)
+from common.config import parse_config
 
 LOSSES = ("mel_loss", "dur_loss", "align_loss", "bin_loss")
 
@@ -57,7 +40,7 @@ class Config:
     builtin_corpus: str = "default"  # built-in corpus profile when data_dir is None ("default" | "tiny")
     data_cache_dir: str | None = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
     num_valid: int = 20  # utterances for validation: the num_valid ids just before the test ids
-    num_test: int = 20  # held-out utterances for evaluate.py: the last num_test ids (sorted)
+    num_test: int = 20  # held-out utterances for score.py: the last num_test ids (sorted)
     symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # characters; text is lowercased first
     sample_rate: int = 22050  # Hz
     wrong_sample_rate: str = "resample"  # audio at another rate: "resample" (on load) | "refuse"
@@ -111,93 +94,32 @@ class Config:
     report_to: str = "tensorboard"  # accelerate tracker ("tensorboard", "none", ...)
     num_samples: int = 2  # fixed validation sentences synthesized into TensorBoard at each validation
     griffin_lim_iters: int = 32  # Griffin-Lim iterations for those samples
+    dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
 
 
-def split_manifest(manifest, num_valid: int, num_test: int):
-    """Deterministic split by sorted id: the last num_test ids are test, the num_valid before them
-    validation, the rest training."""
-    n = len(manifest)
-    n_train = n - num_valid - num_test
-    if n_train < 1:
-        raise ValueError(f"{n} utterances leave none for training (num_valid {num_valid}, num_test {num_test})")
-    return {"train": manifest.select(range(n_train)), "validation": manifest.select(range(n_train, n - num_test)),
-            "test": manifest.select(range(n - num_test, n))}
+if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
+import torch  # noqa: E402
 
-def build_model(cfg: Config) -> AlignedFastSpeech:
-    return AlignedFastSpeech(
-        n_symbols=len(Symbols(cfg.symbols)), n_mels=cfg.n_mels, dim=cfg.dim, encoder_layers=cfg.encoder_layers,
-        decoder_layers=cfg.decoder_layers, heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, kernel=cfg.conv_kernel,
-        dropout=cfg.dropout, duration_channels=cfg.duration_channels, attention_dim=cfg.attention_dim,
-        attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob)
+from common.checkpoint import TrainState, resume_from_checkpoint  # noqa: E402
+from common.config import config_to_dict, save_config  # noqa: E402
+from common.corpus import resolve_data_dir  # noqa: E402
+from common.data import load_audio, make_loader  # noqa: E402
+from common.distributed import build_accelerator, seed_everything  # noqa: E402
+from common.faults import Preemption, run_main  # noqa: E402
+from common.features import feature_stats, set_feature_stats  # noqa: E402
+from common.logs import MetricsLog, get_logger, progress_bar  # noqa: E402
+from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
+                         train_batches)
+from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 
+# recipe-local modules (this folder is on sys.path)
+from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
+from data import Collator, TTSDataset, split_manifest  # noqa: E402
+from model import Symbols, build_model  # noqa: E402
 
-class TTSDataset(torch.utils.data.Dataset):
-    """Manifest row → (id, symbol ids (N,), log-mel (frames, n_mels))."""
-
-    def __init__(self, manifest, cfg: Config):
-        self.manifest = manifest
-        self.symbols = Symbols(cfg.symbols)
-        self.sample_rate = cfg.sample_rate
-        self.logmel = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
-
-    def __len__(self):
-        return len(self.manifest)
-
-    def __getitem__(self, i):
-        row = self.manifest[i]
-        tokens = torch.tensor(self.symbols.encode(row["text"]))
-        mel = self.logmel(load_audio(row["path"], self.sample_rate))
-        if mel.shape[0] < len(tokens):
-            raise ValueError(f"{row['id']}: {mel.shape[0]} frames cannot hold {len(tokens)} symbols")
-        return row["id"], tokens, mel
-
-
-class Collator:
-    """Pads a batch and adds the static beta-binomial prior (log) of each (frames, symbols) pair."""
-
-    def __init__(self, cfg: Config):
-        self.scaling = cfg.prior_scaling
-        self.cache: dict[tuple[int, int], torch.Tensor] = {}
-
-    def log_prior(self, T: int, N: int) -> torch.Tensor:
-        if (T, N) not in self.cache:
-            self.cache[(T, N)] = torch.log(beta_binomial_prior(T, N, self.scaling) + 1e-8)
-        return self.cache[(T, N)]
-
-    def __call__(self, items):
-        text_lens = torch.tensor([len(t) for _, t, _ in items])
-        mel_lens = torch.tensor([m.shape[0] for _, _, m in items])
-        B, N, T = len(items), int(text_lens.max()), int(mel_lens.max())
-        tokens = torch.zeros(B, N, dtype=torch.long)
-        mels = torch.zeros(B, T, items[0][2].shape[1])
-        log_prior = torch.full((B, T, N), NEG)
-        for b, (_, t, m) in enumerate(items):
-            tokens[b, : len(t)] = t
-            mels[b, : m.shape[0]] = m
-            log_prior[b, : m.shape[0], : len(t)] = self.log_prior(m.shape[0], len(t))
-        return dict(ids=[i for i, _, _ in items], tokens=tokens, text_lens=text_lens, mels=mels,
-                    mel_lens=mel_lens, log_prior=log_prior)
-
-
-def make_loader(dataset, durations, cfg: Config, world_size: int, shuffle: bool):
-    sampler = DurationBatchSampler(durations, cfg.max_batch_seconds, num_buckets=cfg.num_buckets, shuffle=shuffle,
-                                   seed=cfg.seed, world_size=world_size)
-    loader = DataLoader(
-        dataset, batch_sampler=sampler, collate_fn=Collator(cfg), num_workers=cfg.num_workers,
-        # Its own generator: creating an iterator must not draw from the global torch RNG
-        # (a resumed run creates its iterator at a different point; ACCELERATE_NOTES #3).
-        generator=torch.Generator().manual_seed(cfg.seed), persistent_workers=False,
-    )
-    return loader, sampler
-
-
-def inverse_sqrt_schedule(warmup_steps: int):
-    """Linear warm-up to 1, then 1/sqrt decay; independent of max_steps (extending a run is exact)."""
-    def f(step: int) -> float:
-        step = max(step, 1)
-        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
-    return f
+logger = get_logger(__name__)
 
 
 def total_loss(out: dict, cfg: Config, binarize: bool) -> torch.Tensor:
@@ -243,23 +165,22 @@ def log_samples(model, dataset, cfg: Config, writer, vocoder, step: int) -> None
     model.train()
 
 
-def main():
-    cfg = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
+def main(cfg: Config) -> None:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
         log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
     )
-    rank, world = accelerator.process_index, accelerator.num_processes
+    world = accelerator.num_processes
     out.mkdir(parents=True, exist_ok=True)  # every rank: idempotent
     seed_everything(cfg.seed)  # model init: identical on every rank
     cfg_dict = config_to_dict(cfg)
     symbols = Symbols(cfg.symbols)
 
     # ---- data ------------------------------------------------------------------------------
-    # The built-in corpus is generated once per cache folder (one process builds, the others wait).
-    data_dir = cfg.data_dir or str(ensure_builtin_corpus(cfg.data_cache_dir, cfg.builtin_corpus) / "ljspeech")
-    # Checked once per output_dir: bad audio, and characters outside the symbol table (either case).
+    # The built-in corpus is generated once per cache folder (one process builds, the others wait);
+    # the data check runs once per output_dir: bad audio, and characters outside the symbol table.
+    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
                         charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data)
     manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
@@ -268,44 +189,32 @@ def main():
     logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
                 f"{len(valid_set)} validation, {len(splits['test'])} test, {world} process(es)")
     train_ds, valid_ds = TTSDataset(train_set, cfg), TTSDataset(valid_set, cfg)
-    train_loader, train_sampler = make_loader(train_ds, train_set["duration"], cfg, world, True)
-    valid_loader, _ = make_loader(valid_ds, valid_set["duration"], cfg, world, False)
+    batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
+                    world_size=world, num_workers=cfg.num_workers)
+    train_loader, train_sampler = make_loader(train_ds, train_set["duration"], Collator(cfg), shuffle=True, **batching)
+    valid_loader, _ = make_loader(valid_ds, valid_set["duration"], Collator(cfg), shuffle=False, **batching)
 
-    # ---- model -----------------------------------------------------------------------------
+    # ---- model, optimizer, schedule (sized in optimizer steps) -------------------------------
     model = build_model(cfg)
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
                 f"{len(symbols) - 1} symbols")
-
-    # ---- optimizer and schedule (sized in optimizer steps) -----------------------------------
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
-
-    # The scheduler is not prepared: we step it once per optimizer step ourselves (accelerate #1382).
+    # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
-    state = TrainState(world_size=world, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                       config_hash=config_hash(cfg_dict, ignore=RESUME_SAFE_KEYS), config=cfg_dict)
-    accelerator.register_for_checkpointing(state, scheduler)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
-    ckpt = resume_from_checkpoint(accelerator, out, state)
-    if ckpt is not None:
-        logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "
-                    f"batch {state.batches_in_epoch} of the epoch")
-    else:
-        def compute():
-            stride = max(1, len(train_ds) // cfg.stats_utterances)
-            return feature_stats([train_ds[i][2] for i in range(0, len(train_ds), stride)])
-        mean, std = shared_feature_stats(accelerator, compute)
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.feat_mean.copy_(mean)
-        unwrapped.feat_std.copy_(std)
+    state = TrainState.for_run(cfg_dict, world)
+    if resume_from_checkpoint(accelerator, out, state, scheduler) is None:
+        stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced over the sorted ids
+        set_feature_stats(accelerator, model, lambda: feature_stats(
+            [train_ds[i][2] for i in range(0, len(train_ds), stride)]))
     if accelerator.is_main_process:
         save_config(cfg, out / "config.yaml")
-        (out / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
     writer = vocoder = None
     if cfg.report_to != "none":
@@ -318,82 +227,43 @@ def main():
     preemption = Preemption(accelerator)  # SIGTERM/SIGUSR1 → save at the next step boundary, exit 75
 
     # ---- training loop ----------------------------------------------------------------------
-    accum = cfg.gradient_accumulation_steps
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
-    window = torch.zeros(len(LOSSES) + 1)  # loss, mel, dur, align, bin over the accumulation window
-    while state.step < cfg.max_steps:
-        # Set the epoch on every object that has one: accelerate does not reach our sampler in DDP.
-        train_sampler.set_epoch(state.epoch)
-        train_loader.set_epoch(state.epoch)
-        n_batches = len(train_loader)  # this rank's batches; equal on every rank
-        # Mid-epoch resume: drop the consumed batches' index lists, no audio is loaded for them.
-        loader = skip_first_batches(train_loader, state.batches_in_epoch) if state.batches_in_epoch else train_loader
-        for batch in loader:
-            i = state.batches_in_epoch
-            window_len = min(accum, n_batches - (i - i % accum))  # the epoch's last window may be short
-            sync = (i + 1) % accum == 0 or i + 1 == n_batches
-            # Dropout RNG as a pure function of the position: nothing about it is lost on a kill.
-            torch.manual_seed(derive_seed(cfg.seed, "train", state.epoch, i, rank))
-            binarize = state.step >= cfg.binarization_start_steps  # same on every rank
-            ctx = contextlib.nullcontext() if sync else accelerator.no_sync(model)
-            with ctx:
-                out_ = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"],
-                             batch["log_prior"], binarize)
-                loss = total_loss(out_, cfg, binarize)
-                accelerator.backward(loss / window_len)  # the mean over the window's batches
-            window += torch.stack([loss.detach()] + [out_[k].detach() for k in LOSSES]).cpu() / window_len
-            state.batches_in_epoch += 1
-            if not sync:
-                continue
+    window = torch.zeros(len(LOSSES) + 1, device=accelerator.device)  # loss, mel, dur, align, bin: window means
+    for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
+            accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=cfg.gradient_accumulation_steps,
+            seed=cfg.seed, epoch_objects=(train_sampler,),
+            ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
+        binarize = state.step >= cfg.binarization_start_steps  # same on every rank
+        with no_sync_unless(accelerator, model, micro.sync):  # keep
+            out_ = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"],
+                         batch["log_prior"], binarize)
+            loss = total_loss(out_, cfg, binarize)
+            accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
+        window += torch.stack([loss.detach()] + [out_[k].detach() for k in LOSSES]) / micro.window_len
+        if not micro.sync:  # keep
+            continue
+        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, max_grad_norm=cfg.max_grad_norm,
+                                   max_nonfinite_updates=cfg.max_nonfinite_updates)  # keep
+        bar.update(1)
 
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            # Gradients were all-reduced, so every rank sees the same norm and takes the same branch.
-            if torch.isfinite(grad_norm):
-                optimizer.step()
-                state.nonfinite_streak = 0
-            else:
-                state.skipped_updates += 1
-                state.nonfinite_streak += 1
-                logger.warning(f"step {state.step + 1}: non-finite gradient norm, update skipped "
-                               f"({state.nonfinite_streak} in a row, {state.skipped_updates} in total)")
-                if state.nonfinite_streak >= cfg.max_nonfinite_updates:
-                    raise FloatingPointError(f"{state.nonfinite_streak} consecutive non-finite updates; "
-                                             f"stopping (last good checkpoint kept). Lower --learning_rate?")
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state.step += 1
-            if state.batches_in_epoch == n_batches:  # a checkpoint taken now resumes at the next epoch
-                state.epoch += 1
-                state.batches_in_epoch = 0
-            bar.update(1)
-
-            row = {}
-            if cfg.eval_steps and state.step % cfg.eval_steps == 0:
-                row = evaluate(model, valid_loader, accelerator)  # collective
-                logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
-                if writer is not None:  # main process only; no collectives inside
-                    log_samples(accelerator.unwrap_model(model), valid_ds, cfg, writer, vocoder, state.step)
-            if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
-                # Collective (all ranks): mean over processes.
-                means = accelerator.reduce(window.to(accelerator.device), "mean").tolist()
-                row = {"step": state.step, "epoch": state.epoch, "loss": means[0],
-                       **{k: means[j + 1] for j, k in enumerate(LOSSES)}, "lr": scheduler.get_last_lr()[0],
-                       "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates, **row}
-                metrics.log(row)  # one line per logged step, main process only
-                accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
-                bar.set_postfix(loss=f"{row['loss']:.3f}", mel=f"{row['mel_loss']:.3f}")
-            window = torch.zeros(len(LOSSES) + 1)
-            stop = preemption.requested()  # collective: all ranks agree on the same step
-            if state.step % cfg.save_steps == 0 or state.step == cfg.max_steps or stop:
-                save_checkpoint(accelerator, out, state, cfg.save_total_limit)  # collective
-            if stop:
-                logger.warning(f"preempted at step {state.step}: checkpoint saved; re-run the same "
-                               f"command to resume (exit code {PREEMPTED_EXIT_CODE})")
-                accelerator.end_training()
-                sys.exit(PREEMPTED_EXIT_CODE)
-            if state.step >= cfg.max_steps:
-                break
+        row = {}
+        if cfg.eval_steps and state.step % cfg.eval_steps == 0:
+            row = evaluate(model, valid_loader, accelerator)  # collective
+            logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
+            if writer is not None:  # main process only; no collectives inside
+                log_samples(accelerator.unwrap_model(model), valid_ds, cfg, writer, vocoder, state.step)
+        if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
+            means = accelerator.reduce(window, "mean").tolist()  # collective: mean over processes
+            row = {"step": state.step, "epoch": state.epoch, "loss": means[0],
+                   **{k: means[j + 1] for j, k in enumerate(LOSSES)}, "lr": scheduler.get_last_lr()[0],
+                   "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates, **row}
+            metrics.log(row)  # one line per logged step, main process only
+            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", mel=f"{row['mel_loss']:.3f}")
+        window.zero_()
+        save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
+                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
     bar.close()
 
     # ---- export ---------------------------------------------------------------------------
@@ -408,4 +278,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(lambda: main(CONFIG))

@@ -19,7 +19,6 @@ def setup(seed=0):
     model, opt = accelerator.prepare(model, opt)
     state = TrainState(world_size=1, gradient_accumulation_steps=1, config_hash="h",
                        config={"lr": 0.1, "max_steps": 10})
-    accelerator.register_for_checkpointing(state, sched)
     return accelerator, model, opt, sched, state
 
 
@@ -35,7 +34,7 @@ def test_roundtrip_prune_and_marker(tmp_path):
     for step in range(1, 5):
         train_step(model, opt, sched)
         state.step, state.batches_in_epoch = step, step
-        save_checkpoint(accelerator, tmp_path, state, save_total_limit=2)
+        save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
     latest = find_latest_checkpoint(tmp_path)
     assert latest == checkpoint_dir(tmp_path, 4)
@@ -47,7 +46,7 @@ def test_roundtrip_prune_and_marker(tmp_path):
 
     # a fresh process state: different init, then resume
     accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
-    assert resume_from_checkpoint(accelerator2, tmp_path, state2) == latest
+    assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == latest
     assert state2.step == 4 and state2.batches_in_epoch == 4
     assert all(torch.equal(weights[k], v) for k, v in model2.state_dict().items())
     assert sched2.get_last_lr() == lr
@@ -62,28 +61,28 @@ def test_roundtrip_prune_and_marker(tmp_path):
 def test_incomplete_checkpoints_are_ignored(tmp_path):
     accelerator, model, opt, sched, state = setup()
     state.step = 2
-    save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
     # a save killed mid-way: temp folder, and a step folder without marker
     (tmp_path / "checkpoints" / ".step_00000003.tmp").mkdir()
     checkpoint_dir(tmp_path, 4).mkdir()
     assert find_latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 2)
     # the next real save of step 3 replaces the leftover temp folder
     state.step = 3
-    save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
     assert find_latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 3)
     assert not (tmp_path / "checkpoints" / ".step_00000003.tmp").exists()
 
 
 def test_no_checkpoint_means_fresh_start(tmp_path):
     accelerator, model, opt, sched, state = setup()
-    assert resume_from_checkpoint(accelerator, tmp_path, state) is None
+    assert resume_from_checkpoint(accelerator, tmp_path, state, sched) is None
 
 
 @pytest.mark.parametrize("change", ["world_size", "gradient_accumulation_steps", "config"])
 def test_mismatched_checkpoint_is_refused(tmp_path, change):
     accelerator, model, opt, sched, state = setup()
     state.step = 1
-    save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
     accelerator2, model2, opt2, sched2, state2 = setup()
     if change == "config":
         state2.config = {"lr": 0.2, "max_steps": 10}
@@ -93,16 +92,16 @@ def test_mismatched_checkpoint_is_refused(tmp_path, change):
         setattr(state2, change, 2)
         expected = change
     with pytest.raises(RuntimeError, match=expected):
-        resume_from_checkpoint(accelerator2, tmp_path, state2)
+        resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
 
 
 def test_resume_safe_keys_may_change(tmp_path):
     accelerator, model, opt, sched, state = setup()
     state.step = 1
-    save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
     accelerator2, model2, opt2, sched2, state2 = setup()
     state2.config = {"lr": 0.1, "max_steps": 99}  # same hash: max_steps is resume-safe
-    assert resume_from_checkpoint(accelerator2, tmp_path, state2) is not None
+    assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) is not None
     assert state2.config["max_steps"] == 99
 
 
@@ -112,7 +111,7 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage, c
     for step in (1, 2):
         train_step(model, opt, sched)
         state.step = step
-        save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+        save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
         if step == 1:
             weights_at_1 = {k: v.clone() for k, v in model.state_dict().items()}
     victim = checkpoint_dir(tmp_path, 2) / ("model.safetensors" if damage != "delete" else "optimizer.bin")
@@ -127,7 +126,7 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, damage, c
     assert verify_checkpoint(checkpoint_dir(tmp_path, 2)) is not None
     accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
     with caplog.at_level("WARNING"):
-        assert resume_from_checkpoint(accelerator2, tmp_path, state2) == checkpoint_dir(tmp_path, 1)
+        assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
     assert "step_00000002" in caplog.text and victim.name in caplog.text
     assert state2.step == 1
     assert all(torch.equal(weights_at_1[k], v) for k, v in model2.state_dict().items())
@@ -139,20 +138,20 @@ class _Evil:
 
 
 def test_loading_runs_no_code_from_the_checkpoint(tmp_path):
-    """A crafted registered-object file (with a matching marker) is refused, not executed."""
+    """A crafted pickle (here the RNG-state file, with a matching marker) is refused, not executed."""
     accelerator, model, opt, sched, state = setup()
     state.step = 1
-    ckpt = save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+    ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
     _Evil.target = tmp_path / "pwned"
-    torch.save({"step": _Evil()}, ckpt / "custom_checkpoint_0.pkl")
+    torch.save({"step": _Evil()}, ckpt / "random_states_0.pkl")
     marker = json.loads((ckpt / "COMPLETE").read_text())
-    marker["files"]["custom_checkpoint_0.pkl"] = {
-        "bytes": (ckpt / "custom_checkpoint_0.pkl").stat().st_size,
-        "blake2b": _digest(ckpt / "custom_checkpoint_0.pkl")}
+    marker["files"]["random_states_0.pkl"] = {
+        "bytes": (ckpt / "random_states_0.pkl").stat().st_size,
+        "blake2b": _digest(ckpt / "random_states_0.pkl")}
     (ckpt / "COMPLETE").write_text(json.dumps(marker))
     accelerator2, model2, opt2, sched2, state2 = setup()
     with pytest.raises(pickle.UnpicklingError):
-        resume_from_checkpoint(accelerator2, tmp_path, state2)
+        resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
     assert not _Evil.target.exists()
 
 
@@ -161,7 +160,7 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     with torch.no_grad():
         model.weight[0, 0] = float("nan")
     with pytest.raises(RuntimeError, match="non-finite"):
-        save_checkpoint(accelerator, tmp_path, state, save_total_limit=None)
+        save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
     assert find_latest_checkpoint(tmp_path) is None
 
 

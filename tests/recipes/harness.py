@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -124,3 +125,21 @@ def assert_same_losses(a: Path, b: Path) -> None:
     assert len({r["step"] for r in mb}) == len(mb), "a step was logged twice"
     for ra, rb in zip(ma, mb):
         assert ra["loss"] == rb["loss"], f"step {ra['step']}: {ra['loss']} != {rb['loss']}"
+
+
+def epoch_lengths(durations, max_batch_seconds: float, world: int, epochs: int, seed: int = 42) -> list[int]:
+    """Batches per rank in each epoch, as a recipe's sampler will make them from `durations`."""
+    from common.data import DurationBatchSampler
+
+    s = DurationBatchSampler(durations, max_batch_seconds, seed=seed, world_size=world)
+    lengths = []
+    for e in range(epochs):
+        s.set_epoch(e)
+        lengths.append(len(s) // world)
+    return lengths
+
+
+def resumed_positions(log: Path) -> list[tuple[int, int, int]]:
+    """(step, epoch, batch) of every resume a recipe reported in its log."""
+    return [tuple(map(int, m)) for m in
+            re.findall(r"resumed from .*?: step (\d+), epoch (\d+), batch (\d+)", log.read_text())]

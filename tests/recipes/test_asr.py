@@ -1,17 +1,15 @@
 """ASR (Conformer-CTC): unit tests of tokens, decoding, metrics, augmentation and data; end to end
 through `accelerate launch` in 1 and 2 processes: interrupted == continuous, --init_from a BEST-RQ
-run (and refusal of a mismatched one), evaluate.py scoring each test utterance exactly once."""
+run (and refusal of a mismatched one), decode.py scoring each test utterance exactly once."""
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import math
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import jiwer
@@ -19,9 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.data import DurationBatchSampler, load_audio, read_librispeech
+import evaluate
+from common.data import load_audio
 from common.features import LogMel, feature_stats
-from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, command, metrics, run
+from common.manifest import read_librispeech
+from tests.recipe_import import recipe_modules
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, command, epoch_lengths, metrics,
+                                   resumed_positions, run)
 
 SEED = 42
 ENCODER = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64", "--conv_kernel", "7"]
@@ -30,42 +32,11 @@ TINY = [*ENCODER, "--warmup_steps", "5", "--logging_steps", "1", "--report_to", 
 RECIPE = ROOT / "recipes" / "asr"
 
 
-def _asr_modules():
-    """Import the recipe's modules by their script-local names (train, model, text, ...), then take
-    them out of sys.modules again so that other recipes' same-named modules cannot collide."""
-    names = ("text", "ctc_decode", "manifest", "model", "scoring", "train")
-    saved_path, saved = sys.path[:], {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    sys.path.insert(0, str(RECIPE))
-    try:
-        mods = {n: importlib.import_module(n) for n in names}
-    finally:
-        sys.path[:] = saved_path
-        for n in names:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
-    return type("ASR", (), mods)
-
-
-asr = _asr_modules()
+asr = recipe_modules("asr", "text", "ctc_decode", "data", "model", "scoring", "train")
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
     return ["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra]
-
-
-def epoch_lengths(corpus: Path, world: int, epochs: int = 2, mbs: float = 16.0) -> list[int]:
-    train = read_librispeech(corpus / "librispeech", "train")
-    s = DurationBatchSampler(train["duration"], mbs, seed=SEED, world_size=world)
-    lengths = []
-    for e in range(epochs):
-        s.set_epoch(e)
-        lengths.append(len(s) // world)
-    return lengths
-
-
-def resumed_positions(log: Path) -> list[tuple[int, int, int]]:
-    return [tuple(map(int, m)) for m in
-            re.findall(r"resumed from .*?: step (\d+), epoch (\d+), batch (\d+)", log.read_text())]
 
 
 def launch(script: str, nproc: int, args: list[str], log: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -156,7 +127,7 @@ def test_metric_modules_match_jiwer():
     assert scores["cer"] == pytest.approx(jiwer.cer(refs, hyps))
     assert asr.scoring.Scorer()(refs, refs) == {"wer": 0.0, "cer": 0.0}
     # the modules are plain `evaluate` modules loaded from the repository (no download)
-    module = asr.scoring._hf_evaluate().load(str(RECIPE / "metrics" / "wer"))
+    module = evaluate.load(str(RECIPE / "metrics" / "wer"))
     out = module.compute(predictions=hyps, references=refs)
     assert out["wer"] == pytest.approx(jiwer.wer(refs, hyps)) and out["reference_words"] == 14
 
@@ -168,7 +139,7 @@ def test_gather_results_dedupes_by_id():
 
 def _collate(cfg, utt_ids, epoch):
     items = [(u, torch.zeros(300 + 17 * int(u[1:]), cfg.n_mels), [1, 2], "ab") for u in utt_ids]  # length: the id's
-    collator = asr.train.SpecAugmentCollator(cfg, augment=True)
+    collator = asr.data.SpecAugmentCollator(cfg, augment=True)
     collator.epoch = epoch
     return collator(items)
 
@@ -193,15 +164,15 @@ def test_spec_augment_is_a_function_of_seed_epoch_and_id():
 
 
 def test_speed_perturbation_is_a_function_of_seed_epoch_and_id(tiny_corpus):
-    manifest = asr.manifest.read_split(tiny_corpus / "librispeech", "train").select(range(6))
+    manifest = asr.data.read_split(tiny_corpus / "librispeech", "train").select(range(6))
     cfg = asr.train.Config(seed=1)
-    ds = asr.train.SpeechDataset(manifest, cfg, asr.text.CharTokenizer(), speed_perturb=0.2)
+    ds = asr.data.SpeechDataset(manifest, cfg, asr.text.CharTokenizer(), speed_perturb=0.2)
     lengths = {}
     for epoch in range(4):
         ds.epoch = epoch
         lengths[epoch] = [ds[i][1].shape[0] for i in range(6)]
         assert [ds[i][1].shape[0] for i in range(6)] == lengths[epoch]
-    plain = [asr.train.SpeechDataset(manifest, cfg, asr.text.CharTokenizer())[i][1].shape[0] for i in range(6)]
+    plain = [asr.data.SpeechDataset(manifest, cfg, asr.text.CharTokenizer())[i][1].shape[0] for i in range(6)]
     ratios = {round(p / n, 1) for e in lengths for p, n in zip(plain, lengths[e])}
     assert ratios == {0.8, 1.0, 1.2}  # 0.8× and 1.2× speed shorten/lengthen by 1/factor
 
@@ -218,20 +189,20 @@ def test_hf_saved_datasets_are_read_like_librispeech(tiny_corpus, tmp_path):
     datasets.Dataset.from_dict({"audio": [{"array": a, "sampling_rate": 16000} for a in arrays], "text": texts,
                                 "id": libri["id"]}).save_to_disk(str(tmp_path / "c" / "test"))
     for root in ("a", "b", "c"):
-        m = asr.manifest.read_split(tmp_path / root, "test")
+        m = asr.data.read_split(tmp_path / root, "test")
         assert len(m) == len(libri) and m["text"] == texts
         assert m["duration"] == pytest.approx(libri["duration"])
         for i in range(len(m)):
-            assert torch.equal(asr.manifest.load_wav(m[i], 16000), load_audio(paths[i], 16000))
-    assert asr.manifest.read_split(tmp_path / "c", "test")["id"] == libri["id"]
+            assert torch.equal(asr.data.load_wav(m[i], 16000), load_audio(paths[i], 16000))
+    assert asr.data.read_split(tmp_path / "c", "test")["id"] == libri["id"]
 
 
 def test_labelled_subset_is_deterministic_and_nested(tiny_corpus):
-    m = asr.manifest.read_split(tiny_corpus / "librispeech", "train")
-    a = asr.manifest.labelled_subset(m, 0.25)["id"]
-    assert len(a) == 12 and a == asr.manifest.labelled_subset(m, 0.25)["id"]
-    assert set(a) < set(asr.manifest.labelled_subset(m, 0.5)["id"])
-    assert set(asr.manifest.labelled_subset(m.shuffle(seed=0), 0.25)["id"]) == set(a)  # order-independent
+    m = asr.data.read_split(tiny_corpus / "librispeech", "train")
+    a = asr.data.labelled_subset(m, 0.25)["id"]
+    assert len(a) == 12 and a == asr.data.labelled_subset(m, 0.25)["id"]
+    assert set(a) < set(asr.data.labelled_subset(m, 0.5)["id"])
+    assert set(asr.data.labelled_subset(m.shuffle(seed=0), 0.25)["id"]) == set(a)  # order-independent
 
 
 def test_config_yaml_is_valid():
@@ -249,7 +220,7 @@ def test_config_yaml_is_valid():
 @pytest.mark.slow
 def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     """Char tokens, SpecAugment, speed perturbation, validation WER/CER; SIGKILL inside epoch 1."""
-    e0, e1 = epoch_lengths(tiny_corpus, 1)
+    e0, e1 = epoch_lengths(read_librispeech(tiny_corpus / "librispeech", "train")["duration"], 16.0, 1, 2)
     k, max_steps = e0 + 2, e0 + e1
     extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--eval_steps", "4", "--speed_perturb", "0.1"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
@@ -297,7 +268,7 @@ def test_interrupted_equals_continuous_2proc(tiny_corpus, tmp_path):
 @pytest.mark.slow
 def test_init_from_best_rq_freeze_and_evaluate(tiny_corpus, tmp_path):
     """A tiny BEST-RQ run initializes the ASR encoder and its feature statistics; the encoder stays
-    frozen for freeze_encoder_steps in 2 DDP processes; a mismatched encoder is refused; evaluate.py
+    frozen for freeze_encoder_steps in 2 DDP processes; a mismatched encoder is refused; decode.py
     in 2 processes scores each test utterance exactly once."""
     brq = tmp_path / "best_rq"
     run("best_rq", 1, ["--data_dir", str(tiny_corpus / "librispeech"), "--output_dir", str(brq), *ENCODER,
@@ -326,7 +297,7 @@ def test_init_from_best_rq_freeze_and_evaluate(tiny_corpus, tmp_path):
     assert "does not match" in bad.stdout and "hidden_size: BEST-RQ 32 != ASR 48" in bad.stdout
     assert "stack_frames: BEST-RQ 4 != ASR 2" in bad.stdout
 
-    ev = launch("evaluate.py", 2, ["--checkpoint", str(asr_out), "--split", "test", "--decoding", "beam",
+    ev = launch("decode.py", 2, ["--checkpoint", str(asr_out), "--split", "test", "--decoding", "beam",
                                    "--beam_size", "4", "--max_batch_seconds", "8"], tmp_path / "eval.log")
     assert ev.returncode == 0, ev.stdout[-3000:]
     assert re.search(r"WER \d+\.\d\d%  CER \d+\.\d\d%", ev.stdout)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -11,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.data import DurationBatchSampler, read_librispeech
-from tests.recipes.harness import ROOT, SUPPORT, assert_same_losses, assert_same_weights, metrics, run
+from common.manifest import read_librispeech
+from tests.recipe_import import recipe_modules
+from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
+                                   resumed_positions, run)
 
 pytestmark = pytest.mark.slow
 
@@ -22,28 +23,11 @@ TINY = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_d
         "--eval_steps", "4", "--report_to", "none", "--seed", str(SEED), "--mask_prob", "0.05"]
 
 
-def load_recipe_module(recipe: str, name: str):
-    spec = importlib.util.spec_from_file_location(f"{recipe}_{name}", ROOT / "recipes" / recipe / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+best_rq = recipe_modules("best_rq", "data", "model")
 
 
-def epoch_lengths(corpus: Path, max_batch_seconds: float, world: int, epochs: int = 3) -> list[int]:
-    """Batches per rank in each epoch, as the recipe's sampler will make them."""
-    train = read_librispeech(corpus / "librispeech", "train")
-    s = DurationBatchSampler(train["duration"], max_batch_seconds, seed=SEED, world_size=world)
-    lengths = []
-    for e in range(epochs):
-        s.set_epoch(e)
-        lengths.append(len(s) // world)
-    return lengths
-
-
-def resumed_positions(log: Path) -> list[tuple[int, int, int]]:
-    """(step, epoch, batch) of every resume the recipe reported."""
-    return [tuple(map(int, m)) for m in
-            re.findall(r"resumed from .*?: step (\d+), epoch (\d+), batch (\d+)", log.read_text())]
+def train_durations(corpus: Path) -> list[float]:
+    return read_librispeech(corpus / "librispeech", "train")["duration"]
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
@@ -56,7 +40,7 @@ def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
 
 
 def test_quantizer_is_frozen_deterministic_unit_norm():
-    model = load_recipe_module("best_rq", "model")
+    model = best_rq.model
     q = model.RandomProjectionQuantizer(320, 16, 1024, seed=7)
     assert not list(q.parameters())  # buffers only: never trained, saved with the weights
     assert torch.equal(q.codebook, model.RandomProjectionQuantizer(320, 16, 1024, seed=7).codebook)
@@ -76,7 +60,7 @@ def test_quantizer_is_frozen_deterministic_unit_norm():
 
 
 def test_span_mask_fraction_and_determinism():
-    model = load_recipe_module("best_rq", "model")
+    model = best_rq.data
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
     m = model.span_mask(100_000, 0.01, 10, g())
     assert torch.equal(m, model.span_mask(100_000, 0.01, 10, g()))
@@ -88,18 +72,24 @@ def test_span_mask_fraction_and_determinism():
 
 
 def test_masked_loss_starts_near_chance():
-    model = load_recipe_module("best_rq", "model")
-    cfg = model.encoder_config(input_dim=320, hidden_size=32, num_layers=1, num_heads=2, ffn_dim=64,
-                               conv_kernel=7, dropout=0.0)
-    m = model.BestRQ(cfg, n_mels=80, stack_frames=4, codebook_size=256, code_dim=16, quantizer_seed=0)
+    from common.encoder import encoder_config
+
+    cfg = encoder_config(input_dim=320, hidden_size=32, num_layers=1, num_heads=2, ffn_dim=64,
+                         conv_kernel=7, dropout=0.0)
+    m = best_rq.model.BestRQ(cfg, n_mels=80, stack_frames=4, codebook_size=256, code_dim=16, quantizer_seed=0)
     feats = torch.randn(2, 200, 80)
     mask = torch.zeros(2, 50, dtype=torch.bool)
     mask[:, 10:20] = True
     loss, acc, n = m(feats, torch.tensor([200, 160]), mask, torch.zeros_like(feats))
     assert n == 20 and abs(loss.item() - math.log(256)) < 1.0
-    # labels are computed from the clean input: noise in masked frames does not change them
+    # labels are computed from the clean input: the noise put into masked frames does not change them
+    labels = []
+    m.quantizer.register_forward_hook(lambda module, args, out: labels.append(out))
+    m(feats, torch.tensor([200, 160]), mask, torch.zeros_like(feats))
+    m(feats, torch.tensor([200, 160]), mask, 5 * torch.randn_like(feats))
+    assert torch.equal(labels[0], labels[1])
     x = (feats - m.feat_mean) / m.feat_std
-    assert torch.equal(m.quantizer(x.reshape(2, 50, 320)), m.quantizer(x.reshape(2, 50, 320)))
+    assert torch.equal(labels[0], m.quantizer(x.reshape(2, 50, 320)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +101,7 @@ def test_masked_loss_starts_near_chance():
 def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     """Two SIGKILLs: one inside epoch 0, one inside epoch ≥ 1; same weights and per-step losses."""
     mbs = 16.0
-    e0, e1, _ = epoch_lengths(tiny_corpus, mbs, nproc)
+    e0, e1, _ = epoch_lengths(train_durations(tiny_corpus), mbs, nproc, 3)
     assert e0 >= 4 and e1 >= 4
     k1, k2, max_steps = 2, e0 + 2, e0 + e1 + 2
     extra = ["--max_batch_seconds", str(mbs), "--max_steps", str(max_steps), "--save_steps", "1",
@@ -140,8 +130,8 @@ def test_interrupted_equals_continuous_with_accumulation(tiny_corpus, tmp_path, 
     """--gradient_accumulation_steps 3 with epochs whose length is not a multiple of 3."""
     accum = 3
     mbs = next(m for m in (16.0, 15.0, 17.0, 14.0, 18.0, 13.0)
-               if all(n % accum for n in epoch_lengths(tiny_corpus, m, nproc, 2)))
-    e0, e1 = epoch_lengths(tiny_corpus, mbs, nproc, 2)
+               if all(n % accum for n in epoch_lengths(train_durations(tiny_corpus), m, nproc, 2)))
+    e0, e1 = epoch_lengths(train_durations(tiny_corpus), mbs, nproc, 2)
     steps0 = math.ceil(e0 / accum)  # the last window of epoch 0 is short
     k, max_steps = steps0 + 1, steps0 + math.ceil(e1 / accum)
     extra = ["--max_batch_seconds", str(mbs), "--gradient_accumulation_steps", str(accum),
@@ -165,7 +155,7 @@ def test_ddp_shards_disjoint_and_only_rank0_writes(tiny_corpus, tmp_path):
     out = tmp_path / "run"
     audit = tmp_path / "audit"
     audit.mkdir()
-    e0, e1, _ = epoch_lengths(tiny_corpus, 16.0, 2)
+    e0, e1, _ = epoch_lengths(train_durations(tiny_corpus), 16.0, 2, 3)
     run("best_rq", 2, args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--max_steps", str(e0 + e1),
                                "--save_steps", "3", "--dump_batch_ids", "true", "--report_to", "tensorboard"),
         env={"AUDIT_WRITES_DIR": str(audit), "PYTHONPATH": str(SUPPORT)})

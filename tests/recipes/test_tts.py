@@ -1,15 +1,13 @@
 """TTS (aligned FastSpeech + Griffin-Lim): unit tests of the alignment pieces (beta-binomial prior,
 forward-sum loss, monotonic alignment search against brute force, length regulation, symbols, MCD,
 PNG); end to end through `accelerate launch` in 1 and 2 processes: smoke runs, interrupted ==
-continuous, synthesize.py and evaluate.py on the trained checkpoint."""
+continuous, synthesize.py and score.py on the trained checkpoint."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
-import re
 import struct
 import subprocess
 import sys
@@ -21,8 +19,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from common.data import DurationBatchSampler, read_ljspeech
-from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, run
+from common.manifest import read_ljspeech
+from tests.recipe_import import recipe_modules
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
+                                   resumed_positions, run)
 
 SEED = 42
 RECIPE = ROOT / "recipes" / "tts"
@@ -33,30 +33,12 @@ TINY = ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attent
 slow = pytest.mark.slow
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"tts_{name}", RECIPE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-model = _load("model")  # model.py and audio.py import nothing recipe-local
-audio = _load("audio")
+tts = recipe_modules("tts", "audio", "data", "model")
+model, audio = tts.model, tts.audio
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
     return ["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra]
-
-
-def epoch_lengths(corpus: Path, world: int, epochs: int = 2, mbs: float = 16.0) -> list[int]:
-    """Batches per rank in each epoch, as the recipe's sampler will make them (train = all but 4)."""
-    manifest = read_ljspeech(corpus / "ljspeech")
-    s = DurationBatchSampler(manifest["duration"][: len(manifest) - 4], mbs, seed=SEED, world_size=world)
-    lengths = []
-    for e in range(epochs):
-        s.set_epoch(e)
-        lengths.append(len(s) // world)
-    return lengths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +201,7 @@ def test_png_writer(tmp_path):
 @slow
 def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
     """1 process with TensorBoard on: metrics, images/audio at validation, final/; synthesize.py
-    makes a non-silent wav of plausible length; evaluate.py scores the held-out sentences."""
+    makes a non-silent wav of plausible length; score.py scores the held-out sentences."""
     out = tmp_path / "run"
     run("tts", 1, args_for(tiny_corpus, out, "--max_steps", "8", "--eval_steps", "4", "--save_steps", "4",
                            "--report_to", "tensorboard", "--num_samples", "1", "--griffin_lim_iters", "4"))
@@ -251,7 +233,7 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
                          "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
     assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == ["0001.wav", "0002.wav"]
 
-    subprocess.run(py + [str(RECIPE / "evaluate.py"), "--checkpoint", str(out), "--griffin_lim_iters", "2",
+    subprocess.run(py + [str(RECIPE / "score.py"), "--checkpoint", str(out), "--griffin_lim_iters", "2",
                          "--output", str(tmp_path / "eval")], check=True, cwd=ROOT)
     summary = json.loads((tmp_path / "eval" / "test.json").read_text())
     assert summary["utterances"] == 2 and summary["durations_sum_ok"] == 2 and summary["monotonic_ok"] == 2
@@ -267,17 +249,12 @@ def test_smoke_two_processes(tiny_corpus, tmp_path):
     assert (out / "final" / "model.safetensors").is_file()
 
 
-def resumed_positions(log: Path) -> list[tuple[int, int, int]]:
-    return [tuple(map(int, m)) for m in
-            re.findall(r"resumed from .*?: step (\d+), epoch (\d+), batch (\d+)", log.read_text())]
-
-
 @slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     """SIGKILL inside epoch 0 (1 process: and inside epoch 1), re-launch: same weights and losses.
     The binarization loss switches on at step 3, the validation pass runs on the way."""
-    e0, e1 = epoch_lengths(tiny_corpus, nproc)
+    e0, e1 = epoch_lengths(read_ljspeech(tiny_corpus / "ljspeech")["duration"][:-4], 16.0, nproc, 2)  # train = all but 4
     assert e0 >= 3 and e1 >= 3
     kills = [2, e0 + 1] if nproc == 1 else [2]
     max_steps = e0 + 2

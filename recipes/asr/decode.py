@@ -1,11 +1,11 @@
 """Transcribe a split with a trained Conformer-CTC and score it: WER and CER (corpus level).
 
-    accelerate launch recipes/asr/evaluate.py --checkpoint outputs/asr --split test
-    accelerate launch recipes/asr/evaluate.py --checkpoint outputs/asr/final --split test --decoding beam
-    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/asr/evaluate.py \
+    accelerate launch recipes/asr/decode.py --checkpoint outputs/asr --split test
+    accelerate launch recipes/asr/decode.py --checkpoint outputs/asr/final --split test --decoding beam
+    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/asr/decode.py \
         --checkpoint outputs/asr --split test
     # a real LibriSpeech folder
-    accelerate launch recipes/asr/evaluate.py --checkpoint outputs/asr_100h --data_dir /data/LibriSpeech \
+    accelerate launch recipes/asr/decode.py --checkpoint outputs/asr_100h --data_dir /data/LibriSpeech \
         --split test-clean
 
 --checkpoint is a training output_dir (its final/ is used), a final/ folder, or a
@@ -22,21 +22,25 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
+import yaml
 from safetensors.torch import load_file
 
 from common.checkpoint import resolve_checkpoint
 from common.config import parse_config
-from common.corpus import ensure_builtin_corpus
+from common.corpus import resolve_data_dir
+from common.data import make_loader
 from common.distributed import build_accelerator
+from common.encoder import encoder_config_from
 from common.logs import get_logger
 
 # recipe-local modules (this folder is on sys.path)
-from manifest import read_split
-from model import ConformerCTC, encoder_config
+from ctc_decode import transcribe
+from data import SpecAugmentCollator, SpeechDataset, read_split
+from model import ConformerCTC
 from scoring import Scorer, gather_results
 from text import load_tokenizer
-from train import Config, SpeechDataset, make_loader, transcribe
 
 logger = get_logger(__name__)
 
@@ -59,24 +63,23 @@ class EvalConfig:
 def main():
     args = parse_config(EvalConfig)
     folder = resolve_checkpoint(args.checkpoint)
-    cfg = parse_config(Config, argv=[], default_yaml=folder / "config.yaml")
+    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))  # the training run's config
     accelerator = build_accelerator(mixed_precision="no")
     world = accelerator.num_processes
 
     # final/ holds its tokenizer; a checkpoints/step_X/ folder uses its run's <output_dir>/tokenizer.
     tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
     tokenizer = load_tokenizer(tok_dir)
-    data_dir = args.data_dir or cfg.data_dir or str(
-        ensure_builtin_corpus(args.data_cache_dir or cfg.data_cache_dir, cfg.builtin_corpus) / "librispeech")
+    data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
+                                                 cfg.builtin_corpus, "librispeech")
     manifest = read_split(data_dir, args.split)
-    cfg.num_workers = args.num_workers
-    loader, _, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"], cfg, world,
-                               shuffle=False, max_batch_seconds=args.max_batch_seconds)
+    loader, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"],
+                            SpecAugmentCollator(cfg, augment=False), max_batch_seconds=args.max_batch_seconds,
+                            num_buckets=cfg.num_buckets, seed=cfg.seed, world_size=world, shuffle=False,
+                            num_workers=args.num_workers)
 
-    enc_cfg = encoder_config(
-        input_dim=cfg.n_mels * cfg.stack_frames, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, conv_kernel=cfg.conv_kernel, dropout=cfg.dropout)
-    model = ConformerCTC(enc_cfg, n_mels=cfg.n_mels, stack_frames=cfg.stack_frames, vocab_size=tokenizer.vocab_size)
+    model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                         vocab_size=tokenizer.vocab_size)
     model.load_state_dict(load_file(folder / "model.safetensors"))  # weights and feature statistics
     model.to(accelerator.device)
     loader = accelerator.prepare(loader)  # shards the batches over processes (no DDP wrapper needed)

@@ -1,8 +1,8 @@
 """Score a TTS checkpoint on held-out sentences: mel-cepstral distortion, alignment checks, and
 (optionally) intelligibility with the ASR recipe.
 
-    python recipes/tts/evaluate.py --checkpoint outputs/tts --split test
-    python recipes/tts/evaluate.py --checkpoint outputs/tts --split test --asr_checkpoint outputs/asr
+    python recipes/tts/score.py --checkpoint outputs/tts --split test
+    python recipes/tts/score.py --checkpoint outputs/tts --split test --asr_checkpoint outputs/asr
 
 Data settings (data_dir, built-in corpus, split sizes) come from the checkpoint's config.yaml, so the
 held-out ids are exactly the ones training never saw (`--split validation` scores those instead).
@@ -42,14 +42,14 @@ import torch
 import torchaudio
 
 from common.config import parse_config
-from common.corpus import ensure_builtin_corpus
+from common.corpus import resolve_data_dir
 from common.data import load_audio
 from common.manifest import DataPolicy, prepare_manifest
 
 # recipe-local modules (this folder is on sys.path)
-from audio import dtw_path, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
-from synthesize import load_tts, make_vocoder, synthesize
-from train import Collator, TTSDataset, split_manifest
+from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
+from data import Collator, TTSDataset, split_manifest
+from model import load_tts, synthesize
 
 RECIPES = Path(__file__).resolve().parents[1]
 
@@ -88,7 +88,7 @@ def run_asr(args: EvalConfig, wavs: dict[str, torch.Tensor], texts: dict[str, st
         sf.write(chapter / f"{name}.flac", wav.numpy(), args.asr_sample_rate, subtype="PCM_16")
         lines.append(f"{name} {texts[utt_id].upper()}\n")
     (chapter / "1-1.trans.txt").write_text("".join(lines))
-    cmd = [sys.executable, str(RECIPES / "asr" / "evaluate.py"), "--checkpoint", args.asr_checkpoint,
+    cmd = [sys.executable, str(RECIPES / "asr" / "decode.py"), "--checkpoint", args.asr_checkpoint,
            "--data_dir", str(out / "librispeech"), "--split", args.split, "--output", str(out / "asr")]
     print("running", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -102,8 +102,8 @@ def main():
     model, cfg, symbols, folder = load_tts(args.checkpoint)
     out = Path(args.output) if args.output else folder / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    data_dir = args.data_dir or cfg.data_dir or str(
-        ensure_builtin_corpus(args.data_cache_dir or cfg.data_cache_dir, cfg.builtin_corpus) / "ljspeech")
+    data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
+                                                 cfg.builtin_corpus, "ljspeech")
     # The same check and split as training (the data check's result is cached in <output>/data).
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
                         charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data)

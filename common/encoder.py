@@ -1,0 +1,133 @@
+"""The speech encoder shared by BEST-RQ pre-training and ASR fine-tuning: one contract, one place.
+
+The contract that `--init_from` (ASR from a BEST-RQ run) relies on:
+- front end: 80-dim log-mel (`common.features.LogMel`), normalized with the global statistics held
+  in the buffers `feat_mean`, `feat_std` (n_mels,), then `stack_frames` 10 ms frames stacked into
+  one encoder frame (4 → 40 ms);
+- encoder: a `transformers` `Wav2Vec2BertModel` (a Conformer) built by `encoder_config`, under the
+  parameter name prefix `encoder.`;
+- the config keys in `MATCHING_KEYS` must be equal on both sides.
+Checkpoints of both recipes carry these names; do not rename them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_file
+from torch import nn
+from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
+
+# Settings that must equal the pre-training run's for its encoder and features to mean anything.
+MATCHING_KEYS = ("sample_rate", "n_mels", "stack_frames", "hidden_size", "num_layers", "num_heads",
+                 "ffn_dim", "conv_kernel")
+
+
+def encoder_config(
+    *, input_dim: int, hidden_size: int, num_layers: int, num_heads: int, ffn_dim: int,
+    conv_kernel: int, dropout: float,
+) -> Wav2Vec2BertConfig:
+    return Wav2Vec2BertConfig(
+        feature_projection_input_dim=input_dim,  # stacked log-mel: stack_frames × n_mels
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        intermediate_size=ffn_dim,
+        conv_depthwise_kernel_size=conv_kernel,
+        hidden_dropout=dropout,
+        attention_dropout=dropout,
+        activation_dropout=dropout,
+        feat_proj_dropout=dropout,
+        # Relative positions, symmetric: a bidirectional encoder (the default looks 8 frames ahead).
+        left_max_position_embeddings=64,
+        right_max_position_embeddings=64,
+        # The recipes mask their input themselves: the built-in SpecAugment draws from numpy's
+        # global RNG, and layerdrop leaves parameters unused under DDP.
+        apply_spec_augment=False,
+        mask_time_prob=0.0,
+        layerdrop=0.0,
+        add_adapter=False,
+    )
+
+
+def encoder_config_from(cfg) -> Wav2Vec2BertConfig:
+    """`encoder_config` from a recipe config (dataclass or namespace with the MATCHING_KEYS fields)."""
+    return encoder_config(input_dim=cfg.n_mels * cfg.stack_frames, hidden_size=cfg.hidden_size,
+                          num_layers=cfg.num_layers, num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim,
+                          conv_kernel=cfg.conv_kernel, dropout=cfg.dropout)
+
+
+class StackedLogMelEncoder(nn.Module):
+    """Global log-mel statistics + frame stacking + the Conformer. Recipes' models subclass it and add
+    their heads, so the parameter names (`encoder.*`, `feat_mean`, `feat_std`) are the same in both."""
+
+    def __init__(self, config: Wav2Vec2BertConfig, *, n_mels: int, stack_frames: int):
+        super().__init__()
+        self.stack = stack_frames
+        # Global log-mel statistics (set once from the training data, or from BEST-RQ; checkpointed).
+        self.register_buffer("feat_mean", torch.zeros(n_mels))
+        self.register_buffer("feat_std", torch.ones(n_mels))
+        self.encoder = Wav2Vec2BertModel(config)
+
+    def normalize(self, feats: torch.Tensor) -> torch.Tensor:
+        """(B, T, n_mels) raw log-mel → normalized with the global statistics."""
+        return (feats - self.feat_mean) / self.feat_std
+
+    def encode(self, x: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, n_mels) normalized, T a multiple of `stack`; feat_lens: (B,) valid 10 ms frames.
+        Returns hidden states (B, T // stack, hidden), one per 40 ms, and their valid lengths (B,)."""
+        B, T, D = x.shape
+        L = T // self.stack
+        out_lens = feat_lens // self.stack
+        valid = torch.arange(L, device=x.device)[None, :] < out_lens[:, None]
+        hidden = self.encoder(input_features=x.reshape(B, L, self.stack * D),
+                              attention_mask=valid.long()).last_hidden_state
+        return hidden, out_lens
+
+
+def resolve_pretrained(path: str | Path) -> Path:
+    """A BEST-RQ output_dir or its final/ → the folder holding model.safetensors / encoder/."""
+    path = Path(path)
+    for folder in (path / "final", path):
+        if (folder / "model.safetensors").is_file() or (folder / "encoder" / "config.json").is_file():
+            return folder
+    raise FileNotFoundError(f"--init_from {path}: no BEST-RQ export found (expected final/model.safetensors "
+                            f"or final/encoder/ under it)")
+
+
+def load_pretrained_encoder(model: StackedLogMelEncoder, path: str | Path, cfg: dict) -> bool:
+    """Load a BEST-RQ encoder (and its feature statistics when present) into `model`.
+
+    Refuses, listing the differences, when front end or encoder shape differ from `cfg`.
+    Returns True if the feature mean/std were taken from the BEST-RQ run."""
+    folder = resolve_pretrained(path)
+    if (folder / "config.yaml").is_file():
+        theirs = yaml.safe_load((folder / "config.yaml").read_text())
+    else:  # encoder/ alone: its transformers config says the shape (front end assumed from it)
+        enc = Wav2Vec2BertConfig.from_pretrained(folder / "encoder")
+        theirs = dict(hidden_size=enc.hidden_size, num_layers=enc.num_hidden_layers,
+                      num_heads=enc.num_attention_heads, ffn_dim=enc.intermediate_size,
+                      conv_kernel=enc.conv_depthwise_kernel_size)
+        if enc.feature_projection_input_dim != cfg["n_mels"] * cfg["stack_frames"]:
+            theirs["n_mels × stack_frames"] = enc.feature_projection_input_dim
+            cfg = {**cfg, "n_mels × stack_frames": cfg["n_mels"] * cfg["stack_frames"]}
+    differ = [f"{k}: BEST-RQ {theirs[k]!r} != ASR {cfg[k]!r}"
+              for k in (*MATCHING_KEYS, "n_mels × stack_frames") if k in theirs and theirs[k] != cfg[k]]
+    if differ:
+        raise ValueError(f"--init_from {folder}: the pre-trained encoder does not match this config "
+                         f"(front end and encoder shape must equal pre-training):\n  " + "\n  ".join(differ)
+                         + "\nSet these keys to the BEST-RQ values (see its config.yaml).")
+    if (folder / "model.safetensors").is_file():
+        weights = load_file(folder / "model.safetensors")
+        state = {k: v for k, v in weights.items() if k.startswith("encoder.") or k in ("feat_mean", "feat_std")}
+    else:
+        weights = load_file(folder / "encoder" / "model.safetensors")
+        state = {f"encoder.{k}": v for k, v in weights.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k.startswith("encoder.")]
+    if missing or unexpected:
+        raise ValueError(f"--init_from {folder}: encoder weights do not fit: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    return "feat_mean" in state

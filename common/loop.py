@@ -1,0 +1,152 @@
+"""The training-loop mechanics that carry the exact-resume promise, as four small functions.
+
+A recipe's loop stays visible in its `train.py` and reads like this (about 30 lines):
+
+    for batch, micro in train_batches(accelerator, train_loader, state, ...):   # resumes mid-epoch
+        with no_sync_unless(accelerator, model, micro.sync):
+            loss = model(...)
+            accelerator.backward(loss / micro.window_len)
+        if not micro.sync:
+            continue
+        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, ...)
+        ... evaluate / log: the recipe's own business ...
+        save_or_preempt(accelerator, model, scheduler, output_dir, state, preemption, ...)
+
+What each function guarantees, and why (docs/resume.md has the full story):
+- `train_batches`: every object with an epoch is told the epoch (accelerate does not reach a custom
+  batch sampler in DDP, and its own epoch counter is not checkpointed); a resumed epoch skips its
+  consumed batches without loading them; the global RNG (dropout) is reseeded from the position
+  before each micro-batch, so nothing random is lost on a kill; accumulation windows are explicit,
+  the epoch's last one may be short; the position in `state` is always the one a checkpoint taken
+  at the next optimizer step must record.
+- `optimizer_step`: clipping, the non-finite skip (identical on every rank: gradients were
+  all-reduced first), the schedule stepped once per optimizer step (never a prepared scheduler:
+  it would step num_processes times), the step counter.
+- `save_or_preempt`: checkpoints only at optimizer-step boundaries; a preemption signal on any rank
+  makes every rank save the same step and exit 75.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import torch
+from accelerate import skip_first_batches
+
+from common.checkpoint import TrainState, save_checkpoint
+from common.distributed import derive_seed
+from common.faults import PREEMPTED_EXIT_CODE
+from common.logs import get_logger
+
+logger = get_logger(__name__)  # main process only
+
+
+class MicroBatch(NamedTuple):
+    window_len: int  # micro-batches in this accumulation window (the epoch's last one may be short)
+    sync: bool  # the last micro-batch of its window: gradients are all-reduced, the optimizer steps
+
+
+def accumulation_window(i: int, n_batches: int, accumulation: int) -> MicroBatch:
+    """Where micro-batch `i` (0-based, of `n_batches` in the epoch) falls in its window.
+
+    Windows are [0, A), [A, 2A), ... inside each epoch; the last one holds what is left."""
+    start = i - i % accumulation
+    return MicroBatch(window_len=min(accumulation, n_batches - start),
+                      sync=(i + 1) % accumulation == 0 or i + 1 == n_batches)
+
+
+def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, accumulation: int, seed: int,
+                  epoch_objects=(), ids_log: Path | None = None) -> Iterator[tuple[dict, MicroBatch]]:
+    """Yield (batch, MicroBatch) from `state`'s position until `state.step` reaches `max_steps`.
+
+    `loader` is the prepared training DataLoader; `epoch_objects` are the other objects with a
+    `set_epoch(epoch)` (the batch sampler, a collator or dataset drawing per-epoch randomness).
+    `state.batches_in_epoch` counts this rank's consumed batches; `ids_log` (optional) receives one
+    JSON line per micro-batch with its utterance ids (an audit of DDP sharding).
+    """
+    rank, world = accelerator.process_index, accelerator.num_processes
+    ids_file = open(ids_log, "a") if ids_log else None
+    try:
+        while state.step < max_steps:
+            for obj in (loader, *epoch_objects):
+                obj.set_epoch(state.epoch)
+            n_batches = len(loader)  # this rank's batches; equal on every rank
+            epoch, done = state.epoch, state.batches_in_epoch
+            # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them.
+            for i, batch in enumerate(skip_first_batches(loader, done) if done else loader, start=done):
+                micro = accumulation_window(i, n_batches, accumulation)
+                # Rank r's i-th batch is the global batch i·world + r (accelerate deals batches round-
+                # robin): dropout draws from that position alone, never from what ran before.
+                torch.manual_seed(derive_seed(seed, "train", epoch, i * world + rank))
+                if ids_file:
+                    ids_file.write(json.dumps({"epoch": epoch, "batch": i, "ids": batch["ids"]}) + "\n")
+                    ids_file.flush()
+                # The position a checkpoint taken after this micro-batch's optimizer step must hold.
+                state.batches_in_epoch = i + 1
+                if i + 1 == n_batches:
+                    state.epoch, state.batches_in_epoch = epoch + 1, 0
+                yield batch, micro
+                if micro.sync and state.step >= max_steps:
+                    return
+    finally:
+        if ids_file:
+            ids_file.close()
+
+
+def no_sync_unless(accelerator, model, sync: bool):
+    """DDP all-reduces gradients only on a window's last backward pass."""
+    return contextlib.nullcontext() if sync else accelerator.no_sync(model)
+
+
+def optimizer_step(accelerator, model, optimizer, scheduler, state: TrainState, *, max_grad_norm: float,
+                   max_nonfinite_updates: int) -> torch.Tensor:
+    """Clip, update (or skip a non-finite update), step the schedule; returns the gradient norm.
+
+    Gradients were all-reduced, so every rank sees the same norm and takes the same branch. A
+    skipped update still counts as a step (the schedule and the position move on)."""
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+        state.nonfinite_streak = 0
+    else:
+        state.skipped_updates += 1
+        state.nonfinite_streak += 1
+        logger.warning(f"step {state.step + 1}: non-finite gradient norm, update skipped "
+                       f"({state.nonfinite_streak} in a row, {state.skipped_updates} in total)")
+        if state.nonfinite_streak >= max_nonfinite_updates:
+            raise FloatingPointError(f"{state.nonfinite_streak} consecutive non-finite updates; "
+                                     f"stopping (last good checkpoint kept). Lower --learning_rate?")
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    return grad_norm
+
+
+def save_or_preempt(accelerator, model, scheduler, output_dir: str | Path, state: TrainState, preemption, *,
+                    save_steps: int, max_steps: int, save_total_limit: int | None) -> None:
+    """Save every `save_steps`, at `max_steps`, and when any rank was signalled (then exit 75).
+
+    Collective: call on every rank after each optimizer step."""
+    stop = preemption.requested()  # all ranks agree on the same step
+    if stop or state.step % save_steps == 0 or state.step == max_steps:
+        save_checkpoint(accelerator, model, output_dir, state, scheduler, save_total_limit)
+    if stop:
+        logger.warning(f"preempted at step {state.step}: checkpoint saved; re-run the same command to "
+                       f"resume (exit code {PREEMPTED_EXIT_CODE})")
+        accelerator.end_training()
+        sys.exit(PREEMPTED_EXIT_CODE)
+
+
+def inverse_sqrt_schedule(warmup_steps: int):
+    """LR multiplier: linear warm-up to 1, then 1/sqrt decay (the Transformer/Conformer schedule).
+
+    It does not depend on max_steps, so extending a run on resume changes nothing before it."""
+    def f(step: int) -> float:
+        step = max(step, 1)
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+    return f

@@ -1,0 +1,189 @@
+"""ASR data: utterance manifests (LibriSpeech layout or `datasets.save_to_disk`), the dataset
+(log-mel, speed perturbation, tokens) and the collator that draws SpecAugment masks.
+
+Manifests — `read_split(data_dir, split)`:
+- if `<data_dir>/<split>/state.json` exists, it is a `datasets.Dataset.save_to_disk` folder (what
+  `DatasetDict.save_to_disk(data_dir)` writes for each split) loaded with `datasets.load_from_disk`.
+  Columns: `text` (the transcript), and the audio as either `path` (an audio file soundfile reads)
+  or `audio` (a `datasets.Audio` column, read undecoded from its bytes or path; or a plain struct
+  {`array`, `sampling_rate`}). Optional: `id` (default: the row number, zero-padded) and
+  `duration` (seconds; default: read from the audio headers once). Other columns are ignored.
+- otherwise it is LibriSpeech layout (`common.manifest.read_librispeech`); several splits may be
+  joined with commas (train-clean-100,train-clean-360).
+Utterances whose transcript is empty after normalization are left out (CTC and WER need text).
+
+Every random draw (speed factor, SpecAugment) comes from `sample_generator(seed, epoch, utterance
+id)`, so neither the number of workers nor sharding nor a mid-epoch resume can change it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import datasets
+import soundfile as sf
+import torch
+import torchaudio
+
+from common.data import load_audio, sample_generator
+from common.distributed import derive_seed
+from common.features import LogMel
+from common.manifest import read_librispeech
+from text import normalize_text
+
+
+def _audio_source(row: dict):
+    """(path or file-like, None) or (None, (array, sample_rate)) for one manifest row."""
+    audio = row.get("audio")
+    if audio is None:
+        return row["path"], None
+    if audio.get("bytes"):
+        return io.BytesIO(audio["bytes"]), None
+    if audio.get("array") is not None:
+        return None, (audio["array"], audio["sampling_rate"])
+    return audio["path"], None
+
+
+def load_wav(row: dict, sample_rate: int) -> torch.Tensor:
+    """Mono float32 waveform (samples,) at `sample_rate` for a manifest row of `read_split`."""
+    source, array = _audio_source(row)
+    if isinstance(source, str):
+        return load_audio(source, sample_rate)
+    if array is None:
+        data, sr = sf.read(source, dtype="float32", always_2d=True)
+        wav = torch.from_numpy(data).mean(dim=1)
+    else:
+        wav, sr = torch.as_tensor(array[0], dtype=torch.float32), array[1]
+        wav = wav.mean(dim=-1) if wav.ndim == 2 else wav
+    return torchaudio.functional.resample(wav, sr, sample_rate) if sr != sample_rate else wav
+
+
+def _duration(row: dict) -> float:
+    source, array = _audio_source(row)
+    if array is not None:
+        return len(array[0]) / array[1]
+    info = sf.info(source)
+    return info.frames / info.samplerate
+
+
+def read_hf_split(folder: Path) -> datasets.Dataset:
+    ds = datasets.load_from_disk(str(folder))
+    cols = ds.column_names
+    if "text" not in cols or not ({"path", "audio"} & set(cols)):
+        raise ValueError(f"{folder}: a saved dataset needs a `text` column and a `path` or `audio` column; "
+                         f"it has {cols}")
+    keep = [c for c in ("id", "text", "duration", "path", "audio") if c in cols]
+    ds = ds.select_columns(keep)
+    if "audio" in keep and isinstance(ds.features["audio"], datasets.Audio):
+        ds = ds.cast_column("audio", datasets.Audio(decode=False))  # we decode with soundfile
+    if "id" not in keep:
+        ds = ds.add_column("id", [f"{i:08d}" for i in range(len(ds))])
+    if "duration" not in keep:
+        ds = ds.add_column("duration", [_duration(row) for row in ds.select_columns(
+            [c for c in ("path", "audio") if c in keep])])
+    return ds
+
+
+def read_split(data_dir: str | Path, split: str, read_folder=read_librispeech) -> datasets.Dataset:
+    """Manifest with at least `id`, `text` (raw), `duration` (s) and `path` or `audio`; see above.
+    `read_folder(data_dir, split)` reads the LibriSpeech layout (train.py passes the checked
+    `common.manifest.prepare_manifest`)."""
+    folder = Path(data_dir) / split
+    ds = read_hf_split(folder) if (folder / "state.json").is_file() else read_folder(data_dir, split)
+    keep = [i for i, t in enumerate(ds["text"]) if normalize_text(t)]
+    if len(keep) < len(ds):
+        logging.getLogger(__name__).warning(
+            f"{split}: {len(ds) - len(keep)} utterances left out: no letters in their transcripts")
+        ds = ds.select(keep)
+    return ds
+
+
+def labelled_subset(ds: datasets.Dataset, fraction: float) -> datasets.Dataset:
+    """The round(fraction · N) utterances whose ids hash lowest: deterministic, independent of the
+    seed and of the order, and nested (a smaller fraction is a subset of a larger one)."""
+    if fraction >= 1.0:
+        return ds
+    n = max(1, round(fraction * len(ds)))
+    ids = ds["id"]
+    ranked = sorted(range(len(ds)), key=lambda i: derive_seed("labelled_subset", ids[i]))
+    return ds.select(sorted(ranked[:n]))
+
+
+class SpeechDataset(torch.utils.data.Dataset):
+    """Manifest row → (id, log-mel (frames, n_mels), token ids, normalized transcript).
+
+    Speed perturbation (resampling: tempo and pitch, as in Kaldi) is drawn from (seed, epoch, id)."""
+
+    def __init__(self, manifest, cfg, tokenizer, speed_perturb: float = 0.0):
+        self.manifest, self.cfg, self.tokenizer, self.speed_perturb = manifest, cfg, tokenizer, speed_perturb
+        self.logmel = LogMel(cfg.sample_rate, cfg.n_mels)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.manifest)
+
+    def __getitem__(self, i):
+        row = self.manifest[i]
+        wav = load_wav(row, self.cfg.sample_rate)
+        if self.speed_perturb:
+            g = sample_generator(self.cfg.seed, self.epoch, f"{row['id']}/speed")
+            factor = (1 - self.speed_perturb, 1.0, 1 + self.speed_perturb)[int(torch.randint(3, (1,), generator=g))]
+            if factor != 1.0:  # played `factor` times faster: fewer samples
+                sr = self.cfg.sample_rate
+                wav = torchaudio.functional.resample(wav, round(sr * factor), sr)
+        return row["id"], self.logmel(wav), self.tokenizer.encode(row["text"]), normalize_text(row["text"])
+
+
+class SpecAugmentCollator:
+    """Pads a batch and draws its SpecAugment masks from (seed, epoch, utterance id) alone."""
+
+    def __init__(self, cfg, augment: bool):
+        self.cfg, self.augment = cfg, augment
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __call__(self, items):
+        c, s = self.cfg, self.cfg.stack_frames
+        lens = torch.tensor([f.shape[0] // s * s for _, f, _, _ in items])  # whole 40 ms frames only
+        T = max(int(lens.max()), s)
+        feats = torch.zeros(len(items), T, c.n_mels)
+        time_mask = torch.zeros(len(items), T, dtype=torch.bool)
+        freq_mask = torch.zeros(len(items), c.n_mels, dtype=torch.bool)
+        for b, (utt_id, f, _, _) in enumerate(items):
+            n = int(lens[b])
+            feats[b, :n] = f[:n]
+            if self.augment:
+                g = sample_generator(c.seed, self.epoch, utt_id)
+                time_mask[b, :n], freq_mask[b] = spec_augment_masks(
+                    n, c.n_mels, g, freq_masks=c.freq_masks, freq_mask_width=c.freq_mask_width,
+                    time_masks=c.time_masks, time_mask_width=c.time_mask_width, time_mask_ratio=c.time_mask_ratio)
+        return dict(ids=[i for i, _, _, _ in items], feats=feats, feat_lens=lens, time_mask=time_mask,
+                    freq_mask=freq_mask, targets=torch.tensor([t for _, _, tok, _ in items for t in tok], dtype=torch.long),
+                    target_lens=torch.tensor([len(tok) for _, _, tok, _ in items]), texts=[t for *_, t in items])
+
+
+def spec_augment_masks(frames: int, n_mels: int, generator: torch.Generator, *, freq_masks: int,
+                       freq_mask_width: int, time_masks: int, time_mask_width: int, time_mask_ratio: float):
+    """SpecAugment (Park et al. 2019) masks for one utterance, drawn from `generator` only.
+
+    `freq_masks` bands of U[0, freq_mask_width] mel bins and `time_masks` spans of
+    U[0, min(time_mask_width, time_mask_ratio · frames)] frames. Returns (frames,), (n_mels,) bool."""
+    time_mask = torch.zeros(frames, dtype=torch.bool)
+    freq_mask = torch.zeros(n_mels, dtype=torch.bool)
+    for _ in range(freq_masks):
+        w = int(torch.randint(0, freq_mask_width + 1, (1,), generator=generator))
+        f0 = int(torch.randint(0, max(1, n_mels - w + 1), (1,), generator=generator))
+        freq_mask[f0 : f0 + w] = True
+    max_t = min(time_mask_width, int(time_mask_ratio * frames))
+    for _ in range(time_masks):
+        w = int(torch.randint(0, max_t + 1, (1,), generator=generator))
+        t0 = int(torch.randint(0, max(1, frames - w + 1), (1,), generator=generator))
+        time_mask[t0 : t0 + w] = True
+    return time_mask, freq_mask
