@@ -30,6 +30,7 @@ from pathlib import Path
 
 from common.config import parse_config
 
+
 @dataclass
 class Config:
     """Conformer-CTC ASR. Every field can be set in the YAML (--config) or as --key value."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common.config import parse_config
 
+
 @dataclass
 class Config:
     """BEST-RQ pre-training. Every field can be set in the YAML (--config) or as --key value."""
