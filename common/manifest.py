@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -200,7 +201,10 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
         if is_main_process:
             raise DataError(report(problems, source) + f"\n(list in {final / 'problems.jsonl'}; "
                             f"--on_bad_data skip drops them)")
-        raise SystemExit(1)  # the main process prints the report once
+        # The main process prints the report once; its exit makes the launcher stop this process.
+        # Exiting first would let the launcher kill the main process before it printed anything.
+        time.sleep(60)
+        raise SystemExit(1)
     if problems and is_main_process:
         counts = Counter(p["reason"] for p in problems)
         logger.warning(f"skipping {len(problems)} of {len(rows) + len(problems)} entries in {source}: "
