@@ -30,6 +30,7 @@ Every function that contains a collective says so; all ranks must call those.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -44,6 +45,9 @@ import yaml
 from accelerate.utils import broadcast_object_list
 from accelerate.utils import load as accelerate_load
 
+from common.faults import RunError
+from common.prepare import fsync_tree
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_RE = re.compile(r"^step_(\d{8})$")
@@ -53,7 +57,7 @@ MARKER = "COMPLETE"
 # exactness (they only say where to stop, how often to save/log, or where to write).
 RESUME_SAFE_KEYS = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
                     "eval_steps", "num_workers", "report_to", "data_cache_dir", "ddp_timeout",
-                    "max_nonfinite_updates", "dump_batch_ids")
+                    "max_nonfinite_updates", "dump_batch_ids", "overwrite_output_dir")
 
 
 @dataclasses.dataclass
@@ -69,14 +73,16 @@ class TrainState:
     nonfinite_streak: int = 0  # consecutive ones, up to now
     config_hash: str = ""  # config_hash(config, ignore=RESUME_SAFE_KEYS)
     config: dict = dataclasses.field(default_factory=dict)  # the resolved config, for diffs
+    data: dict = dataclasses.field(default_factory=dict)  # manifest_summary() of the training data
 
     @classmethod
-    def for_run(cls, config: dict[str, Any], world_size: int) -> "TrainState":
-        """The state of a fresh run of `config` (a `config_to_dict`) on `world_size` processes."""
+    def for_run(cls, config: dict[str, Any], world_size: int, data: dict | None = None) -> "TrainState":
+        """The state of a fresh run of `config` (a `config_to_dict`) on `world_size` processes, on
+        the training data summarized by `data` (`common.manifest.manifest_summary`)."""
         from common.config import config_hash
 
         return cls(world_size=world_size, gradient_accumulation_steps=config["gradient_accumulation_steps"],
-                   config_hash=config_hash(config, ignore=RESUME_SAFE_KEYS), config=config)
+                   config_hash=config_hash(config, ignore=RESUME_SAFE_KEYS), config=config, data=data or {})
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -139,14 +145,6 @@ def verify_checkpoint(ckpt: Path) -> str | None:
     return None
 
 
-def _fsync_tree(path: Path) -> None:
-    for f in sorted(path.iterdir()):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    _fsync_dir(path)
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -171,14 +169,30 @@ def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainStat
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))  # every rank: its RNG file; rank 0: model, optimizer, objects
+    try:
+        _write_checkpoint(accelerator, tmp, final, state, scheduler)
+    except (OSError, RuntimeError) as e:
+        if not _is_disk_full(e):
+            raise
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise RunError(_disk_full_message(output_dir, state.step, model)) from e
+    if accelerator.is_main_process and save_total_limit:
+        for old in list_checkpoints(output_dir)[:-save_total_limit]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, scheduler) -> None:
+    accelerator.save_state(str(tmp))  # every rank: its RNG file; rank 0: model, optimizer
     accelerator.wait_for_everyone()  # accelerate has no barrier at the end of save_state
     if accelerator.is_main_process:
         (tmp / "train_state.json").write_text(
             json.dumps({**state.state_dict(), "scheduler": scheduler.state_dict()}, indent=2))
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(state.config, f, sort_keys=False)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         files = {p.name: {"bytes": p.stat().st_size, "blake2b": _digest(p)}
                  for p in sorted(tmp.iterdir()) if p.is_file()}
         with open(tmp / MARKER, "w") as f:
@@ -190,9 +204,60 @@ def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainStat
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(final.parent)
-        if save_total_limit:
-            for old in list_checkpoints(output_dir)[:-save_total_limit]:
-                shutil.rmtree(old)
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)  # torch's zip writer and safetensors wrap the OS error in their own
+    return any(s in text for s in ("No space left", "os error 28", "Disk quota exceeded", "unexpected pos"))
+
+
+def _mount_point(path: Path) -> str:
+    path = path.resolve()
+    while not os.path.ismount(path):
+        path = path.parent
+    return str(path)
+
+
+def _disk_full_message(output_dir: str | Path, step: int, model) -> str:
+    previous = list_checkpoints(output_dir)
+    if previous:
+        need = sum(f.stat().st_size for f in previous[-1].iterdir() if f.is_file())
+    else:  # weights + two AdamW moments
+        need = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    free = shutil.disk_usage(output_dir).free
+    kept = f"step {int(previous[-1].name[5:])} is kept" if previous else "no earlier checkpoint exists"
+    return (f"no space left on {_mount_point(Path(output_dir))} while saving step {step} (needs ~{need / 1e6:.0f} MB, "
+            f"{free / 1e6:.0f} MB free); the partial checkpoint was removed and {kept}. Free some space "
+            f"(or lower --save_total_limit) and re-run the same command to resume.")
+
+
+def export_final(accelerator, model, output_dir: str | Path, write_extras) -> Path:
+    """Write `<output_dir>/final/`: the weights (`model.safetensors`) plus whatever
+    `write_extras(folder)` writes (main process only). Collective: call on every rank.
+
+    Everything goes into `.final.tmp/` first, which is renamed into place when complete: a kill
+    during the export never leaves a `final/` that looks finished."""
+    final = Path(output_dir) / "final"
+    tmp = final.with_name(".final.tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_model(model, tmp)  # every rank (it gathers sharded weights); rank 0 writes
+    if accelerator.is_main_process:
+        write_extras(tmp)
+        fsync_tree(tmp)
+        if final.exists():  # a finished run exported again (e.g. re-run with a larger --max_steps)
+            old = final.with_name(".final.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        logger.info(f"final model in {final}")
     accelerator.wait_for_everyone()
     return final
 
@@ -228,6 +293,11 @@ def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainStat
     for key in ("world_size", "gradient_accumulation_steps"):
         if saved[key] != getattr(state, key):
             problems.append(f"{key}: checkpoint {saved[key]} != now {getattr(state, key)}")
+    if saved.get("data") and state.data and saved["data"] != state.data:
+        was, now = saved["data"], state.data
+        problems.append(f"training data changed: checkpoint {was['utterances']} utterances "
+                        f"({was['hours']:.4f} h, fingerprint {was['fingerprint']}) != now {now['utterances']} "
+                        f"({now['hours']:.4f} h, fingerprint {now['fingerprint']})")
     if saved["config_hash"] != state.config_hash:
         for k in sorted(set(saved["config"]) | set(state.config)):
             if k not in RESUME_SAFE_KEYS and saved["config"].get(k) != state.config.get(k):

@@ -1,8 +1,10 @@
 """Preemption and failure handling: every way a run can end says so clearly and loses no work.
 
-- `Preemption`: SIGTERM / SIGUSR1 (SLURM `--signal`, Kubernetes, a user's `kill`) to any rank only
-  sets a flag. At the next optimizer-step boundary all ranks agree (one all-reduce), save the same
-  step, and exit with `PREEMPTED_EXIT_CODE`. Re-running the same command resumes exactly.
+- `Preemption`: SIGTERM / SIGUSR1 (SLURM `--signal`, Kubernetes, a user's `kill`) or Ctrl-C to any
+  rank only sets a flag during training. At the next optimizer-step boundary all ranks agree (one
+  all-reduce), save the same step, and exit with `PREEMPTED_EXIT_CODE`. Re-running the same command
+  resumes exactly. During start-up a signal stops the process cleanly (locks and temporary folders
+  removed), with the same exit code.
 - `run_main`: an exception on one rank ends that process at once with its traceback; the peers'
   next collective then fails ("connection closed") and they exit with one line instead of a second
   traceback, or the launcher stops them. Nobody is left waiting at a barrier: collectives also
@@ -21,20 +23,47 @@ import torch
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the worker processes exit with it
 
 
-class Preemption:
-    """Turns SIGTERM/SIGUSR1 into a flag that all ranks agree on at step boundaries."""
+class RunError(RuntimeError):
+    """A failure whose message says everything a user needs (what happened, what to do): `run_main`
+    prints it as one line, without a traceback."""
 
-    def __init__(self, accelerator, signals=(signal.SIGTERM, signal.SIGUSR1)):
+
+class Preemption:
+    """SIGTERM / SIGUSR1 / SIGINT handling, installed at start-up (before any data preparation).
+
+    Before `defer()` (start-up, data preparation) a signal ends the process at once through
+    `SystemExit(75)`, so every `finally` runs: locks and temporary folders are removed. After
+    `defer()` (the training loop) it only sets a flag that all ranks agree on at the next optimizer
+    step (`requested()`): they save that step and exit 75. A second SIGINT (Ctrl-C twice) aborts at
+    once; other second signals are ignored, so that a save in progress completes.
+    """
+
+    def __init__(self, accelerator, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)):
         self.accelerator = accelerator
         self.signal: int | None = None
+        self.deferred = False
         for sig in signals:
             signal.signal(sig, self._handle)
 
+    def defer(self) -> None:
+        """From now on a signal is answered at the next optimizer-step boundary."""
+        self.deferred = True
+
     def _handle(self, signum, frame):
-        # Only a flag: the handler may run in the middle of anything (a save included), and a
-        # second signal must not interrupt the save the first one asked for.
-        if self.signal is None:
-            self.signal = signum
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C twice: stop now (run_main ends the process)
+        if self.signal is not None:
+            return  # a save asked for by the first signal must not be interrupted
+        self.signal = signum
+        if not self.deferred:
+            print(f"{name} during start-up: stopping (nothing to save yet; exit code {PREEMPTED_EXIT_CODE})",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+        if signum == signal.SIGINT and self.accelerator.is_main_process:
+            print("\nCtrl-C: saving a checkpoint at the next step boundary, then exiting "
+                  f"(exit code {PREEMPTED_EXIT_CODE}); Ctrl-C again to abort without saving",
+                  file=sys.stderr, flush=True)
 
     def requested(self) -> bool:
         """True on every rank if any rank received a signal. Collective: call on every rank."""
@@ -62,12 +91,16 @@ def run_main(main) -> None:
         raise
     except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt too: stop now, do not hang
         rank = os.environ.get("RANK", "0")
-        if _is_peer_failure(e):
-            print(f"[rank {rank}] stopping: another process failed ({type(e).__name__}); "
-                  f"its error is printed above", file=sys.stderr)
+        if isinstance(e, RunError):
+            print(f"[rank {rank}] error: {e}", file=sys.stderr)
+        elif isinstance(e, KeyboardInterrupt):
+            print(f"[rank {rank}] aborted (Ctrl-C twice): no checkpoint saved since the last one", file=sys.stderr)
+        elif _is_peer_failure(e):
+            print(f"[rank {rank}] stopping: another process stopped (killed, or failed: its error, if "
+                  f"it could print one, is in its own output) ({type(e).__name__})", file=sys.stderr)
         else:
             traceback.print_exc()
             print(f"[rank {rank}] FAILED with {type(e).__name__} (traceback above)", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(130 if isinstance(e, KeyboardInterrupt) else 1)

@@ -60,3 +60,15 @@ class MetricsLog:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def start_trackers(accelerator, config: dict, report_to: str, resume_step: int) -> None:
+    """`accelerator.init_trackers` with the config as hyper-parameters (main process only inside).
+
+    After a resume, TensorBoard purges the events of the steps after the checkpoint (`purge_step`:
+    written by the interrupted run, about to be written again), so every step appears once."""
+    if report_to == "none":
+        return
+    hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in config.items()}
+    init_kwargs = {"tensorboard": {"purge_step": resume_step + 1}} if resume_step and "tensorboard" in report_to else {}
+    accelerator.init_trackers("tensorboard", config=hparams, init_kwargs=init_kwargs)

@@ -54,43 +54,70 @@ class DataPolicy:
 # ---------------------------------------------------------------------------------------------
 
 
+def _lines(path: Path, encoding: str = "utf-8"):
+    """(line number, text or None if it is not valid `encoding`, raw bytes) for each line."""
+    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            yield n, raw.decode(encoding), raw
+        except UnicodeDecodeError:
+            yield n, None, raw
+        encoding = "utf-8" if encoding == "utf-8-sig" else encoding  # a byte-order mark only starts a file
+
+
 def scan_librispeech(root: str | Path, splits: str) -> tuple[list[dict], list[dict]]:
     """`<root>/<split>/<spk>/<chap>/<spk>-<chap>.trans.txt` lines `<spk>-<chap>-<utt> TEXT`;
-    `splits` may join several subfolders with commas (`train-clean-100,train-clean-360`)."""
+    `splits` may join several subfolders with commas (`train-clean-100,train-clean-360`).
+    An audio file that no transcript line names (an empty or missing .trans.txt) is a problem too."""
     rows, problems = [], []
     for split in splits.split(","):
         split_dir = Path(root) / split
         if not split_dir.is_dir():
             raise FileNotFoundError(f"LibriSpeech split folder not found: {split_dir}")
+        listed = set()
         for trans in sorted(split_dir.glob("*/*/*.trans.txt")):
             prefix = trans.name[: -len(".trans.txt")]
-            for n, line in enumerate(trans.read_text(errors="replace").splitlines(), 1):
+            for n, line, raw in _lines(trans):
+                where = f"{trans}:{n}"
+                if line is None:
+                    problems.append({"entry": where, "reason": "invalid UTF-8 in transcript", "detail": repr(raw[:80])})
+                    continue
                 if not line.strip():
                     continue
                 utt_id, _, text = line.strip().partition(" ")
-                where = f"{trans}:{n}"
                 if not LIBRISPEECH_ID.match(utt_id) or not utt_id.startswith(prefix + "-"):
                     problems.append({"entry": where, "reason": "malformed line", "detail": line[:80]})
                     continue
+                listed.add(str(trans.parent / f"{utt_id}.flac"))
                 rows.append(dict(id=utt_id, path=str(trans.parent / f"{utt_id}.flac"), text=text.strip(),
                                  speaker=utt_id.split("-")[0], where=where))
+        for audio in sorted(split_dir.glob("*/*/*.flac")):
+            if str(audio) not in listed:
+                trans = audio.with_name(audio.name.rsplit("-", 1)[0] + ".trans.txt")
+                problems.append({"entry": str(audio), "reason": "audio without a transcript line",
+                                 "detail": f"not named in {trans.name}" + ("" if trans.is_file() else " (missing)")})
     return rows, problems
 
 
 def scan_ljspeech(root: str | Path) -> tuple[list[dict], list[dict]]:
     """`<root>/metadata.csv` lines `id|raw text|normalized text` (the normalized one is used) and
-    `<root>/wavs/<id>.wav`."""
+    `<root>/wavs/<id>.wav`. A byte-order mark is accepted; an id that is a path is refused."""
     rows, problems = [], []
     metadata = Path(root) / "metadata.csv"
-    for n, line in enumerate(metadata.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    for n, line, raw in _lines(metadata, encoding="utf-8-sig"):
+        where = f"{metadata}:{n}"
+        if line is None:
+            problems.append({"entry": where, "reason": "invalid UTF-8 in transcript", "detail": repr(raw[:80])})
+            continue
         if not line.strip():
             continue
         fields = line.split("|")
-        where = f"{metadata}:{n}"
         if len(fields) not in (2, 3) or not fields[0].strip():
             problems.append({"entry": where, "reason": "malformed line", "detail": line[:80]})
             continue
         utt_id = fields[0].strip()
+        if "/" in utt_id or "\\" in utt_id or utt_id.startswith(".") or Path(utt_id).is_absolute():
+            problems.append({"entry": where, "reason": "id is a path (outside wavs/)", "detail": utt_id[:80]})
+            continue
         rows.append(dict(id=utt_id, path=str(Path(root) / "wavs" / f"{utt_id}.wav"), text=fields[-1].strip(),
                          speaker="ljspeech", where=where))
     return rows, problems
@@ -213,6 +240,16 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
     if not rows:
         raise DataError(f"no usable entries in {source}")
     return datasets.Dataset.from_list(rows)
+
+
+def manifest_summary(manifest: datasets.Dataset) -> dict:
+    """What a checkpoint records about its training data, to refuse resuming on other data:
+    utterance count, hours, and a fingerprint of (id, duration, text) over the sorted rows."""
+    h = hashlib.blake2b(digest_size=8)
+    texts = manifest["text"] if "text" in manifest.column_names else [""] * len(manifest)
+    for utt_id, duration, text in zip(manifest["id"], manifest["duration"], texts):
+        h.update(f"{utt_id}\0{duration!r}\0{text}\n".encode())
+    return {"utterances": len(manifest), "hours": sum(manifest["duration"]) / 3600, "fingerprint": h.hexdigest()}
 
 
 # ---------------------------------------------------------------------------------------------

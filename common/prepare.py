@@ -45,7 +45,7 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_tree(root: Path) -> int:
+def fsync_tree(root: Path) -> int:
     """fsync every file and folder under root (so a crash after rename cannot expose torn files);
     returns the number of files."""
     n_files = 0
@@ -57,13 +57,13 @@ def _fsync_tree(root: Path) -> int:
     return n_files
 
 
-class _Heartbeat:
-    """Touches the lock file every `interval_s` while we build, so waiters can tell us from a crash."""
+class Heartbeat:
+    """Touches a lock file every `interval_s` while we hold it, so others can tell us from a crash."""
 
     def __init__(self, lock: Path, token: str, interval_s: float):
         self._lock, self._token, self._interval_s = lock, token, interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="prepare_once-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lock.name}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -174,7 +174,13 @@ def prepare_once(
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            stale = watch.stale_token(lock)
+            holder = _read_text(lock) or ""
+            fields = holder.split()
+            if len(fields) >= 2 and fields[0] == host and fields[1].isdigit() and not _pid_alive(int(fields[1])):
+                logger.info(f"{lock}: its holder {fields[0]}:{fields[1]} is dead; taking it over")
+                _break_stale_lock(lock, holder)  # a dead process on this host: no need to wait
+                continue
+            stale = watch.stale_token(lock)  # another host's holder: judged by its heartbeat
             if stale is not None:
                 _break_stale_lock(lock, stale)
                 continue
@@ -185,17 +191,18 @@ def prepare_once(
                     f"delete the lock file."
                 ) from None
             if not announced:
-                logger.info(f"waiting for {final_dir}: prepared by {(_read_text(lock) or '?').split()[:2]}")
+                who = ":".join((_read_text(lock) or "? ?").split()[:2])
+                logger.info(f"waiting for {final_dir}: {who} is preparing it")
                 announced = True
             time.sleep(poll_s)
             continue
         with os.fdopen(fd, "w") as f:
             f.write(token)
-        heartbeat = _Heartbeat(lock, token, interval_s=max(0.05, min(10.0, stale_after_s / 4)))
+        heartbeat = Heartbeat(lock, token, interval_s=max(0.05, min(10.0, stale_after_s / 4)))
         try:
             if marker.is_file():  # completed between our check and taking the lock
                 return final_dir
-            logger.info(f"preparing {final_dir} (lock held by {host}:{pid})")
+            logger.info(f"preparing {final_dir} (this process, {host}:{pid}; others wait for it)")
             return _build_and_publish(final_dir, build, host, pid, info)
         finally:
             heartbeat.stop()
@@ -235,7 +242,7 @@ def _build_and_publish(
     try:
         tmp.mkdir()
         build(tmp)
-        n_files = _fsync_tree(tmp)
+        n_files = fsync_tree(tmp)
         meta = {**(info or {}), "files": n_files, "built_by": f"{host}:{pid}", "built_at": time.time()}
         with open(tmp / COMPLETE_MARKER, "w") as f:
             json.dump(meta, f, indent=1, sort_keys=True)

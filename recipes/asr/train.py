@@ -88,6 +88,7 @@ class Config:
     mixed_precision: str = "no"  # "no" | "bf16" | "fp16"
     ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
+    overwrite_output_dir: bool = False  # allow an --output_dir that holds files but is not a run of this recipe
     output_dir: str = "outputs/asr"
     logging_steps: int = 10  # optimizer steps between metrics.jsonl lines
     eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
@@ -102,18 +103,19 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
-from common.checkpoint import TrainState, resume_from_checkpoint  # noqa: E402
+from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import make_loader  # noqa: E402
 from common.distributed import build_accelerator, seed_everything  # noqa: E402
 from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
+from common.rundir import claim_output_dir  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
-from common.logs import MetricsLog, get_logger, progress_bar  # noqa: E402
+from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
-from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
+from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -133,7 +135,9 @@ def main(cfg: Config) -> None:
         log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
     )
     world = accelerator.num_processes
-    out.mkdir(parents=True, exist_ok=True)  # every rank: idempotent, and no rank races another's mkdir
+    # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
+    claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
+    preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
     seed_everything(cfg.seed)  # model init: identical on every rank
     cfg_dict = config_to_dict(cfg)
 
@@ -191,7 +195,7 @@ def main(cfg: Config) -> None:
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --
-    state = TrainState.for_run(cfg_dict, world)
+    state = TrainState.for_run(cfg_dict, world, data=manifest_summary(train_set))  # resume refuses other data
     if resume_from_checkpoint(accelerator, out, state, scheduler) is None and not stats_loaded:
         stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         logmel = LogMel(cfg.sample_rate, cfg.n_mels)
@@ -200,13 +204,11 @@ def main(cfg: Config) -> None:
     if accelerator.is_main_process:
         save_config(cfg, out / "config.yaml")
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
-    if cfg.report_to != "none":
-        accelerator.init_trackers("tensorboard", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
-                                                         for k, v in cfg_dict.items()})
-    preemption = Preemption(accelerator)  # SIGTERM/SIGUSR1 → save at the next step boundary, exit 75
+    start_trackers(accelerator, cfg_dict, cfg.report_to, resume_step=state.step)
     scorer = Scorer()
 
     # ---- training loop ----------------------------------------------------------------------
+    preemption.defer()  # keep: from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     window_loss = torch.zeros((), device=accelerator.device)  # mean CTC loss over the accumulation window
@@ -247,16 +249,13 @@ def main(cfg: Config) -> None:
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
     bar.close()
 
-    # ---- export: everything needed to transcribe ------------------------------------------
-    accelerator.wait_for_everyone()
-    final = out / "final"
-    accelerator.save_model(model, final)  # model.safetensors (encoder, head, feature stats), rank 0
-    if accelerator.is_main_process:
-        save_config(cfg, final / "config.yaml")
-        shutil.copytree(tok_dir, final / "tokenizer", dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete"))
-        logger.info(f"final model in {final}")
-    accelerator.end_training()
+    # ---- export: everything needed to transcribe; final/ appears complete or not at all ------
+    def write_extras(folder: Path) -> None:  # main process, beside model.safetensors (encoder, head, stats)
+        save_config(cfg, folder / "config.yaml")
+        shutil.copytree(tok_dir, folder / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
 
+    export_final(accelerator, model, out, write_extras)  # collective
+    accelerator.end_training()
 
 if __name__ == "__main__":
     run_main(lambda: main(CONFIG))

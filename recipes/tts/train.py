@@ -86,6 +86,7 @@ class Config:
     mixed_precision: str = "no"  # "no" | "bf16" | "fp16"
     ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
+    overwrite_output_dir: bool = False  # allow an --output_dir that holds files but is not a run of this recipe
     output_dir: str = "outputs/tts"
     logging_steps: int = 10  # optimizer steps between metrics.jsonl lines
     eval_steps: int = 250  # optimizer steps between validation passes (0 = never)
@@ -102,17 +103,18 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
-from common.checkpoint import TrainState, resume_from_checkpoint  # noqa: E402
+from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import load_audio, make_loader  # noqa: E402
 from common.distributed import build_accelerator, seed_everything  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
+from common.rundir import claim_output_dir  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.logs import MetricsLog, get_logger, progress_bar  # noqa: E402
+from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
-from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
+from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
@@ -172,7 +174,9 @@ def main(cfg: Config) -> None:
         log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
     )
     world = accelerator.num_processes
-    out.mkdir(parents=True, exist_ok=True)  # every rank: idempotent
+    # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
+    claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
+    preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
     seed_everything(cfg.seed)  # model init: identical on every rank
     cfg_dict = config_to_dict(cfg)
     symbols = Symbols(cfg.symbols)
@@ -208,7 +212,7 @@ def main(cfg: Config) -> None:
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
-    state = TrainState.for_run(cfg_dict, world)
+    state = TrainState.for_run(cfg_dict, world, data=manifest_summary(train_set))  # resume refuses other data
     if resume_from_checkpoint(accelerator, out, state, scheduler) is None:
         stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced over the sorted ids
         set_feature_stats(accelerator, model, lambda: feature_stats(
@@ -217,16 +221,14 @@ def main(cfg: Config) -> None:
         save_config(cfg, out / "config.yaml")
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
     writer = vocoder = None
-    if cfg.report_to != "none":
-        accelerator.init_trackers("tensorboard", config={k: v if isinstance(v, (int, float, str, bool)) else str(v)
-                                                         for k, v in cfg_dict.items()})
-        if accelerator.is_main_process and "tensorboard" in cfg.report_to:
-            writer = accelerator.get_tracker("tensorboard", unwrap=True)  # the SummaryWriter
-            vocoder = GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length),
-                                 n_iter=cfg.griffin_lim_iters)
-    preemption = Preemption(accelerator)  # SIGTERM/SIGUSR1 → save at the next step boundary, exit 75
+    start_trackers(accelerator, cfg_dict, cfg.report_to, resume_step=state.step)
+    if accelerator.is_main_process and "tensorboard" in cfg.report_to:
+        writer = accelerator.get_tracker("tensorboard", unwrap=True)  # the SummaryWriter
+        vocoder = GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length),
+                             n_iter=cfg.griffin_lim_iters)
 
     # ---- training loop ----------------------------------------------------------------------
+    preemption.defer()  # keep: from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     window = torch.zeros(len(LOSSES) + 1, device=accelerator.device)  # loss, mel, dur, align, bin: window means
@@ -266,16 +268,13 @@ def main(cfg: Config) -> None:
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
     bar.close()
 
-    # ---- export ---------------------------------------------------------------------------
-    accelerator.wait_for_everyone()
-    final = out / "final"
-    accelerator.save_model(model, final)  # model.safetensors (incl. feature statistics), rank 0
-    if accelerator.is_main_process:
-        save_config(cfg, final / "config.yaml")
-        (final / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
-        logger.info(f"final model in {final}")
-    accelerator.end_training()
+    # ---- export: final/ appears complete or not at all -------------------------------------
+    def write_extras(folder: Path) -> None:  # main process, beside model.safetensors (incl. feature stats)
+        save_config(cfg, folder / "config.yaml")
+        (folder / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
 
+    export_final(accelerator, model, out, write_extras)  # collective
+    accelerator.end_training()
 
 if __name__ == "__main__":
     run_main(lambda: main(CONFIG))

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from common.manifest import DataError, DataPolicy, prepare_manifest, scan_librispeech, validate
@@ -65,3 +66,36 @@ def test_manifest_is_reused_and_refreshed_when_files_change(tiny_corpus, tmp_pat
     a = prepare_manifest(tmp_path, "valid", root, policy, "validation")
     b = prepare_manifest(tmp_path, "valid", root, policy, "validation")
     assert a["id"] == b["id"] and len(list((tmp_path / "data").iterdir())) == 1
+
+
+def test_input_that_used_to_slip_through_is_named(tmp_path):
+    """Invalid UTF-8 in a transcript, audio files no transcript line names (a 0-byte trans.txt),
+    LJSpeech ids that are paths; a byte-order mark in metadata.csv is accepted."""
+    import soundfile as sf
+
+    from common.manifest import scan_ljspeech
+
+    tone = np.sin(np.arange(16000) * 0.05).astype("float32") * 0.1
+    chap = tmp_path / "libri" / "train" / "1" / "2"
+    chap.mkdir(parents=True)
+    for i in range(3):
+        sf.write(chap / f"1-2-{i:04d}.flac", tone, 16000)
+    (chap / "1-2.trans.txt").write_bytes(b"1-2-0000 HELLO\n1-2-0001 CAF\xe9\n")
+    empty = tmp_path / "libri" / "train" / "3" / "4"
+    empty.mkdir(parents=True)
+    sf.write(empty / "3-4-0000.flac", tone, 16000)
+    (empty / "3-4.trans.txt").write_bytes(b"")
+    rows, problems = scan_librispeech(tmp_path / "libri", "train")
+    assert [r["id"] for r in rows] == ["1-2-0000"]
+    assert reasons(problems) == {"1-2.trans.txt:2": "invalid UTF-8 in transcript",
+                                 "1-2-0001.flac": "audio without a transcript line",
+                                 "1-2-0002.flac": "audio without a transcript line",
+                                 "3-4-0000.flac": "audio without a transcript line"}
+
+    lj = tmp_path / "lj"
+    (lj / "wavs").mkdir(parents=True)
+    (lj / "metadata.csv").write_bytes("\ufeffLJ001|Raw one.|raw one\n../../etc/passwd|x|x\n/abs/path|y|y\n"
+                                      "LJ002|Bad \xff|bad\n".encode("utf-8").replace(b"\xc3\xbf", b"\xff"))
+    rows, problems = scan_ljspeech(lj)
+    assert [r["id"] for r in rows] == ["LJ001"]  # the BOM is not part of the first id
+    assert sorted(p["reason"] for p in problems) == ["id is a path (outside wavs/)"] * 2 + ["invalid UTF-8 in transcript"]

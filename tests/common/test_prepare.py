@@ -115,3 +115,14 @@ def test_prepare_once_never_trusts_a_dir_without_marker(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
     # Complete now: a second call returns at once without building.
     assert prepare_once(final_dir, lambda tmp: pytest.fail("rebuilt a complete dir")) == final_dir
+
+
+def test_a_dead_local_holder_is_taken_over_at_once(tmp_path):
+    """A builder on this host killed mid-way: its lock names a dead pid, so nobody waits the
+    stale period (120 s by default) for it."""
+    final_dir = tmp_path / "data"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "data.lock").write_text(f"{socket.gethostname()} {int(dead.stdout)} {time.time():.3f} cafe\n")
+    start = time.monotonic()
+    prepare_once(final_dir, lambda tmp: (tmp / "ok").write_text("1"), poll_s=0.05)
+    assert (final_dir / "ok").is_file() and time.monotonic() - start < 5

@@ -9,7 +9,13 @@ INJECT_FAULT=kind:rank:n[,n...]: on process RANK (`*` = all), at the n-th call o
 raises RuntimeError("injected failure").
 
 SLOW_SAVE=seconds: `Accelerator.save_state` sleeps that long after writing its files, so a test can
-kill a run reliably in the middle of a checkpoint. Production code has no fault-injection switches.
+kill a run reliably in the middle of a checkpoint. SLOW_EXPORT=seconds: the same for
+`Accelerator.save_model` (the final export).
+
+ENOSPC_AT_SAVE=n: the n-th `Accelerator.save_state` call (1-based, per process) writes half a file,
+then fails with OSError(ENOSPC) as a full disk would.
+
+Production code has no fault-injection switches.
 """
 
 import os
@@ -90,3 +96,37 @@ if os.environ.get("SLOW_SAVE"):
         return result
 
     accelerate.Accelerator.save_state = save_state
+
+
+if os.environ.get("SLOW_EXPORT"):
+    import time
+
+    import accelerate
+
+    _orig_save_model = accelerate.Accelerator.save_model
+
+    def save_model(self, *args, **kwargs):
+        result = _orig_save_model(self, *args, **kwargs)
+        time.sleep(float(os.environ["SLOW_EXPORT"]))
+        return result
+
+    accelerate.Accelerator.save_model = save_model
+
+
+if os.environ.get("ENOSPC_AT_SAVE"):
+    import errno
+
+    import accelerate
+
+    _orig_save_state_enospc = accelerate.Accelerator.save_state
+    _saves = [0]
+
+    def save_state_enospc(self, output_dir=None, *args, **kwargs):
+        _saves[0] += 1
+        if _saves[0] == int(os.environ["ENOSPC_AT_SAVE"]):
+            with open(os.path.join(output_dir, "optimizer.bin"), "wb") as f:
+                f.write(b"\0" * 4096)  # what was written before the disk filled up
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(output_dir, "optimizer.bin"))
+        return _orig_save_state_enospc(self, output_dir, *args, **kwargs)
+
+    accelerate.Accelerator.save_state = save_state_enospc

@@ -1,0 +1,154 @@
+"""The output folder is a transaction, through the real command line (BEST-RQ, tiny corpus): one run
+at a time, nothing half-written, nothing silently changed. Each test names the case it covers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from common.checkpoint import list_checkpoints
+from tests.recipes.harness import SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
+from tests.recipes.test_best_rq import TINY, args_for
+
+pytestmark = pytest.mark.slow
+
+STEPS = ["--max_batch_seconds", "16", "--save_steps", "2", "--save_total_limit", "2"]
+
+
+def test_second_launch_into_a_busy_output_dir_is_refused(tiny_corpus, tmp_path):
+    """A double-submitted job: the second launch stops at once, naming the first; the first is
+    undisturbed. After the first is SIGKILLed, a re-launch takes its lock over at once."""
+    out = tmp_path / "run"
+    first = subprocess.Popen(command("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "400")),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / ".run.lock").is_file():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        log = run("best_rq", 2, args_for(tiny_corpus, out, *STEPS, "--max_steps", "4"), expect_rc=1)
+        assert "is in use by" in log and "one run per --output_dir" in log
+        assert first.poll() is None  # still training
+        refused_after = time.monotonic() - t0
+    finally:
+        kill_tree(first)
+    assert (out / ".run.lock").is_file()  # left behind by the SIGKILL
+    t0 = time.monotonic()
+    run("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "4"))
+    assert not (out / ".run.lock").exists() and (out / "final" / "model.safetensors").is_file()
+    print(f"refused in {refused_after:.1f} s; re-launch after SIGKILL finished in {time.monotonic() - t0:.1f} s")
+
+
+def test_a_kill_during_the_export_leaves_no_final(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    args = args_for(tiny_corpus, out, *STEPS, "--max_steps", "4")
+    run("best_rq", 1, args, env={"PYTHONPATH": str(SUPPORT), "SLOW_EXPORT": "5"},
+        when=lambda o: (o / ".final.tmp" / "model.safetensors").is_file(), then=kill_tree, expect_rc=None)
+    assert not (out / "final").exists()
+    run("best_rq", 1, args)  # the same command finishes the export
+    assert sorted(p.name for p in (out / "final").iterdir()) == ["config.yaml", "encoder", "model.safetensors"]
+    assert not (out / ".final.tmp").exists()
+
+
+def test_changed_data_is_refused_on_resume(tiny_corpus, tmp_path):
+    data = tmp_path / "librispeech"
+    shutil.copytree(tiny_corpus / "librispeech", data)
+    out = tmp_path / "run"
+    base = ["--data_dir", str(data), "--output_dir", str(out), *TINY, *STEPS]
+    run("best_rq", 1, [*base, "--max_steps", "2"])
+    victim = sorted((data / "train").glob("*/*/*.flac"))[0]
+    trans = next(victim.parent.glob("*.trans.txt"))
+    trans.write_text("".join(line + "\n" for line in trans.read_text().splitlines()
+                             if not line.startswith(victim.stem + " ")))
+    victim.unlink()
+    log = run("best_rq", 1, [*base, "--max_steps", "4"], expect_rc=1)
+    assert "training data changed: checkpoint 48 utterances" in log and "!= now 47" in log
+    assert [c.name for c in list_checkpoints(out)] == ["step_00000002"]
+
+
+def test_disk_full_during_a_save(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    args = args_for(tiny_corpus, out, *STEPS, "--max_steps", "6")
+    log = run("best_rq", 1, args, env={"PYTHONPATH": str(SUPPORT), "ENOSPC_AT_SAVE": "2"}, expect_rc=1)
+    assert "[rank 0] error: no space left on" in log and "while saving step 4" in log and "step 2 is kept" in log
+    assert "Traceback" not in log.split("[rank 0] error")[0]  # one line, no traceback (the launcher's comes after)
+    assert [c.name for c in list_checkpoints(out)] == ["step_00000002"]
+    assert not list((out / "checkpoints").glob(".step_*.tmp"))
+    log = run("best_rq", 1, args)  # space again: the same command resumes and finishes
+    assert "resumed from" in log and (out / "final" / "model.safetensors").is_file()
+
+
+def test_sigterm_during_data_preparation_exits_cleanly(tmp_path):
+    """The built-in corpus is being generated when SIGTERM arrives: exit 75, no lock, no temp folder."""
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    args = ["--builtin_corpus", "tiny", "--data_cache_dir", str(cache), "--output_dir", str(out), *TINY,
+            "--max_steps", "2"]
+
+    def sigterm(proc):
+        worker(proc, 0).send_signal(signal.SIGTERM)
+
+    log = run("best_rq", 1, args, when=lambda o: any(cache.glob("*.tmp-*")), then=sigterm, expect_rc=None)
+    assert "SIGTERM during start-up: stopping" in log
+    assert not list(cache.glob("*.lock")) and not list(cache.glob("*.tmp-*"))
+    assert not (out / ".run.lock").exists()
+    run("best_rq", 1, args)  # and the next launch prepares the corpus and trains
+
+
+def test_foreign_output_dir_is_refused(tiny_corpus, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.yaml").write_text("my: own file\n")
+    log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "2"), expect_rc=1)
+    assert "already holds files that are not a run of this repository (config.yaml)" in log
+    assert (out / "config.yaml").read_text() == "my: own file\n"
+    run("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "2", "--overwrite_output_dir", "true"))
+    assert json.loads((out / "run.json").read_text())["recipe"] == "best_rq"
+    log = run("asr", 1, ["--data_dir", str(tiny_corpus / "librispeech"), "--output_dir", str(out)], expect_rc=1)
+    assert "holds a run of the 'best_rq' recipe, not 'asr'" in log
+
+
+def test_ctrl_c_saves_at_the_next_step_then_exits(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    args = args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--save_steps", "100", "--max_steps", "200")
+
+    def ctrl_c(proc):
+        worker(proc, 0).send_signal(signal.SIGINT)
+
+    log = run("best_rq", 1, args, when=lambda o: (o / "metrics.jsonl").is_file(), then=ctrl_c, expect_rc=1)
+    assert "Ctrl-C: saving a checkpoint at the next step boundary" in log and "preempted at step" in log
+    [ckpt] = list_checkpoints(out)
+    assert 0 < int(ckpt.name[5:]) < 100
+
+    def ctrl_c_twice(proc):  # the second one while the checkpoint asked for by the first is written
+        w = worker(proc, 0)
+        w.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        w.send_signal(signal.SIGINT)
+
+    out2 = tmp_path / "run2"
+    log = run("best_rq", 1, args_for(tiny_corpus, out2, *args[4:]), when=lambda o: (o / "metrics.jsonl").is_file(),
+              then=ctrl_c_twice, expect_rc=1, env={"PYTHONPATH": str(SUPPORT), "SLOW_SAVE": "5"})
+    assert "aborted (Ctrl-C twice)" in log and "Traceback (most recent call last)" not in log.split("aborted")[0][-300:]
+    assert not list_checkpoints(out2)
+
+
+def test_tensorboard_holds_every_step_once_after_a_resume(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    args = args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--save_steps", "3", "--max_steps", "9",
+                    "--report_to", "tensorboard")
+    run("best_rq", 1, args, when=lambda o: checkpoint_exists(3)(o) and any(r["step"] >= 5 for r in metrics(o)),
+        then=kill_tree, expect_rc=None)
+    run("best_rq", 1, args)
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one file per launch
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()  # reads both files in order, applying the resumed run's purge
+    steps = [e.step for e in acc.Scalars("loss")]
+    assert steps == list(range(1, 10)), steps
+    assert [r["step"] for r in metrics(out)] == list(range(1, 10))
