@@ -193,8 +193,8 @@ def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, sc
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(state.config, f, sort_keys=False)
         fsync_tree(tmp)
-        files = {p.name: {"bytes": p.stat().st_size, "blake2b": _digest(p)}
-                 for p in sorted(tmp.iterdir()) if p.is_file()}
+        files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "blake2b": _digest(p)}
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}  # sharded (FSDP) states live in subfolders
         with open(tmp / MARKER, "w") as f:
             json.dump({"step": state.step, "files": files}, f, indent=2)
             f.flush()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import logging
 import os
 import random
 
@@ -22,26 +23,69 @@ def launcher_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def resolve_topology(mixed_precision: str | None, *, cuda: bool, bf16_ok: bool, env: dict) -> tuple[str, list[str]]:
+    """(precision to use, warnings) from the recipe flag and the launcher's profile, or a RunError.
+
+    The profile (`accelerate launch --config_file ...` / `--mixed_precision`, passed to the processes
+    as ACCELERATE_* variables) decides, unless the recipe's `--mixed_precision` is given: then the flag
+    wins and a conflict is named. A profile this machine cannot honour is refused, never replaced."""
+    from common.faults import RunError
+
+    warnings = []
+    profile = env.get("ACCELERATE_MIXED_PRECISION")
+    if mixed_precision is None:
+        precision = profile or "no"
+    else:
+        precision = mixed_precision
+        if profile and profile != mixed_precision:
+            warnings.append(f"--mixed_precision {mixed_precision} overrides the launcher's profile ({profile})")
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        raise RunError("the DeepSpeed profile is not supported by these recipes yet: DeepSpeed's engine steps "
+                       "inside backward(), outside the loop's accumulation windows, clipping and non-finite "
+                       "guard. Use accelerate_configs/fsdp.yaml (sharding) or multi_gpu.yaml on GPUs")
+    if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not cuda:
+        raise RunError("the FSDP profile needs GPUs: accelerate 1.15 shards only over accelerator devices, "
+                       "and on CPU it would silently run plain DDP. Use accelerate_configs/cpu_ddp.yaml here")
+    if precision == "fp16" and not cuda:
+        raise RunError("fp16 mixed precision needs a GPU; on CPU use --mixed_precision bf16 (autocast) or no")
+    if precision == "bf16" and cuda and not bf16_ok:
+        raise RunError("this GPU has no bf16 support; use --mixed_precision fp16 or no "
+                       "(or accelerate_configs/multi_gpu.yaml with mixed_precision: 'no')")
+    local = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    if cuda and local > torch.cuda.device_count():
+        raise RunError(f"{local} processes on this machine but {torch.cuda.device_count()} GPU(s): "
+                       f"launch with --num_processes {torch.cuda.device_count()} (or fewer)")
+    return precision, warnings
+
+
 def build_accelerator(
     *,
-    mixed_precision: str = "no",
-    cpu: bool = False,
+    mixed_precision: str | None = None,
     project_dir: str | None = None,
     log_with: str | list[str] | None = None,
     timeout_s: float = 1800.0,
+    deterministic: bool = False,
 ) -> Accelerator:
-    """An `Accelerator` whose process group is guaranteed to be real.
+    """An `Accelerator` that is what the launcher's profile says, or a clear refusal.
 
-    On a machine without CUDA, `accelerate launch --multi_gpu` starts N processes but a plain
-    `Accelerator()` gives each of them `DistributedType.NO`, `num_processes=1`: N independent runs
-    that all write the same files and all read the whole corpus. We pass `cpu=True` whenever CUDA is
-    absent (so gloo DDP forms), then verify that the group has exactly the launcher's world size and
-    that every rank sees every other (one all-gather). Anything else is a hard error.
+    - precision: see `resolve_topology` (profile unless `mixed_precision` is given);
+    - on a machine without CUDA, `accelerate launch --multi_gpu` starts N processes but a plain
+      `Accelerator()` gives each of them `DistributedType.NO`, `num_processes=1`: N independent runs
+      that all write the same files and all read the whole corpus. We pass `cpu=True` whenever CUDA
+      is absent (so gloo DDP forms), then verify that the group has exactly the launcher's world
+      size and that every rank sees every other (one all-gather). Anything else is a hard error;
+    - `deterministic`: deterministic kernels (bit-exact resume on GPUs too; slower).
     """
-    cpu = cpu or not torch.cuda.is_available()
+    cuda = torch.cuda.is_available()
+    precision, warnings = resolve_topology(mixed_precision, cuda=cuda, env=dict(os.environ),
+                                           bf16_ok=cuda and torch.cuda.is_bf16_supported())
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic GEMMs
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     accelerator = Accelerator(
-        cpu=cpu,
-        mixed_precision=mixed_precision,
+        cpu=not cuda,
+        mixed_precision=precision,
         project_dir=project_dir,
         log_with=log_with,
         # We size LR schedules in optimizer steps and step the scheduler ourselves on sync steps;
@@ -64,7 +108,25 @@ def build_accelerator(
         ranks = gather_object([accelerator.process_index])
         if sorted(ranks) != list(range(expected)):
             raise RuntimeError(f"process group is broken: ranks seen by all-gather = {ranks}")
+    if accelerator.is_main_process:
+        for w in warnings:
+            logging.getLogger(__name__).warning(w)
     return accelerator
+
+
+def describe_run(accelerator, max_batch_seconds: float, accumulation: int) -> str:
+    """One line saying what the run really is (logged at start-up by the main process)."""
+    kind = {"NO": "single process", "MULTI_CPU": "DDP (gloo)", "MULTI_GPU": "DDP (nccl)",
+            "FSDP": "FSDP2", "DEEPSPEED": "DeepSpeed"}.get(accelerator.distributed_type.value,
+                                                           accelerator.distributed_type.value)
+    device = accelerator.device.type
+    count = torch.cuda.device_count() if device == "cuda" else os.cpu_count()
+    unit = "GPU(s)" if device == "cuda" else "CPU cores"
+    n = accelerator.num_processes
+    return (f"run: {kind}, {n} process(es) on {device} ({count} {unit} on this machine), precision "
+            f"{accelerator.mixed_precision}, batch {max_batch_seconds:g} s of audio per process × "
+            f"accumulation {accumulation} → {n * max_batch_seconds * accumulation:g} s per optimizer step"
+            + (", deterministic kernels" if torch.are_deterministic_algorithms_enabled() else ""))
 
 
 def derive_seed(*keys: object) -> int:

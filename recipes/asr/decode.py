@@ -22,6 +22,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 from types import SimpleNamespace
 
 import yaml
@@ -54,7 +55,7 @@ class EvalConfig:
     data_dir: str | None = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # folder for hypotheses and scores; None = <checkpoint folder>/decode
-    decoding: str = "greedy"  # "greedy" | "beam" (CTC prefix beam search)
+    decoding: Literal["greedy", "beam"] = "greedy"  # beam: CTC prefix beam search
     beam_size: int = 8  # prefixes kept by beam search
     max_batch_seconds: float = 120.0  # padded seconds of audio per batch, per process
     num_workers: int = 0  # DataLoader workers per process

@@ -23,10 +23,12 @@ evaluated are yours to change. The lines marked `# keep` carry the exact-resume 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from common.config import parse_config
 
@@ -39,21 +41,21 @@ class Config:
     data_dir: str | None = None  # LibriSpeech-layout root or datasets.save_to_disk folder (manifest.py); None = built-in corpus
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360)
     valid_split: str = "validation"
-    builtin_corpus: str = "default"  # built-in corpus profile when data_dir is None ("default" | "tiny")
+    builtin_corpus: Literal["default", "tiny"] = "default"  # built-in corpus profile when data_dir is None
     data_cache_dir: str | None = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
     train_fraction: float = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
     sample_rate: int = 16000  # Hz
-    wrong_sample_rate: str = "resample"  # audio at another rate: "resample" (on load) | "refuse"
+    wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused
     min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 30.0  # longer utterances are refused by the data check
-    on_bad_data: str = "error"  # unusable entries: "error" (stop with a report) | "skip" (drop, log counts)
+    on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
     n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
     num_workers: int = 0  # DataLoader workers per process (results do not depend on it)
     stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
     # --- output tokens ---
-    token_type: str = "char"  # "char" (a-z, ', space) | "bpe" (SentencePiece, trained on the training transcripts)
+    token_type: Literal["char", "bpe"] = "char"  # char: a-z, ', space; bpe: SentencePiece trained on the training transcripts
     bpe_vocab_size: int = 256  # SentencePiece pieces (an upper bound: a small corpus may give fewer)
     # --- augmentation (a pure function of (seed, epoch, utterance id)) ---
     speed_perturb: float = 0.0  # speed factor drawn from {1-x, 1, 1+x} per utterance and epoch (0 = off)
@@ -85,7 +87,8 @@ class Config:
     max_steps: int = 1000  # optimizer steps
     gradient_accumulation_steps: int = 1  # batches per optimizer step
     seed: int = 42
-    mixed_precision: str = "no"  # "no" | "bf16" | "fp16"
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
+    deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
     ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
     overwrite_output_dir: bool = False  # allow an --output_dir that holds files but is not a run of this recipe
@@ -94,7 +97,7 @@ class Config:
     eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
     save_steps: int = 250  # optimizer steps between checkpoints
     save_total_limit: int = 2  # complete checkpoints kept (oldest pruned after a new one is complete)
-    report_to: str = "tensorboard"  # accelerate tracker ("tensorboard", "none", ...)
+    report_to: Literal["tensorboard", "none"] = "tensorboard"  # where metrics go besides metrics.jsonl
     dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
 
 
@@ -107,9 +110,9 @@ from common.checkpoint import TrainState, export_final, resume_from_checkpoint  
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import make_loader  # noqa: E402
-from common.distributed import build_accelerator, seed_everything  # noqa: E402
+from common.distributed import build_accelerator, describe_run, seed_everything  # noqa: E402
 from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
-from common.faults import Preemption, run_main  # noqa: E402
+from common.faults import Preemption, RunError, run_main  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # noqa: E402
@@ -133,12 +136,19 @@ def main(cfg: Config) -> None:
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
         log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
+        deterministic=cfg.deterministic,
     )
     world = accelerator.num_processes
     # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
     claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
     preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
+    logger.info(describe_run(accelerator, cfg.max_batch_seconds, cfg.gradient_accumulation_steps))
+    if cfg.deterministic and accelerator.device.type == "cuda":
+        raise RunError("--deterministic on a GPU: CUDA's CTC loss backward has no deterministic implementation, "
+                       "so this recipe cannot be bit-exact there; drop --deterministic (resume stays exact in "
+                       "position and state)")
     seed_everything(cfg.seed)  # model init: identical on every rank
+    cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
     cfg_dict = config_to_dict(cfg)
 
     # ---- data ------------------------------------------------------------------------------

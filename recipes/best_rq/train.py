@@ -19,9 +19,11 @@ docs/resume.md): keep them when you edit the loop.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from common.config import parse_config
 
@@ -34,13 +36,13 @@ class Config:
     data_dir: str | None = None  # LibriSpeech-layout root; None = the built-in espeak-ng corpus
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-other-500)
     valid_split: str = "validation"
-    builtin_corpus: str = "default"  # built-in corpus profile when data_dir is None ("default" | "tiny")
+    builtin_corpus: Literal["default", "tiny"] = "default"  # built-in corpus profile when data_dir is None
     data_cache_dir: str | None = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
     sample_rate: int = 16000  # Hz
-    wrong_sample_rate: str = "resample"  # audio at another rate: "resample" (on load) | "refuse"
+    wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused
     min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 30.0  # longer utterances are refused by the data check
-    on_bad_data: str = "error"  # unusable entries: "error" (stop with a report) | "skip" (drop, log counts)
+    on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
     n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
@@ -72,7 +74,8 @@ class Config:
     max_steps: int = 1500  # optimizer steps
     gradient_accumulation_steps: int = 1  # batches per optimizer step
     seed: int = 42
-    mixed_precision: str = "no"  # "no" | "bf16" | "fp16"
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
+    deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
     ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
     overwrite_output_dir: bool = False  # allow an --output_dir that holds files but is not a run of this recipe
@@ -81,7 +84,7 @@ class Config:
     eval_steps: int = 250  # optimizer steps between validation passes (0 = never)
     save_steps: int = 250  # optimizer steps between checkpoints
     save_total_limit: int = 2  # complete checkpoints kept (oldest pruned after a new one is complete)
-    report_to: str = "tensorboard"  # accelerate tracker ("tensorboard", "none", ...)
+    report_to: Literal["tensorboard", "none"] = "tensorboard"  # where metrics go besides metrics.jsonl
     dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
 
 
@@ -89,12 +92,13 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
 import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import make_loader  # noqa: E402
-from common.distributed import build_accelerator, seed_everything  # noqa: E402
+from common.distributed import build_accelerator, describe_run, seed_everything  # noqa: E402
 from common.encoder import encoder_config_from  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
@@ -116,12 +120,15 @@ def main(cfg: Config) -> None:
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
         log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
+        deterministic=cfg.deterministic,
     )
     world = accelerator.num_processes
     # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
     claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
     preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
+    logger.info(describe_run(accelerator, cfg.max_batch_seconds, cfg.gradient_accumulation_steps))
     seed_everything(cfg.seed)  # model init: identical on every rank
+    cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
     cfg_dict = config_to_dict(cfg)
 
     # ---- data ------------------------------------------------------------------------------
@@ -208,7 +215,9 @@ def main(cfg: Config) -> None:
     # ---- export: final/ appears complete or not at all -------------------------------------
     def write_extras(folder: Path) -> None:  # main process, beside model.safetensors (quantizer, stats)
         save_config(cfg, folder / "config.yaml")
-        accelerator.unwrap_model(model).encoder.save_pretrained(folder / "encoder")
+        weights = load_file(folder / "model.safetensors")  # the full weights, also when training was sharded
+        accelerator.unwrap_model(model).encoder.save_pretrained(
+            folder / "encoder", state_dict={k[len("encoder."):]: v for k, v in weights.items() if k.startswith("encoder.")})
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import soundfile as sf
@@ -59,7 +60,7 @@ class EvalConfig:
     """Evaluate synthesis on held-out sentences. Every field can be set as --key value."""
 
     checkpoint: str = "outputs/tts"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
-    split: str = "test"  # "test" | "validation" (the checkpoint's deterministic split)
+    split: Literal["test", "validation"] = "test"  # the checkpoint's deterministic split
     data_dir: str | None = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # None = <checkpoint folder>/eval

@@ -22,9 +22,11 @@ guarantees (common/loop.py, docs/resume.md): keep them when you edit the loop.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from common.config import parse_config
 
@@ -37,16 +39,16 @@ class Config:
 
     # --- data ---
     data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv); None = built-in corpus
-    builtin_corpus: str = "default"  # built-in corpus profile when data_dir is None ("default" | "tiny")
+    builtin_corpus: Literal["default", "tiny"] = "default"  # built-in corpus profile when data_dir is None
     data_cache_dir: str | None = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
     num_valid: int = 20  # utterances for validation: the num_valid ids just before the test ids
     num_test: int = 20  # held-out utterances for score.py: the last num_test ids (sorted)
     symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # characters; text is lowercased first
     sample_rate: int = 22050  # Hz
-    wrong_sample_rate: str = "resample"  # audio at another rate: "resample" (on load) | "refuse"
+    wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused
     min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 15.0  # longer utterances are refused by the data check
-    on_bad_data: str = "error"  # unusable entries: "error" (stop with a report) | "skip" (drop, log counts)
+    on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
     n_mels: int = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
     win_length: int = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
     hop_length: int = 256  # samples (11.6 ms per frame)
@@ -83,7 +85,8 @@ class Config:
     max_steps: int = 1000  # optimizer steps
     gradient_accumulation_steps: int = 1  # batches per optimizer step
     seed: int = 42
-    mixed_precision: str = "no"  # "no" | "bf16" | "fp16"
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
+    deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
     ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
     overwrite_output_dir: bool = False  # allow an --output_dir that holds files but is not a run of this recipe
@@ -92,7 +95,7 @@ class Config:
     eval_steps: int = 250  # optimizer steps between validation passes (0 = never)
     save_steps: int = 250  # optimizer steps between checkpoints
     save_total_limit: int = 2  # complete checkpoints kept (oldest pruned after a new one is complete)
-    report_to: str = "tensorboard"  # accelerate tracker ("tensorboard", "none", ...)
+    report_to: Literal["tensorboard", "none"] = "tensorboard"  # where metrics go besides metrics.jsonl
     num_samples: int = 2  # fixed validation sentences synthesized into TensorBoard at each validation
     griffin_lim_iters: int = 32  # Griffin-Lim iterations for those samples
     dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
@@ -107,7 +110,7 @@ from common.checkpoint import TrainState, export_final, resume_from_checkpoint  
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import load_audio, make_loader  # noqa: E402
-from common.distributed import build_accelerator, seed_everything  # noqa: E402
+from common.distributed import build_accelerator, describe_run, seed_everything  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
@@ -172,12 +175,15 @@ def main(cfg: Config) -> None:
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
         log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
+        deterministic=cfg.deterministic,
     )
     world = accelerator.num_processes
     # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
     claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
     preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
+    logger.info(describe_run(accelerator, cfg.max_batch_seconds, cfg.gradient_accumulation_steps))
     seed_everything(cfg.seed)  # model init: identical on every rank
+    cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
     cfg_dict = config_to_dict(cfg)
     symbols = Symbols(cfg.symbols)
 
