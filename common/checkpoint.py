@@ -57,7 +57,9 @@ MARKER = "COMPLETE"
 # exactness (they only say where to stop, how often to save/log, or where to write).
 RESUME_SAFE_KEYS = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
                     "eval_steps", "num_workers", "report_to", "data_cache_dir", "ddp_timeout",
-                    "max_nonfinite_updates", "dump_batch_ids", "overwrite_output_dir")
+                    "max_nonfinite_updates", "dump_batch_ids", "overwrite_output_dir",
+                    # checked through the global batch instead (see global_batch_plan):
+                    "gradient_accumulation_steps")
 
 
 @dataclasses.dataclass
@@ -66,9 +68,10 @@ class TrainState:
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # current epoch (0-based)
-    batches_in_epoch: int = 0  # this rank's batches already consumed in `epoch`
-    world_size: int = 1
-    gradient_accumulation_steps: int = 1
+    batches_in_epoch: int = 0  # global micro-batches (all ranks) already consumed in `epoch`
+    world_size: int = 1  # processes of the launch that wrote the checkpoint
+    gradient_accumulation_steps: int = 1  # ... and their accumulation: world_size × this = global_batch
+    global_batch: int = 1  # micro-batches per optimizer step: fixed at the first launch (elastic resume)
     skipped_updates: int = 0  # optimizer steps whose update was skipped (non-finite gradients)
     nonfinite_streak: int = 0  # consecutive ones, up to now
     config_hash: str = ""  # config_hash(config, ignore=RESUME_SAFE_KEYS)
@@ -76,12 +79,14 @@ class TrainState:
     data: dict = dataclasses.field(default_factory=dict)  # manifest_summary() of the training data
 
     @classmethod
-    def for_run(cls, config: dict[str, Any], world_size: int, data: dict | None = None) -> "TrainState":
-        """The state of a fresh run of `config` (a `config_to_dict`) on `world_size` processes, on
-        the training data summarized by `data` (`common.manifest.manifest_summary`)."""
+    def for_run(cls, config: dict[str, Any], world_size: int, accumulation: int, data: dict | None = None) -> "TrainState":
+        """The state of a fresh run of `config` (a `config_to_dict`) on `world_size` processes with
+        `accumulation` (see `global_batch_plan`), on the training data summarized by `data`
+        (`common.manifest.manifest_summary`)."""
         from common.config import config_hash
 
-        return cls(world_size=world_size, gradient_accumulation_steps=config["gradient_accumulation_steps"],
+        return cls(world_size=world_size, gradient_accumulation_steps=accumulation,
+                   global_batch=world_size * accumulation,
                    config_hash=config_hash(config, ignore=RESUME_SAFE_KEYS), config=config, data=data or {})
 
     def state_dict(self) -> dict[str, Any]:
@@ -278,21 +283,53 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     return Path(choice[0]) if choice[0] else None
 
 
-def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainState, scheduler) -> Path | None:
-    """Load the newest intact checkpoint into the prepared objects, `state` and `scheduler`, if any.
+def global_batch_plan(ckpt: Path | None, world: int, accumulation: int,
+                      is_main_process: bool = True) -> tuple[int, int]:
+    """(accumulation steps for this launch, global batch G in micro-batches per optimizer step).
+
+    A fresh run: G = world × accumulation. A resumed run keeps its checkpoint's G, on any number of
+    processes M that divides it: the accumulation becomes G / M, unless `accumulation` was changed
+    from the checkpoint's (then it must give M × accumulation = G). Otherwise: RunError, with the
+    process counts that work."""
+    if ckpt is None:
+        return accumulation, world * accumulation
+    saved = json.loads((ckpt / "train_state.json").read_text())
+    was_world, was_accum = saved["world_size"], saved["gradient_accumulation_steps"]
+    g = saved.get("global_batch", was_world * was_accum)
+    if world * accumulation == g:
+        plan = accumulation
+    elif accumulation == was_accum and g % world == 0:
+        plan = g // world
+    else:
+        valid = ", ".join(f"{m} × {g // m}" for m in range(1, g + 1) if g % m == 0)
+        if g % world:
+            why = f"{world} processes cannot split the checkpoint's global batch of {g} micro-batches"
+        else:
+            why = (f"--gradient_accumulation_steps {accumulation} × {world} processes is {world * accumulation} "
+                   f"micro-batches per step, the checkpoint's global batch is {g}")
+        raise RunError(f"{why} ({was_world} processes × accumulation {was_accum}); valid: processes × "
+                       f"accumulation = {valid} (leave --gradient_accumulation_steps as it was and it is derived)")
+    if (world, plan) != (was_world, was_accum) and is_main_process:
+        logger.warning(f"checkpoint: {was_world} process(es) × accumulation {was_accum}; now: {world} × {plan} "
+                       f"— the same global batches of {g} micro-batches (weights not bit-identical to an "
+                       f"uninterrupted run: gradients are summed in another order; docs/resume.md)")
+    return plan, g
+
+
+def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, scheduler) -> Path | None:
+    """Load checkpoint `ckpt` (from `choose_checkpoint`; None: a fresh start) into the prepared
+    objects, `state` and `scheduler`.
 
     Collective: call on every rank, after `accelerator.prepare`.
-    Refuses a checkpoint whose world size, accumulation or data-affecting config differs: the
+    Refuses a checkpoint whose global batch, training data or data-affecting config differs: the
     resumed run could not reproduce the uninterrupted one.
     """
-    ckpt = choose_checkpoint(accelerator, output_dir)
     if ckpt is None:
         return None
     saved = json.loads((ckpt / "train_state.json").read_text())
     problems = []
-    for key in ("world_size", "gradient_accumulation_steps"):
-        if saved[key] != getattr(state, key):
-            problems.append(f"{key}: checkpoint {saved[key]} != now {getattr(state, key)}")
+    if saved.get("global_batch", saved["world_size"] * saved["gradient_accumulation_steps"]) != state.global_batch:
+        problems.append(f"global batch: checkpoint {saved.get('global_batch')} micro-batches != now {state.global_batch}")
     if saved.get("data") and state.data and saved["data"] != state.data:
         was, now = saved["data"], state.data
         problems.append(f"training data changed: checkpoint {was['utterances']} utterances "
@@ -311,11 +348,15 @@ def resume_from_checkpoint(accelerator, output_dir: str | Path, state: TrainStat
     if "scheduler" not in saved:
         raise RuntimeError(f"{ckpt} was written by an older version of this repository (no scheduler state "
                            f"in train_state.json); resume it with that version, or use a new --output_dir")
-    # accelerate ignores an RNG-state file it cannot load (it logs and goes on); we refuse instead.
-    accelerate_load(ckpt / f"random_states_{accelerator.process_index}.pkl")  # weights_only: runs no code
+    if saved["world_size"] == accelerator.num_processes:
+        # accelerate ignores an RNG-state file it cannot load (it logs and goes on); we refuse instead.
+        accelerate_load(ckpt / f"random_states_{accelerator.process_index}.pkl")  # weights_only: runs no code
+    # (On another number of processes rank r may find no RNG file of its own: nothing is lost, the
+    # loop reseeds the global RNG from the position before every micro-batch.)
     accelerator.load_state(str(ckpt))  # model, optimizer, this rank's RNG states
     scheduler.load_state_dict(saved.pop("scheduler"))
-    saved.pop("config")  # resume-safe keys (max_steps, ...) keep their new values
+    for key in ("config", "world_size", "gradient_accumulation_steps"):
+        saved.pop(key)  # this launch's: resume-safe keys (max_steps, ...) and its own topology
     state.load_state_dict(saved)
     if accelerator.is_main_process:
         logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "

@@ -3,10 +3,12 @@
 (Manifests, i.e. reading a corpus folder into rows and checking them, are in `common.manifest`.)
 Data contract that makes resume exact and DDP honest:
 - a manifest is sorted by utterance id, so its order never depends on the file system;
-- the batch sampler is a pure function of (seed, epoch, world_size): every rank builds the same
-  global list of batches, whose length is a multiple of world_size. Accelerate then deals batch i
-  to rank i % world_size, so ranks see disjoint samples and the same number of steps, and its
-  `even_batches` padding (which re-serves the first batches, duplicating samples) never triggers;
+- the batch sampler is a pure function of (seed, epoch, multiple_of): every rank builds the same
+  global list of batches, whose length is a multiple of the global batch G (micro-batches per
+  optimizer step, = processes × accumulation, fixed at a run's first launch). Accelerate then deals
+  batch i to rank i % world_size, so ranks see disjoint samples and the same number of steps, its
+  `even_batches` padding (which re-serves the first batches, duplicating samples) never triggers,
+  and optimizer step s consumes global batches [sG, (s+1)G) whatever the number of processes;
 - per-sample randomness (masking, augmentation) comes from `sample_generator(seed, epoch, id)`,
   so worker count, sharding and `skip_first_batches` cannot change it.
 """
@@ -50,9 +52,10 @@ class DurationBatchSampler:
     costs memory and compute); finally shuffle the batch order. An utterance longer than
     `max_batch_seconds` gets a batch of its own.
 
-    The result is identical on every rank. Its length is made a multiple of `world_size` by
-    splitting the largest batches, so Accelerate's round-robin sharding covers every utterance
-    exactly once with equal step counts. Do not shard it again (accelerate #4075).
+    The result is identical on every rank. Its length is made a multiple of `multiple_of` (the
+    global batch in micro-batches, or the world size for evaluation) by splitting the largest
+    batches, so Accelerate's round-robin sharding covers every utterance exactly once with equal
+    step counts, and no accumulation window is ever short. Do not shard it again (accelerate #4075).
     """
 
     def __init__(
@@ -63,16 +66,16 @@ class DurationBatchSampler:
         num_buckets: int = 10,
         shuffle: bool = True,
         seed: int = 0,
-        world_size: int = 1,
+        multiple_of: int = 1,
     ):
         self.durations = np.asarray(durations, dtype=np.float64)
-        if len(self.durations) < world_size:
-            raise ValueError(f"{len(self.durations)} utterances cannot feed {world_size} processes")
+        if len(self.durations) < multiple_of:
+            raise ValueError(f"{len(self.durations)} utterances cannot fill {multiple_of} batches per step")
         self.max_batch_seconds = max_batch_seconds
         self.num_buckets = max(1, min(num_buckets, len(self.durations)))
         self.shuffle = shuffle
         self.seed = seed
-        self.world_size = world_size
+        self.multiple_of = multiple_of
         self.epoch = 0
         self._cache: tuple[int, list[list[int]]] | None = None
 
@@ -104,13 +107,13 @@ class DurationBatchSampler:
                 batches.append(batch)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        # Make the count a multiple of world_size by halving the largest batches (never dropping).
-        while len(batches) % self.world_size:
+        # Make the count a multiple of multiple_of by halving the largest batches (never dropping).
+        while len(batches) % self.multiple_of:
             big = max(range(len(batches)), key=lambda i: (len(batches[i]), -i))
             b = batches[big]
             if len(b) < 2:
                 raise ValueError(
-                    f"cannot split {n} utterances into a multiple of {self.world_size} batches; "
+                    f"cannot split {n} utterances into a multiple of {self.multiple_of} batches; "
                     "raise max_batch_seconds"
                 )
             batches[big : big + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
@@ -125,14 +128,15 @@ class DurationBatchSampler:
 
 
 def make_loader(dataset, durations, collate_fn, *, max_batch_seconds: float, num_buckets: int, seed: int,
-                world_size: int, shuffle: bool, num_workers: int = 0) -> tuple[DataLoader, DurationBatchSampler]:
-    """A DataLoader over `DurationBatchSampler` batches (to be passed to `accelerator.prepare`).
+                multiple_of: int, shuffle: bool, num_workers: int = 0) -> tuple[DataLoader, DurationBatchSampler]:
+    """A DataLoader over `DurationBatchSampler` batches (to be passed to `accelerator.prepare`);
+    `multiple_of`: the global batch in micro-batches (training) or the number of processes.
 
     The loader gets its own generator: creating an iterator draws one int64 from it, and from the
     global torch RNG if it had none, so a resumed run (which creates its iterator at another point)
     would otherwise shift the global RNG (dropout) from its first step on (docs/resume.md)."""
     sampler = DurationBatchSampler(durations, max_batch_seconds, num_buckets=num_buckets, shuffle=shuffle,
-                                   seed=seed, world_size=world_size)
+                                   seed=seed, multiple_of=multiple_of)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers,
                         generator=torch.Generator().manual_seed(seed), persistent_workers=False)
     return loader, sampler

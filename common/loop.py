@@ -66,8 +66,9 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
 
     `loader` is the prepared training DataLoader; `epoch_objects` are the other objects with a
     `set_epoch(epoch)` (the batch sampler, a collator or dataset drawing per-epoch randomness).
-    `state.batches_in_epoch` counts this rank's consumed batches; `ids_log` (optional) receives one
-    JSON line per micro-batch with its utterance ids (an audit of DDP sharding).
+    `state.batches_in_epoch` counts the global micro-batches consumed (all ranks; always a multiple
+    of the global batch at a checkpoint, so a resume may use another number of processes);
+    `ids_log` (optional) receives one JSON line per micro-batch with its utterance ids.
     """
     rank, world = accelerator.process_index, accelerator.num_processes
     ids_file = open(ids_log, "a") if ids_log else None
@@ -76,7 +77,7 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
             for obj in (loader, *epoch_objects):
                 obj.set_epoch(state.epoch)
             n_batches = len(loader)  # this rank's batches; equal on every rank
-            epoch, done = state.epoch, state.batches_in_epoch
+            epoch, done = state.epoch, state.batches_in_epoch // world  # this rank's consumed batches
             # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them.
             for i, batch in enumerate(skip_first_batches(loader, done) if done else loader, start=done):
                 micro = accumulation_window(i, n_batches, accumulation)
@@ -84,10 +85,11 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
                 # robin): dropout draws from that position alone, never from what ran before.
                 torch.manual_seed(derive_seed(seed, "train", epoch, i * world + rank))
                 if ids_file:
-                    ids_file.write(json.dumps({"epoch": epoch, "batch": i, "ids": batch["ids"]}) + "\n")
+                    ids_file.write(json.dumps({"epoch": epoch, "batch": i, "global_batch": i * world + rank,
+                                               "step": state.step + 1, "ids": batch["ids"]}) + "\n")
                     ids_file.flush()
                 # The position a checkpoint taken after this micro-batch's optimizer step must hold.
-                state.batches_in_epoch = i + 1
+                state.batches_in_epoch = (i + 1) * world
                 if i + 1 == n_batches:
                     state.epoch, state.batches_in_epoch = epoch + 1, 0
                 yield batch, micro

@@ -76,7 +76,7 @@ def main():
     manifest = read_split(data_dir, args.split)
     loader, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"],
                             SpecAugmentCollator(cfg, augment=False), max_batch_seconds=args.max_batch_seconds,
-                            num_buckets=cfg.num_buckets, seed=cfg.seed, world_size=world, shuffle=False,
+                            num_buckets=cfg.num_buckets, seed=cfg.seed, multiple_of=world, shuffle=False,
                             num_workers=args.num_workers)
 
     model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,

@@ -106,7 +106,8 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
-from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.checkpoint import (TrainState, choose_checkpoint, export_final, global_batch_plan,  # noqa: E402
+                               resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import make_loader  # noqa: E402
@@ -142,7 +143,6 @@ def main(cfg: Config) -> None:
     # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
     claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
     preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, cfg.gradient_accumulation_steps))
     if cfg.deterministic and accelerator.device.type == "cuda":
         raise RunError("--deterministic on a GPU: CUDA's CTC loss backward has no deterministic implementation, "
                        "so this recipe cannot be bit-exact there; drop --deterministic (resume stays exact in "
@@ -150,6 +150,14 @@ def main(cfg: Config) -> None:
     seed_everything(cfg.seed)  # model init: identical on every rank
     cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
     cfg_dict = config_to_dict(cfg)
+
+    # ---- where to resume (chosen first: the checkpoint's global batch sizes the data batches) --
+    ckpt = choose_checkpoint(accelerator, out)  # the newest intact checkpoint, or None (collective)
+    # Micro-batches per optimizer step are fixed at the first launch; a re-launch on another number
+    # of processes changes the accumulation to keep them (or is refused, naming what works).
+    accumulation, global_batch = global_batch_plan(ckpt, world, cfg.gradient_accumulation_steps,
+                                                   accelerator.is_main_process)
+    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation))
 
     # ---- data ------------------------------------------------------------------------------
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
@@ -181,11 +189,12 @@ def main(cfg: Config) -> None:
     train_ds = SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb)
     train_collator = SpecAugmentCollator(cfg, augment=True)  # the training set only is augmented
     batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
-                    world_size=world, num_workers=cfg.num_workers)
+                    num_workers=cfg.num_workers)
     train_loader, train_sampler = make_loader(train_ds, train_set["duration"], train_collator, shuffle=True,
-                                              **batching)
+                                              multiple_of=global_batch, **batching)
     valid_loader, _ = make_loader(SpeechDataset(valid_set, cfg, tokenizer), valid_set["duration"],
-                                  SpecAugmentCollator(cfg, augment=False), shuffle=False, **batching)
+                                  SpecAugmentCollator(cfg, augment=False), shuffle=False, multiple_of=world,
+                                  **batching)
 
     # ---- model, optimizer, schedule (sized in optimizer steps) -------------------------------
     model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
@@ -205,8 +214,8 @@ def main(cfg: Config) -> None:
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --
-    state = TrainState.for_run(cfg_dict, world, data=manifest_summary(train_set))  # resume refuses other data
-    if resume_from_checkpoint(accelerator, out, state, scheduler) is None and not stats_loaded:
+    state = TrainState.for_run(cfg_dict, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
+    if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None and not stats_loaded:
         stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         logmel = LogMel(cfg.sample_rate, cfg.n_mels)
         set_feature_stats(accelerator, model, lambda: feature_stats(
@@ -223,7 +232,7 @@ def main(cfg: Config) -> None:
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     window_loss = torch.zeros((), device=accelerator.device)  # mean CTC loss over the accumulation window
     for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
-            accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=cfg.gradient_accumulation_steps,
+            accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler, train_collator, train_ds),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):  # keep

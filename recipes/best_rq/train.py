@@ -94,7 +94,8 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.checkpoint import (TrainState, choose_checkpoint, export_final, global_batch_plan,  # noqa: E402
+                               resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import make_loader  # noqa: E402
@@ -126,10 +127,17 @@ def main(cfg: Config) -> None:
     # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
     claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
     preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, cfg.gradient_accumulation_steps))
     seed_everything(cfg.seed)  # model init: identical on every rank
     cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
     cfg_dict = config_to_dict(cfg)
+
+    # ---- where to resume (chosen first: the checkpoint's global batch sizes the data batches) --
+    ckpt = choose_checkpoint(accelerator, out)  # the newest intact checkpoint, or None (collective)
+    # Micro-batches per optimizer step are fixed at the first launch; a re-launch on another number
+    # of processes changes the accumulation to keep them (or is refused, naming what works).
+    accumulation, global_batch = global_batch_plan(ckpt, world, cfg.gradient_accumulation_steps,
+                                                   accelerator.is_main_process)
+    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation))
 
     # ---- data ------------------------------------------------------------------------------
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
@@ -146,10 +154,11 @@ def main(cfg: Config) -> None:
     train_ds = FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels)
     collator = MaskingCollator(cfg)
     batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
-                    world_size=world, num_workers=cfg.num_workers)
-    train_loader, train_sampler = make_loader(train_ds, train_set["duration"], collator, shuffle=True, **batching)
+                    num_workers=cfg.num_workers)
+    train_loader, train_sampler = make_loader(train_ds, train_set["duration"], collator, shuffle=True,
+                                              multiple_of=global_batch, **batching)
     valid_loader, _ = make_loader(FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), valid_set["duration"],
-                                  collator, shuffle=False, **batching)
+                                  collator, shuffle=False, multiple_of=world, **batching)
 
     # ---- model, optimizer, schedule (sized in optimizer steps) -------------------------------
     model = BestRQ(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
@@ -165,8 +174,8 @@ def main(cfg: Config) -> None:
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
-    state = TrainState.for_run(cfg_dict, world, data=manifest_summary(train_set))  # resume refuses other data
-    if resume_from_checkpoint(accelerator, out, state, scheduler) is None:
+    state = TrainState.for_run(cfg_dict, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
+    if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None:
         stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(
             [train_ds[i][1] for i in range(0, len(train_ds), stride)]))
@@ -182,7 +191,7 @@ def main(cfg: Config) -> None:
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     window = torch.zeros(2, device=accelerator.device)  # loss, accuracy: means over the accumulation window
     for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
-            accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=cfg.gradient_accumulation_steps,
+            accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler, collator),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):  # keep

@@ -6,8 +6,13 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from common.checkpoint import (TrainState, _digest, checkpoint_dir, find_latest_checkpoint, list_checkpoints,
-                               resume_from_checkpoint, save_checkpoint, verify_checkpoint)
+from common.checkpoint import (TrainState, _digest, checkpoint_dir, choose_checkpoint, find_latest_checkpoint,
+                               list_checkpoints, save_checkpoint, verify_checkpoint)
+from common.checkpoint import resume_from_checkpoint as _resume
+
+
+def resume_from_checkpoint(accelerator, out, state, sched):
+    return _resume(accelerator, choose_checkpoint(accelerator, out), state, sched)
 
 
 def setup(seed=0):
@@ -17,7 +22,7 @@ def setup(seed=0):
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
     model, opt = accelerator.prepare(model, opt)
-    state = TrainState(world_size=1, gradient_accumulation_steps=1, config_hash="h",
+    state = TrainState(world_size=1, gradient_accumulation_steps=1, global_batch=1, config_hash="h",
                        config={"lr": 0.1, "max_steps": 10})
     return accelerator, model, opt, sched, state
 
@@ -78,7 +83,7 @@ def test_no_checkpoint_means_fresh_start(tmp_path):
     assert resume_from_checkpoint(accelerator, tmp_path, state, sched) is None
 
 
-@pytest.mark.parametrize("change", ["world_size", "gradient_accumulation_steps", "config"])
+@pytest.mark.parametrize("change", ["global_batch", "config"])
 def test_mismatched_checkpoint_is_refused(tmp_path, change):
     accelerator, model, opt, sched, state = setup()
     state.step = 1
@@ -90,7 +95,7 @@ def test_mismatched_checkpoint_is_refused(tmp_path, change):
         expected = "lr: checkpoint 0.1 != now 0.2"
     else:
         setattr(state2, change, 2)
-        expected = change
+        expected = "global batch: checkpoint 1 micro-batches != now 2"
     with pytest.raises(RuntimeError, match=expected):
         resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
 
@@ -176,3 +181,26 @@ def test_resolve_checkpoint_accepts_output_dir_final_or_step(tmp_path):
     assert resolve_checkpoint(tmp_path / "checkpoints" / "step_00000001") == tmp_path / "checkpoints" / "step_00000001"
     with pytest.raises(FileNotFoundError):
         resolve_checkpoint(tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize("world,accum,expected", [
+    (2, 1, (1, 2)),  # unchanged
+    (1, 1, (2, 2)),  # 2 processes × 1 → 1 process × 2 (the flag kept as at the first launch)
+    (1, 2, (2, 2)),  # the flag changed, consistently
+    (4, 1, None),  # 4 processes cannot split 2 micro-batches
+    (2, 3, None),  # 2 × 3 != 2
+])
+def test_global_batch_plan_keeps_the_global_batch_or_refuses(tmp_path, world, accum, expected):
+    from common.checkpoint import global_batch_plan
+    from common.faults import RunError
+
+    ckpt = tmp_path / "step_00000001"
+    ckpt.mkdir()
+    (ckpt / "train_state.json").write_text(json.dumps(
+        {"world_size": 2, "gradient_accumulation_steps": 1, "global_batch": 2}))
+    assert global_batch_plan(None, world, accum) == (accum, world * accum)
+    if expected is None:
+        with pytest.raises(RunError, match=r"valid: processes × accumulation = 1 × 2, 2 × 1"):
+            global_batch_plan(ckpt, world, accum)
+    else:
+        assert global_batch_plan(ckpt, world, accum) == expected

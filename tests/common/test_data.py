@@ -17,7 +17,7 @@ def shard(batches, rank, world):
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_every_epoch_covers_once_disjoint_equal_steps(world):
     d = durations()
-    s = DurationBatchSampler(d, 20.0, num_buckets=5, seed=1, world_size=world)
+    s = DurationBatchSampler(d, 20.0, num_buckets=5, seed=1, multiple_of=world)
     for epoch in range(3):
         s.set_epoch(epoch)
         batches = list(s)
@@ -32,8 +32,8 @@ def test_every_epoch_covers_once_disjoint_equal_steps(world):
 
 def test_pure_function_of_seed_and_epoch():
     d = durations()
-    a = DurationBatchSampler(d, 20.0, seed=3, world_size=2)
-    b = DurationBatchSampler(d, 20.0, seed=3, world_size=2)
+    a = DurationBatchSampler(d, 20.0, seed=3, multiple_of=2)
+    b = DurationBatchSampler(d, 20.0, seed=3, multiple_of=2)
     b.set_epoch(5)
     list(b)  # a different state before must not matter
     b.set_epoch(1)
@@ -41,7 +41,7 @@ def test_pure_function_of_seed_and_epoch():
     assert list(a) == list(b)
     a.set_epoch(2)
     assert list(a) != list(b)  # epochs differ
-    c = DurationBatchSampler(d, 20.0, seed=4, world_size=2)
+    c = DurationBatchSampler(d, 20.0, seed=4, multiple_of=2)
     c.set_epoch(1)
     assert list(c) != list(b)
 
@@ -54,7 +54,7 @@ def test_buckets_group_similar_lengths():
 
 
 def test_no_shuffle_is_fixed():
-    s = DurationBatchSampler(durations(), 20.0, shuffle=False, world_size=2)
+    s = DurationBatchSampler(durations(), 20.0, shuffle=False, multiple_of=2)
     first = list(s)
     s.set_epoch(7)
     assert list(s) == first
@@ -62,7 +62,7 @@ def test_no_shuffle_is_fixed():
 
 def test_too_few_utterances():
     with pytest.raises(ValueError):
-        DurationBatchSampler([1.0], 10.0, world_size=2)
+        DurationBatchSampler([1.0], 10.0, multiple_of=2)
 
 
 def test_sample_generator_and_seeds():

@@ -127,11 +127,12 @@ def assert_same_losses(a: Path, b: Path) -> None:
         assert ra["loss"] == rb["loss"], f"step {ra['step']}: {ra['loss']} != {rb['loss']}"
 
 
-def epoch_lengths(durations, max_batch_seconds: float, world: int, epochs: int, seed: int = 42) -> list[int]:
+def epoch_lengths(durations, max_batch_seconds: float, world: int, epochs: int, seed: int = 42,
+                  accumulation: int = 1) -> list[int]:
     """Batches per rank in each epoch, as a recipe's sampler will make them from `durations`."""
     from common.data import DurationBatchSampler
 
-    s = DurationBatchSampler(durations, max_batch_seconds, seed=seed, world_size=world)
+    s = DurationBatchSampler(durations, max_batch_seconds, seed=seed, multiple_of=world * accumulation)
     lengths = []
     for e in range(epochs):
         s.set_epoch(e)

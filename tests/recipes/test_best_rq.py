@@ -127,13 +127,13 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_interrupted_equals_continuous_with_accumulation(tiny_corpus, tmp_path, nproc):
-    """--gradient_accumulation_steps 3 with epochs whose length is not a multiple of 3."""
-    accum = 3
-    mbs = next(m for m in (16.0, 15.0, 17.0, 14.0, 18.0, 13.0)
-               if all(n % accum for n in epoch_lengths(train_durations(tiny_corpus), m, nproc, 2)))
-    e0, e1 = epoch_lengths(train_durations(tiny_corpus), mbs, nproc, 2)
-    steps0 = math.ceil(e0 / accum)  # the last window of epoch 0 is short
-    k, max_steps = steps0 + 1, steps0 + math.ceil(e1 / accum)
+    """--gradient_accumulation_steps 3, cut inside epoch 1. The sampler makes each epoch's batch count a
+    multiple of the global batch (processes × 3) by splitting batches, so no window is ever short."""
+    accum, mbs = 3, 16.0
+    e0, e1 = epoch_lengths(train_durations(tiny_corpus), mbs, nproc, 2, accumulation=accum)
+    assert e0 % accum == 0 and e1 % accum == 0
+    steps0 = e0 // accum
+    k, max_steps = steps0 + 1, steps0 + e1 // accum
     extra = ["--max_batch_seconds", str(mbs), "--gradient_accumulation_steps", str(accum),
              "--max_steps", str(max_steps), "--save_steps", "1"]
 
