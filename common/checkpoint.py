@@ -289,8 +289,8 @@ def global_batch_plan(ckpt: Path | None, world: int, accumulation: int,
 
     A fresh run: G = world × accumulation. A resumed run keeps its checkpoint's G, on any number of
     processes M that divides it: the accumulation becomes G / M, unless `accumulation` was changed
-    from the checkpoint's (then it must give M × accumulation = G). Otherwise: RunError, with the
-    process counts that work."""
+    from the checkpoint's (then M × accumulation must be G). When neither works, the plan is this
+    launch's own G, and `resume_from_checkpoint` refuses it with the other differences."""
     if ckpt is None:
         return accumulation, world * accumulation
     saved = json.loads((ckpt / "train_state.json").read_text())
@@ -301,19 +301,23 @@ def global_batch_plan(ckpt: Path | None, world: int, accumulation: int,
     elif accumulation == was_accum and g % world == 0:
         plan = g // world
     else:
-        valid = ", ".join(f"{m} × {g // m}" for m in range(1, g + 1) if g % m == 0)
-        if g % world:
-            why = f"{world} processes cannot split the checkpoint's global batch of {g} micro-batches"
-        else:
-            why = (f"--gradient_accumulation_steps {accumulation} × {world} processes is {world * accumulation} "
-                   f"micro-batches per step, the checkpoint's global batch is {g}")
-        raise RunError(f"{why} ({was_world} processes × accumulation {was_accum}); valid: processes × "
-                       f"accumulation = {valid} (leave --gradient_accumulation_steps as it was and it is derived)")
+        return accumulation, world * accumulation
     if (world, plan) != (was_world, was_accum) and is_main_process:
         logger.warning(f"checkpoint: {was_world} process(es) × accumulation {was_accum}; now: {world} × {plan} "
                        f"— the same global batches of {g} micro-batches (weights not bit-identical to an "
-                       f"uninterrupted run: gradients are summed in another order; docs/resume.md)")
+                       f"uninterrupted run in general: gradients are summed in another order; docs/resume.md)")
     return plan, g
+
+
+def _global_batch_problem(saved: dict, state: TrainState) -> str | None:
+    g = saved.get("global_batch", saved["world_size"] * saved["gradient_accumulation_steps"])
+    if g == state.global_batch:
+        return None
+    valid = ", ".join(f"{m} × {g // m}" for m in range(1, g + 1) if g % m == 0)
+    return (f"global batch: checkpoint {g} micro-batches per step ({saved['world_size']} process(es) × accumulation "
+            f"{saved['gradient_accumulation_steps']}) != now {state.global_batch} ({state.world_size} × "
+            f"{state.gradient_accumulation_steps}); processes × accumulation that keep it: {valid} (leave "
+            f"--gradient_accumulation_steps as it was and it is derived)")
 
 
 def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, scheduler) -> Path | None:
@@ -327,9 +331,7 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
     if ckpt is None:
         return None
     saved = json.loads((ckpt / "train_state.json").read_text())
-    problems = []
-    if saved.get("global_batch", saved["world_size"] * saved["gradient_accumulation_steps"]) != state.global_batch:
-        problems.append(f"global batch: checkpoint {saved.get('global_batch')} micro-batches != now {state.global_batch}")
+    problems = [p for p in [_global_batch_problem(saved, state)] if p]
     if saved.get("data") and state.data and saved["data"] != state.data:
         was, now = saved["data"], state.data
         problems.append(f"training data changed: checkpoint {was['utterances']} utterances "
@@ -340,7 +342,7 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
             if k not in RESUME_SAFE_KEYS and saved["config"].get(k) != state.config.get(k):
                 problems.append(f"{k}: checkpoint {saved['config'].get(k)!r} != now {state.config.get(k)!r}")
     if problems:
-        raise RuntimeError(
+        raise RunError(
             f"refusing to resume from {ckpt}: it was made with a different setting\n  "
             + "\n  ".join(problems)
             + "\nUse a new --output_dir, or re-launch with the checkpoint's settings."

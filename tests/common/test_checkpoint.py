@@ -95,8 +95,8 @@ def test_mismatched_checkpoint_is_refused(tmp_path, change):
         expected = "lr: checkpoint 0.1 != now 0.2"
     else:
         setattr(state2, change, 2)
-        expected = "global batch: checkpoint 1 micro-batches != now 2"
-    with pytest.raises(RuntimeError, match=expected):
+        expected = "global batch: checkpoint 1 micro-batches per step"
+    with pytest.raises(RuntimeError, match=expected):  # RunError: a RuntimeError printed without traceback
         resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
 
 
@@ -187,20 +187,22 @@ def test_resolve_checkpoint_accepts_output_dir_final_or_step(tmp_path):
     (2, 1, (1, 2)),  # unchanged
     (1, 1, (2, 2)),  # 2 processes × 1 → 1 process × 2 (the flag kept as at the first launch)
     (1, 2, (2, 2)),  # the flag changed, consistently
-    (4, 1, None),  # 4 processes cannot split 2 micro-batches
-    (2, 3, None),  # 2 × 3 != 2
+    (4, 1, (1, 4)),  # 4 processes cannot split 2 micro-batches: refused at resume (below)
+    (2, 3, (3, 6)),  # 2 × 3 != 2: likewise
 ])
 def test_global_batch_plan_keeps_the_global_batch_or_refuses(tmp_path, world, accum, expected):
-    from common.checkpoint import global_batch_plan
-    from common.faults import RunError
+    from common.checkpoint import _global_batch_problem, global_batch_plan
 
     ckpt = tmp_path / "step_00000001"
     ckpt.mkdir()
-    (ckpt / "train_state.json").write_text(json.dumps(
-        {"world_size": 2, "gradient_accumulation_steps": 1, "global_batch": 2}))
+    saved = {"world_size": 2, "gradient_accumulation_steps": 1, "global_batch": 2}
+    (ckpt / "train_state.json").write_text(json.dumps(saved))
     assert global_batch_plan(None, world, accum) == (accum, world * accum)
-    if expected is None:
-        with pytest.raises(RunError, match=r"valid: processes × accumulation = 1 × 2, 2 × 1"):
-            global_batch_plan(ckpt, world, accum)
+    plan = global_batch_plan(ckpt, world, accum)
+    assert plan == expected
+    state = TrainState(world_size=world, gradient_accumulation_steps=plan[0], global_batch=plan[1])
+    problem = _global_batch_problem(saved, state)
+    if plan[1] == 2:
+        assert problem is None
     else:
-        assert global_batch_plan(ckpt, world, accum) == expected
+        assert "processes × accumulation that keep it: 1 × 2, 2 × 1" in problem

@@ -8,9 +8,36 @@ def test_refuses_when_processes_did_not_form_one_group(monkeypatch):
     """The launcher says 2 processes, but this one is alone: the silent 2x run must not start."""
     monkeypatch.setattr(distributed, "launcher_world_size", lambda: 2)
     with pytest.raises(RuntimeError, match="started 2 processes but this one joined a process group of 1"):
-        build_accelerator(cpu=True)
+        build_accelerator()
 
 
 def test_single_process_is_fine():
-    accelerator = build_accelerator(cpu=True)
+    accelerator = build_accelerator()
     assert accelerator.num_processes == 1
+
+
+@pytest.mark.parametrize("flag,env,expected,warned", [
+    (None, {}, "no", False),  # no launcher: fp32
+    (None, {"ACCELERATE_MIXED_PRECISION": "bf16"}, "bf16", False),  # the profile decides
+    ("no", {"ACCELERATE_MIXED_PRECISION": "bf16"}, "no", True),  # the flag wins, and says so
+    ("bf16", {"ACCELERATE_MIXED_PRECISION": "bf16"}, "bf16", False),
+])
+def test_precision_comes_from_the_profile_unless_the_flag_is_given(flag, env, expected, warned):
+    from common.distributed import resolve_topology
+
+    precision, warnings = resolve_topology(flag, cuda=False, bf16_ok=False, env=env)
+    assert precision == expected and bool(warnings) == warned
+
+
+@pytest.mark.parametrize("flag,env,cuda,bf16_ok,message", [
+    (None, {"ACCELERATE_USE_FSDP": "true"}, False, False, "the FSDP profile needs GPUs"),
+    (None, {"ACCELERATE_USE_DEEPSPEED": "true"}, True, True, "the DeepSpeed profile is not supported"),
+    ("fp16", {}, False, False, "fp16 mixed precision needs a GPU"),
+    (None, {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, False, "this GPU has no bf16 support"),
+])
+def test_a_profile_that_cannot_be_honoured_is_refused(flag, env, cuda, bf16_ok, message):
+    from common.distributed import resolve_topology
+    from common.faults import RunError
+
+    with pytest.raises(RunError, match=message):
+        resolve_topology(flag, cuda=cuda, bf16_ok=bf16_ok, env=env)

@@ -82,6 +82,6 @@ def test_a_world_size_that_cannot_keep_the_global_batch_is_refused(tiny_corpus, 
     extra = ["--max_batch_seconds", "16", "--max_steps", "4", "--save_steps", "2"]
     run("best_rq", 1, args_for(tiny_corpus, out, *extra), kill_after_checkpoint=2)
     log = run("best_rq", 2, args_for(tiny_corpus, out, *extra), expect_rc=1)
-    assert ("2 processes cannot split the checkpoint's global batch of 1 micro-batches (1 processes × "
-            "accumulation 1); valid: processes × accumulation = 1 × 1") in log
-    assert "Traceback" not in log.split("error: 2 processes")[0]
+    assert ("global batch: checkpoint 1 micro-batches per step (1 process(es) × accumulation 1) != now 2 "
+            "(2 × 1); processes × accumulation that keep it: 1 × 1") in log
+    assert "Traceback" not in log.split("refusing to resume")[0]

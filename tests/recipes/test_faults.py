@@ -111,7 +111,8 @@ def test_changed_settings_are_refused_on_resume(tiny_corpus, tmp_path):
     log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--gradient_accumulation_steps", "2",
                                      "--learning_rate", "0.1"), expect_rc=1)
     assert "refusing to resume" in log
-    assert "gradient_accumulation_steps: checkpoint 1 != now 2" in log and "learning_rate" in log
+    assert "global batch: checkpoint 1 micro-batches per step (1 process(es) × accumulation 1) != now 2" in log
+    assert "learning_rate: checkpoint" in log
 
 
 def test_non_finite_loss_on_one_rank_skips_the_update_everywhere(tiny_corpus, tmp_path):

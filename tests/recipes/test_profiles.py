@@ -1,0 +1,46 @@
+"""Accelerate profiles do what they say or refuse (CPU paths; GPU ones are in README "Run on N devices")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from tests.recipes.harness import ACCELERATE, ROOT, free_port
+from tests.recipes.test_best_rq import args_for
+
+pytestmark = pytest.mark.slow
+
+
+def launch(launcher: list[str], args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*ACCELERATE, *launcher, str(ROOT / "recipes" / "best_rq" / "train.py"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_fsdp_profile_on_cpu_is_refused(tiny_corpus, tmp_path):
+    proc = launch(["--config_file", str(ROOT / "accelerate_configs" / "fsdp.yaml"), "--num_processes", "2",
+                   "--main_process_port", str(free_port())], args_for(tiny_corpus, tmp_path / "run", "--max_steps", "2"))
+    assert proc.returncode != 0
+    assert "[rank 0] error: the FSDP profile needs GPUs" in proc.stderr + proc.stdout
+    assert "accelerate_configs/cpu_ddp.yaml" in proc.stderr + proc.stdout
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_precision_comes_from_the_profile_unless_the_flag_says_otherwise(tiny_corpus, tmp_path):
+    one = ["--num_processes", "1", "--num_machines", "1", "--dynamo_backend", "no"]
+    args = args_for(tiny_corpus, tmp_path / "profile", "--max_steps", "2", "--max_batch_seconds", "16")
+    proc = launch([*one, "--mixed_precision", "bf16"], args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "run: single process, 1 process(es) on cpu" in proc.stderr and "precision bf16" in proc.stderr
+    saved = yaml.safe_load((tmp_path / "profile" / "final" / "config.yaml").read_text())
+    assert saved["mixed_precision"] == "bf16"  # what ran is what the checkpoint says
+
+    args = args_for(tiny_corpus, tmp_path / "flag", "--max_steps", "2", "--max_batch_seconds", "16",
+                    "--mixed_precision", "no")
+    proc = launch([*one, "--mixed_precision", "bf16"], args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--mixed_precision no overrides the launcher's profile (bf16)" in proc.stderr
+    assert "precision no" in proc.stderr
