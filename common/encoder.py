@@ -12,6 +12,7 @@ Checkpoints of both recipes carry these names; do not rename them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -125,6 +126,10 @@ def load_pretrained_encoder(model: StackedLogMelEncoder, path: str | Path, cfg: 
     else:
         weights = load_file(folder / "encoder" / "model.safetensors")
         state = {f"encoder.{k}": v for k, v in weights.items()}
+        stats = folder / "encoder" / "preprocessor_config.json"
+        if stats.is_file():  # the feature extractor exported beside it holds the statistics
+            fe = json.loads(stats.read_text())
+            state.update(feat_mean=torch.tensor(fe["mean"]), feat_std=torch.tensor(fe["std"]))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k.startswith("encoder.")]
     if missing or unexpected:

@@ -1,34 +1,15 @@
-"""Log-mel front end and global feature statistics."""
+"""Log-mel front end and global feature statistics.
+
+`LogMel` lives in `common.speech_frontend`, the self-contained file that exported models carry, so
+training and exported feature extraction are the same code.
+"""
 
 from __future__ import annotations
 
 import torch
-import torchaudio
 from accelerate.utils import broadcast
 
-
-class LogMel(torch.nn.Module):
-    """Waveform (samples,) → log-mel (frames, n_mels); 25 ms Hann window, 10 ms hop by default.
-
-    Deterministic (no dither), so features are a pure function of the audio.
-    """
-
-    def __init__(self, sample_rate: int = 16000, n_mels: int = 80, win_ms: float = 25.0, hop_ms: float = 10.0):
-        super().__init__()
-        win = int(round(sample_rate * win_ms / 1000))
-        self.hop = int(round(sample_rate * hop_ms / 1000))
-        self.mel = torchaudio.transforms.MelSpectrogram(
-            sample_rate=sample_rate,
-            n_fft=1 << (win - 1).bit_length(),  # next power of two ≥ window (512 at 16 kHz)
-            win_length=win,
-            hop_length=self.hop,
-            n_mels=n_mels,
-            power=2.0,
-        )
-
-    @torch.no_grad()
-    def forward(self, wav: torch.Tensor) -> torch.Tensor:
-        return torch.log(self.mel(wav) + 1e-6).transpose(-1, -2)  # (frames, n_mels)
+from common.speech_frontend import LogMel  # noqa: F401 — re-exported: the recipes' front end
 
 
 def feature_stats(features: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

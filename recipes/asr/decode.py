@@ -26,7 +26,6 @@ from typing import Literal
 from types import SimpleNamespace
 
 import yaml
-from safetensors.torch import load_file
 
 from common.checkpoint import resolve_checkpoint
 from common.config import parse_config
@@ -34,6 +33,7 @@ from common.corpus import resolve_data_dir
 from common.data import make_loader
 from common.distributed import build_accelerator
 from common.encoder import encoder_config_from
+from common.hf_export import load_recipe_ctc_weights
 from common.logs import get_logger
 
 # recipe-local modules (this folder is on sys.path)
@@ -81,7 +81,7 @@ def main():
 
     model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                          vocab_size=tokenizer.vocab_size)
-    model.load_state_dict(load_file(folder / "model.safetensors"))  # weights and feature statistics
+    model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
     model.to(accelerator.device)
     loader = accelerator.prepare(loader)  # shards the batches over processes (no DDP wrapper needed)
 

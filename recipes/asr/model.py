@@ -3,15 +3,20 @@
 
 The parameter names are BEST-RQ's (`encoder.*`, buffers `feat_mean`, `feat_std`), so a BEST-RQ
 `final/model.safetensors` loads into this model by name (`common.encoder.load_pretrained_encoder`).
+`export_hf` writes a trained model as a transformers `Wav2Vec2BertForCTC` (`common.hf_export`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Wav2Vec2BertConfig
 
-from common.encoder import StackedLogMelEncoder
+from common.encoder import StackedLogMelEncoder, encoder_config_from
+from common.hf_export import save_feature_extractor, save_hf_ctc
 from text import BLANK
 
 
@@ -40,3 +45,16 @@ def ctc_loss(log_probs, out_lens, targets, target_lens):
     loss = F.ctc_loss(log_probs.transpose(0, 1), targets, out_lens, target_lens, blank=BLANK,
                       reduction="sum", zero_infinity=True)
     return loss / target_lens.sum().clamp_min(1)
+
+
+def export_hf(folder: Path, weights: dict[str, torch.Tensor], cfg, tokenizer) -> None:
+    """Write `folder` as a transformers model: `Wav2Vec2BertForCTC` + feature extractor (+ for
+    character tokens, a `Wav2Vec2CTCTokenizer`), loadable with `pipeline("automatic-speech-recognition",
+    model=folder, trust_remote_code=True)`. `weights`: this recipe's state dict. Replaces
+    `folder/model.safetensors` with the transformers names."""
+    save_feature_extractor(folder, n_mels=cfg.n_mels, stack_frames=cfg.stack_frames, sample_rate=cfg.sample_rate,
+                           mean=weights["feat_mean"], std=weights["feat_std"])
+    # BPE pieces carry their word boundary inside ("▁the"), which Wav2Vec2CTCTokenizer cannot decode:
+    # a BPE export has model and features in transformers form, and its tokenizer in tokenizer/bpe.model.
+    vocab = tokenizer.vocab if tokenizer.kind == "char" else None
+    save_hf_ctc(folder, weights, encoder_config_from(cfg), vocab, vocab_size=tokenizer.vocab_size)

@@ -14,7 +14,8 @@
 
 Re-running the same command with the same --output_dir resumes from the newest complete checkpoint
 and ends bit-identical to a run that was never interrupted (on CPU; see the top README "Resume").
-Outputs: <output_dir>/final/{model.safetensors, config.yaml, tokenizer/}, <output_dir>/metrics.jsonl.
+Outputs: <output_dir>/final/ (a transformers Wav2Vec2BertForCTC + feature extractor + tokenizer, and our
+config.yaml, tokenizer/), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), freezing, what is logged and
 evaluated are yours to change. The lines marked `# keep` carry the exact-resume and DDP guarantees
@@ -105,6 +106,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
 import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 from common.checkpoint import (TrainState, choose_checkpoint, export_final, global_batch_plan,  # noqa: E402
                                resume_from_checkpoint)
@@ -125,7 +127,7 @@ from common.prepare import prepare_once  # noqa: E402
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import evaluate  # noqa: E402
 from data import SpecAugmentCollator, SpeechDataset, labelled_subset, load_wav, read_split  # noqa: E402
-from model import ConformerCTC, ctc_loss  # noqa: E402
+from model import ConformerCTC, ctc_loss, export_hf  # noqa: E402
 from scoring import Scorer  # noqa: E402
 from text import build_tokenizer, load_tokenizer  # noqa: E402
 
@@ -269,9 +271,10 @@ def main(cfg: Config) -> None:
     bar.close()
 
     # ---- export: everything needed to transcribe; final/ appears complete or not at all ------
-    def write_extras(folder: Path) -> None:  # main process, beside model.safetensors (encoder, head, stats)
+    def write_extras(folder: Path) -> None:  # main process: final/ as a transformers model, plus ours
         save_config(cfg, folder / "config.yaml")
         shutil.copytree(tok_dir, folder / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
+        export_hf(folder, load_file(folder / "model.safetensors"), cfg, tokenizer)
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

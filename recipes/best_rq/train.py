@@ -10,7 +10,8 @@
 
 Re-running the same command with the same --output_dir resumes from the newest complete checkpoint
 and ends bit-identical to a run that was never interrupted (on CPU; see README "Resume").
-Outputs: <output_dir>/final/{model.safetensors, config.yaml, encoder/}, <output_dir>/metrics.jsonl.
+Outputs: <output_dir>/final/{model.safetensors, config.yaml, encoder/} (encoder/: a transformers folder,
+AutoModel + AutoFeatureExtractor), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), what is logged and evaluated are
 yours to change. The lines marked `# keep` carry the exact-resume and DDP guarantees (common/loop.py,
@@ -104,6 +105,7 @@ from common.encoder import encoder_config_from  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
+from common.hf_export import save_feature_extractor  # noqa: E402
 from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
@@ -225,8 +227,11 @@ def main(cfg: Config) -> None:
     def write_extras(folder: Path) -> None:  # main process, beside model.safetensors (quantizer, stats)
         save_config(cfg, folder / "config.yaml")
         weights = load_file(folder / "model.safetensors")  # the full weights, also when training was sharded
+        # encoder/: a transformers folder (AutoModel + AutoFeatureExtractor with our statistics)
         accelerator.unwrap_model(model).encoder.save_pretrained(
             folder / "encoder", state_dict={k[len("encoder."):]: v for k, v in weights.items() if k.startswith("encoder.")})
+        save_feature_extractor(folder / "encoder", n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                               sample_rate=cfg.sample_rate, mean=weights["feat_mean"], std=weights["feat_std"])
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

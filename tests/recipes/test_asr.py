@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 import evaluate
 from common.data import load_audio
 from common.features import LogMel, feature_stats
+from common.hf_export import load_recipe_ctc_weights
 from common.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, command, epoch_lengths, metrics,
@@ -241,7 +242,7 @@ def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     # final/ holds everything needed to transcribe
     assert {p.name for p in (cont / "final").iterdir()} >= {"model.safetensors", "config.yaml", "tokenizer"}
     # global normalization statistics from an evenly spaced subset of the training set, in buffers
-    weights = load_file(cont / "final" / "model.safetensors")
+    weights = load_recipe_ctc_weights(cont / "final")
     train = read_librispeech(tiny_corpus / "librispeech", "train")
     stride = max(1, len(train) // 20)  # an evenly spaced subset of stats_utterances
     mean, std = feature_stats([LogMel(16000, 80)(load_audio(p, 16000)) for p in train["path"][::stride]])
@@ -287,7 +288,7 @@ def test_init_from_best_rq_freeze_and_evaluate(tiny_corpus, tmp_path):
         assert all(torch.equal(step[s][k], pre[k]) for k in enc_keys)
     assert not all(torch.equal(step[3][k], pre[k]) for k in enc_keys)  # unfrozen at step 3
     assert not torch.equal(step[1]["head.weight"], step[2]["head.weight"])  # the head trains meanwhile
-    final = load_file(asr_out / "final" / "model.safetensors")
+    final = load_recipe_ctc_weights(asr_out / "final")
     for k in ("feat_mean", "feat_std"):  # BEST-RQ's statistics, not recomputed
         assert torch.equal(final[k], pre[k])
 
