@@ -1,4 +1,5 @@
-"""Main-process-only logging: a text logger, `metrics.jsonl`, and a tqdm bar.
+"""Main-process-only logging: a text logger, `metrics.jsonl`, and a tqdm bar (or, when the output
+goes to a file, a plain line per logged step).
 
 `metrics.jsonl` holds one JSON object per logged optimizer step. A re-launched run first trims
 the lines written after its checkpoint (and any line a kill cut in half), so every step appears
@@ -12,23 +13,70 @@ import logging
 import os
 from pathlib import Path
 
-from accelerate.logging import get_logger as _accelerate_get_logger
+import sys
+import time
+
+from accelerate import PartialState
 from tqdm.auto import tqdm
 
 
-def get_logger(name: str):
-    """A logger that emits on the main process only (accelerate's `MultiProcessAdapter`)."""
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        level=logging.INFO,
-    )
+class _TqdmHandler(logging.StreamHandler):
+    """Writes log records through `tqdm.write`, so they never land in the middle of a live bar."""
+
+    def emit(self, record):
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 — logging must never raise
+            self.handleError(record)
+
+
+class _MainProcessLogger(logging.LoggerAdapter):
+    """Emits on the main process only; every rank may call it (no rank prefix is added)."""
+
+    def log(self, level, msg, *args, **kwargs):
+        state = PartialState._shared_state
+        if not state or state.get("process_index", 0) == 0:
+            self.logger.log(level, msg, *args, **kwargs)
+
+
+def get_logger(name: str) -> logging.LoggerAdapter:
+    """A logger that emits on the main process only, through the progress bar when one is live."""
+    if not any(isinstance(h, _TqdmHandler) for h in logging.getLogger().handlers):
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     # accelerate logs every file of every save at INFO; keep the console for the training story.
     logging.getLogger("accelerate").setLevel(logging.WARNING)
-    return _accelerate_get_logger(name, log_level="INFO")
+    return _MainProcessLogger(logging.getLogger(name), {})
+
+
+class PlainProgress:
+    """What replaces the bar when stderr is not a terminal (SLURM, nohup): one log line per logged
+    step with the step, the values shown, steps/s and the time left."""
+
+    def __init__(self, total: int, initial: int):
+        self.total, self.n = total, initial
+        self.start_n, self.start_t = initial, time.monotonic()
+        self.logger = get_logger("progress")
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix(self, **values) -> None:
+        rate = (self.n - self.start_n) / max(time.monotonic() - self.start_t, 1e-9)
+        left = (self.total - self.n) / rate if rate > 0 else float("inf")
+        eta = time.strftime("%H:%M:%S", time.gmtime(left)) if left != float("inf") else "?"
+        shown = " ".join(f"{k} {v}" for k, v in values.items())
+        self.logger.info(f"step {self.n}/{self.total} {shown} | {rate:.2f} steps/s, {eta} left")
+
+    def close(self) -> None:
+        pass
 
 
 def progress_bar(accelerator, total: int, initial: int = 0):
+    """A tqdm bar on a terminal; plain log lines when stderr goes to a file. Main process only."""
+    if accelerator.is_main_process and not sys.stderr.isatty():
+        return PlainProgress(total, initial)
     return tqdm(total=total, initial=initial, disable=not accelerator.is_main_process,
                 dynamic_ncols=True, unit="step")
 

@@ -110,9 +110,9 @@ def transcribe(model, loader, tokenizer, decoding: str = "greedy", beam_size: in
     return results, loss_sum, tokens
 
 
-def evaluate(model, loader, accelerator, tokenizer, scorer) -> dict:
-    """Validation CTC loss (every rank) and greedy WER/CER (main process), each utterance once.
-    Collective: call on every rank."""
+def evaluate(model, loader, accelerator, tokenizer, scorer) -> tuple[dict, list[tuple[str, str, str]]]:
+    """Validation CTC loss (every rank) and greedy WER/CER (main process), each utterance once, and
+    every (id, hypothesis, reference) sorted by id (to show a few). Collective: call on every rank."""
     results, loss_sum, tokens = transcribe(model, loader, tokenizer)
     totals = accelerator.reduce(torch.tensor([loss_sum, tokens], dtype=torch.float64, device=accelerator.device), "sum")
     results = gather_results(results)  # collective
@@ -120,4 +120,4 @@ def evaluate(model, loader, accelerator, tokenizer, scorer) -> dict:
     if accelerator.is_main_process:  # metric modules run on the main process only
         scores = scorer([h for _, h, _ in results], [r for _, _, r in results])
         row.update(eval_wer=scores["wer"], eval_cer=scores["cer"])
-    return row
+    return row, results

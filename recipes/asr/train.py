@@ -256,8 +256,11 @@ def main(cfg: Config) -> None:
 
         row = {}
         if cfg.eval_steps and state.step % cfg.eval_steps == 0:
-            row = evaluate(model, valid_loader, accelerator, tokenizer, scorer)  # collective
+            row, decoded = evaluate(model, valid_loader, accelerator, tokenizer, scorer)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()))
+            if accelerator.is_main_process and cfg.report_to == "tensorboard":  # a few hypotheses beside references
+                accelerator.get_tracker("tensorboard", unwrap=True).add_text("eval/decoded", "\n\n".join(
+                    f"`{i}`  \nref: {ref}  \nhyp: {hyp}" for i, hyp, ref in decoded[:4]), state.step)
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
             loss_mean = accelerator.reduce(window_loss, "mean").item()  # collective: mean over processes
             row = {"step": state.step, "epoch": state.epoch, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],

@@ -60,7 +60,8 @@ class BestRQ(StackedLogMelEncoder):
 
         feats: (B, T, n_mels) raw log-mel, T a multiple of `stack`; feat_lens: (B,) valid frames;
         mask: (B, T // stack) bool, masked 40 ms positions; noise: (B, T, n_mels) ~ N(0, σ²).
-        Returns (loss: mean CE over masked positions, accuracy, number of masked positions).
+        Returns (loss: mean CE over masked positions, accuracy, number of masked positions, the
+        predicted codes of the masked positions (n_masked,)).
         """
         B, T, D = feats.shape
         x = self.normalize(feats)
@@ -72,19 +73,28 @@ class BestRQ(StackedLogMelEncoder):
         logits = self.head(hidden[sel])  # (n_masked, codebook_size)
         target = labels[sel]
         loss = F.cross_entropy(logits.float(), target)
-        acc = (logits.argmax(-1) == target).float().mean()
-        return loss, acc, sel.sum()
+        pred = logits.argmax(-1)
+        acc = (pred == target).float().mean()
+        return loss, acc, sel.sum(), pred
 
 
 @torch.no_grad()
 def evaluate(model, loader, accelerator) -> dict:
-    """Masked-prediction loss and accuracy on the validation set (each utterance once).
-    Collective: call on every rank."""
+    """Masked-prediction loss and accuracy on the validation set (each utterance once), and codebook
+    usage: the fraction of codes ever predicted and the perplexity of the predicted-code distribution
+    (a collapsed model predicts few codes). Collective: call on every rank."""
     model.eval()
     totals = torch.zeros(3, device=accelerator.device)  # Σ loss·n, Σ acc·n, Σ n
+    counts = None  # (codebook_size,) predictions per code
     for batch in loader:
-        loss, acc, n = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
+        loss, acc, n, pred = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
         totals += torch.stack([loss * n, acc * n, n.float()])
+        hist = torch.bincount(pred, minlength=accelerator.unwrap_model(model).head.out_features).float()
+        counts = hist if counts is None else counts + hist
     totals = accelerator.reduce(totals, "sum")
+    counts = accelerator.reduce(counts, "sum")
+    p = counts / counts.sum()
+    perplexity = torch.exp(-(p[p > 0] * p[p > 0].log()).sum())
     model.train()
-    return {"eval_loss": (totals[0] / totals[2]).item(), "eval_acc": (totals[1] / totals[2]).item()}
+    return {"eval_loss": (totals[0] / totals[2]).item(), "eval_acc": (totals[1] / totals[2]).item(),
+            "eval_codes_used": (counts > 0).float().mean().item(), "eval_code_perplexity": perplexity.item()}

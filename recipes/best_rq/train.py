@@ -197,7 +197,7 @@ def main(cfg: Config) -> None:
             seed=cfg.seed, epoch_objects=(train_sampler, collator),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):  # keep
-            loss, acc, _ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
+            loss, acc, _, _ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
             accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
         window += torch.stack([loss.detach(), acc.detach()]) / micro.window_len
         if not micro.sync:  # keep
@@ -209,7 +209,7 @@ def main(cfg: Config) -> None:
         row = {}
         if cfg.eval_steps and state.step % cfg.eval_steps == 0:
             row = evaluate(model, valid_loader, accelerator)  # collective
-            logger.info(f"step {state.step}: eval_loss {row['eval_loss']:.3f}, eval_acc {row['eval_acc']:.3f}")
+            logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
             loss_acc = accelerator.reduce(window, "mean").tolist()  # collective: mean over processes
             row = {"step": state.step, "epoch": state.epoch, "loss": loss_acc[0], "acc": loss_acc[1],

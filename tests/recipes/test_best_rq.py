@@ -80,7 +80,8 @@ def test_masked_loss_starts_near_chance():
     feats = torch.randn(2, 200, 80)
     mask = torch.zeros(2, 50, dtype=torch.bool)
     mask[:, 10:20] = True
-    loss, acc, n = m(feats, torch.tensor([200, 160]), mask, torch.zeros_like(feats))
+    loss, acc, n, pred = m(feats, torch.tensor([200, 160]), mask, torch.zeros_like(feats))
+    assert pred.shape == (20,)
     assert n == 20 and abs(loss.item() - math.log(256)) < 1.0
     # labels are computed from the clean input: the noise put into masked frames does not change them
     labels = []
