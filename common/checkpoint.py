@@ -170,8 +170,9 @@ def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainStat
         raise RuntimeError(f"refusing to save step {state.step}: the model has non-finite weights")
     final = checkpoint_dir(output_dir, state.step)
     tmp = final.parent / f".{final.name}.tmp"
-    if accelerator.is_main_process:  # a save killed earlier may have left a partial folder
-        shutil.rmtree(tmp, ignore_errors=True)
+    if accelerator.is_main_process:  # saves killed or failed earlier may have left partial folders
+        for leftover in final.parent.glob(".step_*.tmp"):
+            shutil.rmtree(leftover, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     try:
