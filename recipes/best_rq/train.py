@@ -103,13 +103,13 @@ from common.data import make_loader  # noqa: E402
 from common.distributed import build_accelerator, describe_run, seed_everything  # noqa: E402
 from common.encoder import encoder_config_from  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
-from common.rundir import claim_output_dir  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import save_feature_extractor  # noqa: E402
 from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
+from common.rundir import claim_output_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from data import FeatureDataset, MaskingCollator  # noqa: E402
