@@ -121,8 +121,8 @@ from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # 
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
-from common.rundir import claim_output_dir  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
+from common.rundir import claim_output_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import evaluate  # noqa: E402
