@@ -80,6 +80,8 @@ def scan_librispeech(root: str | Path, splits: str) -> tuple[list[dict], list[di
                 where = f"{trans}:{n}"
                 if line is None:
                     problems.append({"entry": where, "reason": "invalid UTF-8 in transcript", "detail": repr(raw[:80])})
+                    # its audio is named by this line: not reported a second time as unlisted
+                    listed.add(str(trans.parent / f"{raw.split(b' ', 1)[0].decode('ascii', 'replace')}.flac"))
                     continue
                 if not line.strip():
                     continue
