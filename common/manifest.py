@@ -28,6 +28,7 @@ import datasets
 import numpy as np
 import soundfile as sf
 
+from common.faults import RunError
 from common.prepare import prepare_once
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,9 @@ logger = logging.getLogger(__name__)
 LIBRISPEECH_ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 
 
-class DataError(RuntimeError):
-    """The corpus has entries the policy does not accept; the message lists every one."""
+class DataError(RunError):
+    """The corpus has entries the policy does not accept; the message lists every one (printed by
+    `run_main` without a traceback: the report is the whole story)."""
 
 
 @dataclass(frozen=True)
