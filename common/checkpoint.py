@@ -267,8 +267,9 @@ def _disk_full_message(output_dir: str | Path, step: int, model) -> str:
         need = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
     free = shutil.disk_usage(output_dir).free
     kept = f"step {int(previous[-1].name[5:])} is kept" if previous else "no earlier checkpoint exists"
-    return (f"no space left on {_mount_point(Path(output_dir))} while saving step {step} (needs ~{need / 1e6:.0f} MB, "
-            f"{free / 1e6:.0f} MB free); the partial checkpoint was removed and {kept}. Free some space "
+    mb = lambda n: f"{n / 1e6:.1f}" if n < 1e7 else f"{n / 1e6:.0f}"  # noqa: E731 — small runs too
+    return (f"no space left on {_mount_point(Path(output_dir))} while saving step {step} (needs ~{mb(need)} MB, "
+            f"{mb(free)} MB free); the partial checkpoint was removed and {kept}. Free some space "
             f"(or lower --save_total_limit) and re-run the same command to resume.")
 
 
