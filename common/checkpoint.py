@@ -385,10 +385,12 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
             if k not in RESUME_SAFE_KEYS and saved["config"].get(k) != state.config.get(k):
                 problems.append(f"{k}: checkpoint {saved['config'].get(k)!r} != now {state.config.get(k)!r}")
     if problems:
+        data = any(p.startswith("training data") for p in problems)
         raise RunError(
             f"refusing to resume from {ckpt}: it was made with a different setting\n  "
             + "\n  ".join(problems)
-            + "\nUse a new --output_dir, or re-launch with the checkpoint's settings."
+            + "\nUse a new --output_dir, or re-launch with the checkpoint's settings"
+            + (" and data (the --data_dir it was trained on, unchanged)." if data else ".")
         )
     if "scheduler" not in saved:
         raise RuntimeError(f"{ckpt} was written by an older version of this repository (no scheduler state "

@@ -75,6 +75,7 @@ def test_changed_data_is_refused_on_resume(tiny_corpus, tmp_path):
     victim.unlink()
     log = run("best_rq", 1, [*base, "--max_steps", "4"], expect_rc=1)
     assert "training data changed: checkpoint 48 utterances" in log and "!= now 47" in log
+    assert "re-launch with the checkpoint's settings and data" in log
     assert [c.name for c in list_checkpoints(out)] == ["step_00000002"]
 
 
