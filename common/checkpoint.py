@@ -117,12 +117,45 @@ def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """The folder holding `model.safetensors` + `config.yaml` for a `--checkpoint` argument: a
-    training output_dir (its `final/`), a `final/`, or a `checkpoints/step_XXXXXXXX/`."""
+    training output_dir (its `final/`), a `final/`, or a `checkpoints/step_XXXXXXXX/`. An export
+    that did not finish, or whose files do not match its marker, is refused (`unfinished_export`)."""
     path = Path(path)
     for folder in (path / "final", path):
         if (folder / "model.safetensors").is_file() and (folder / "config.yaml").is_file():
+            problem = unfinished_export(folder)
+            if problem:
+                raise RunError(f"--checkpoint {folder}: {problem}")
             return folder
+    problem = unfinished_export(path)
+    if problem:
+        raise RunError(f"--checkpoint {path}: {problem}")
     raise FileNotFoundError(f"--checkpoint {path}: no model.safetensors + config.yaml in it or in its final/")
+
+
+def unfinished_export(folder: str | Path) -> str | None:
+    """None if `folder` (an export, a checkpoint, or an output_dir) is not a half-written export;
+    else what is wrong and what to do.
+
+    An export is written into `.final.tmp/` and renamed to `final/` with a `COMPLETE` marker (file
+    sizes and digests) inside, so a `final/` always looks finished; what is refused here is a
+    `.final.tmp/` (the export was killed), a marked folder whose files do not match the marker, and
+    a `final/` from before exports were atomic whose config.yaml was cut short."""
+    folder = Path(folder)
+    rerun = "re-run the training command (same --output_dir) to finish the export"
+    if folder.name == ".final.tmp" or (not (folder / "final").exists() and (folder / ".final.tmp").is_dir()):
+        return f"the export of this run did not finish (a kill during it left .final.tmp/, no final/): {rerun}"
+    if (folder / MARKER).is_file():
+        problem = verify_checkpoint(folder)
+        return f"damaged ({problem}): {rerun}, or use a checkpoints/step_*/ folder" if problem else None
+    config = folder / "config.yaml"
+    if (folder / "model.safetensors").is_file() and config.is_file():
+        try:
+            ok = isinstance(yaml.safe_load(config.read_text()), dict)
+        except (OSError, yaml.YAMLError):
+            ok = False
+        if not ok:
+            return f"half-written (config.yaml is empty or cut short, no {MARKER} marker): {rerun}"
+    return None
 
 
 def _digest(path: Path) -> str:
@@ -234,8 +267,9 @@ def _disk_full_message(output_dir: str | Path, step: int, model) -> str:
         need = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
     free = shutil.disk_usage(output_dir).free
     kept = f"step {int(previous[-1].name[5:])} is kept" if previous else "no earlier checkpoint exists"
-    return (f"no space left on {_mount_point(Path(output_dir))} while saving step {step} (needs ~{need / 1e6:.0f} MB, "
-            f"{free / 1e6:.0f} MB free); the partial checkpoint was removed and {kept}. Free some space "
+    mb = lambda n: f"{n / 1e6:.1f}" if n < 1e7 else f"{n / 1e6:.0f}"  # noqa: E731 — small runs too
+    return (f"no space left on {_mount_point(Path(output_dir))} while saving step {step} (needs ~{mb(need)} MB, "
+            f"{mb(free)} MB free); the partial checkpoint was removed and {kept}. Free some space "
             f"(or lower --save_total_limit) and re-run the same command to resume.")
 
 
@@ -243,8 +277,9 @@ def export_final(accelerator, model, output_dir: str | Path, write_extras) -> Pa
     """Write `<output_dir>/final/`: the weights (`model.safetensors`) plus whatever
     `write_extras(folder)` writes (main process only). Collective: call on every rank.
 
-    Everything goes into `.final.tmp/` first, which is renamed into place when complete: a kill
-    during the export never leaves a `final/` that looks finished."""
+    Everything goes into `.final.tmp/` first, then a `COMPLETE` marker (every file's size and
+    digest), then the folder is renamed into place: a kill during the export never leaves a
+    `final/` that looks finished, and `final/COMPLETE` is the sign that a run is done."""
     final = Path(output_dir) / "final"
     tmp = final.with_name(".final.tmp")
     if accelerator.is_main_process:
@@ -254,6 +289,13 @@ def export_final(accelerator, model, output_dir: str | Path, write_extras) -> Pa
     if accelerator.is_main_process:
         write_extras(tmp)
         fsync_tree(tmp)
+        files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "blake2b": _digest(p)}
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}
+        with open(tmp / MARKER, "w") as f:  # what `unfinished_export` / `verify_checkpoint` check
+            json.dump({"export": True, "files": files}, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
         if final.exists():  # a finished run exported again (e.g. re-run with a larger --max_steps)
             old = final.with_name(".final.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -343,10 +385,12 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
             if k not in RESUME_SAFE_KEYS and saved["config"].get(k) != state.config.get(k):
                 problems.append(f"{k}: checkpoint {saved['config'].get(k)!r} != now {state.config.get(k)!r}")
     if problems:
+        data = any(p.startswith("training data") for p in problems)
         raise RunError(
             f"refusing to resume from {ckpt}: it was made with a different setting\n  "
             + "\n  ".join(problems)
-            + "\nUse a new --output_dir, or re-launch with the checkpoint's settings."
+            + "\nUse a new --output_dir, or re-launch with the checkpoint's settings"
+            + (" and data (the --data_dir it was trained on, unchanged)." if data else ".")
         )
     if "scheduler" not in saved:
         raise RuntimeError(f"{ckpt} was written by an older version of this repository (no scheduler state "

@@ -21,6 +21,9 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
+from common.checkpoint import unfinished_export
+from common.faults import RunError
+
 # Settings that must equal the pre-training run's for its encoder and features to mean anything.
 MATCHING_KEYS = ("sample_rate", "n_mels", "stack_frames", "hidden_size", "num_layers", "num_heads",
                  "ffn_dim", "conv_kernel")
@@ -93,7 +96,13 @@ def resolve_pretrained(path: str | Path) -> Path:
     path = Path(path)
     for folder in (path / "final", path):
         if (folder / "model.safetensors").is_file() or (folder / "encoder" / "config.json").is_file():
+            problem = unfinished_export(folder)
+            if problem:
+                raise RunError(f"--init_from {folder}: {problem}")
             return folder
+    problem = unfinished_export(path)
+    if problem:
+        raise RunError(f"--init_from {path}: {problem}")
     raise FileNotFoundError(f"--init_from {path}: no BEST-RQ export found (expected final/model.safetensors "
                             f"or final/encoder/ under it)")
 

@@ -28,6 +28,7 @@ import datasets
 import numpy as np
 import soundfile as sf
 
+from common.faults import RunError
 from common.prepare import prepare_once
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,9 @@ logger = logging.getLogger(__name__)
 LIBRISPEECH_ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 
 
-class DataError(RuntimeError):
-    """The corpus has entries the policy does not accept; the message lists every one."""
+class DataError(RunError):
+    """The corpus has entries the policy does not accept; the message lists every one (printed by
+    `run_main` without a traceback: the report is the whole story)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ def scan_librispeech(root: str | Path, splits: str) -> tuple[list[dict], list[di
                 where = f"{trans}:{n}"
                 if line is None:
                     problems.append({"entry": where, "reason": "invalid UTF-8 in transcript", "detail": repr(raw[:80])})
+                    # its audio is named by this line: not reported a second time as unlisted
+                    listed.add(str(trans.parent / f"{raw.split(b' ', 1)[0].decode('ascii', 'replace')}.flac"))
                     continue
                 if not line.strip():
                     continue

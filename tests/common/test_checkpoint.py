@@ -206,3 +206,29 @@ def test_global_batch_plan_keeps_the_global_batch_or_refuses(tmp_path, world, ac
         assert problem is None
     else:
         assert "processes × accumulation that keep it: 1 × 2, 2 × 1" in problem
+
+
+def test_an_unfinished_or_damaged_export_is_refused(tmp_path):
+    """`.final.tmp/` without `final/` (a kill during the export), a marked `final/` whose files
+    differ from the marker, and an unmarked `final/` with a cut config.yaml are refused by name."""
+    from common.checkpoint import MARKER, resolve_checkpoint, unfinished_export
+    from common.encoder import resolve_pretrained
+    from common.faults import RunError
+
+    out = tmp_path / "run"
+    (out / ".final.tmp").mkdir(parents=True)
+    (out / ".final.tmp" / "model.safetensors").write_bytes(b"x")
+    for resolve, flag in ((resolve_checkpoint, "--checkpoint"), (resolve_pretrained, "--init_from")):
+        with pytest.raises(RunError, match=f"{flag} .*the export of this run did not finish.*re-run the training"):
+            resolve(out)
+    final = out / "final"
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"weights")
+    (final / "config.yaml").write_text("")  # an export killed before exports were atomic
+    with pytest.raises(RunError, match="half-written \\(config.yaml is empty"):
+        resolve_checkpoint(out)
+    (final / "config.yaml").write_text("a: 1\n")
+    (final / MARKER).write_text(json.dumps({"export": True, "files": {"model.safetensors": {"bytes": 7, "blake2b": "0"}}}))
+    assert "corrupted" in unfinished_export(final)
+    with pytest.raises(RunError, match="--init_from .*damaged"):
+        resolve_pretrained(out)

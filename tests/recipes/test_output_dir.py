@@ -4,6 +4,7 @@ at a time, nothing half-written, nothing silently changed. Each test names the c
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -52,8 +53,12 @@ def test_a_kill_during_the_export_leaves_no_final(tiny_corpus, tmp_path):
     run("best_rq", 1, args, env={"PYTHONPATH": str(SUPPORT), "SLOW_EXPORT": "5"},
         when=lambda o: (o / ".final.tmp" / "model.safetensors").is_file(), then=kill_tree, expect_rc=None)
     assert not (out / "final").exists()
+    log = run("asr", 1, ["--data_dir", str(tiny_corpus / "librispeech"), "--output_dir", str(tmp_path / "asr"),
+                         "--init_from", str(out)], expect_rc=1)
+    assert f"[rank 0] error: --init_from {out}: the export of this run did not finish" in log
     run("best_rq", 1, args)  # the same command finishes the export
-    assert sorted(p.name for p in (out / "final").iterdir()) == ["config.yaml", "encoder", "model.safetensors"]
+    assert sorted(p.name for p in (out / "final").iterdir()) == ["COMPLETE", "config.yaml", "encoder",
+                                                                 "model.safetensors"]
     assert not (out / ".final.tmp").exists()
 
 
@@ -70,6 +75,7 @@ def test_changed_data_is_refused_on_resume(tiny_corpus, tmp_path):
     victim.unlink()
     log = run("best_rq", 1, [*base, "--max_steps", "4"], expect_rc=1)
     assert "training data changed: checkpoint 48 utterances" in log and "!= now 47" in log
+    assert "re-launch with the checkpoint's settings and data" in log
     assert [c.name for c in list_checkpoints(out)] == ["step_00000002"]
 
 
@@ -85,16 +91,26 @@ def test_disk_full_during_a_save(tiny_corpus, tmp_path):
     assert "resumed from" in log and (out / "final" / "model.safetensors").is_file()
 
 
-def test_sigterm_during_data_preparation_exits_cleanly(tmp_path):
-    """The built-in corpus is being generated when SIGTERM arrives: exit 75, no lock, no temp folder."""
+def test_kill_and_sigterm_during_data_preparation(tmp_path):
+    """The built-in corpus is being generated when the run is SIGKILLed: its lock names a dead local
+    process, so the re-launch takes it over at once (no 120 s wait). That one gets SIGTERM while
+    generating: exit 75, no lock, no temp folder."""
     cache, out = tmp_path / "cache", tmp_path / "run"
     args = ["--builtin_corpus", "tiny", "--data_cache_dir", str(cache), "--output_dir", str(out), *TINY,
             "--max_steps", "2"]
+    preparing = lambda o: any(cache.glob("*.tmp-*"))  # noqa: E731
+
+    run("best_rq", 1, args, when=preparing, then=kill_tree, expect_rc=None)
+    assert list(cache.glob("*.lock"))  # left behind by the SIGKILL
 
     def sigterm(proc):
         worker(proc, 0).send_signal(signal.SIGTERM)
 
-    log = run("best_rq", 1, args, when=lambda o: any(cache.glob("*.tmp-*")), then=sigterm, expect_rc=None)
+    dead = set(cache.glob("*.tmp-*"))  # the killed builder's: removed by the next one before it builds
+    t0 = time.monotonic()
+    log = run("best_rq", 1, args, when=lambda o: bool(set(cache.glob("*.tmp-*")) - dead), then=sigterm,
+              expect_rc=None)
+    assert "is dead; taking it over" in log and time.monotonic() - t0 < 60
     assert "SIGTERM during start-up: stopping" in log
     assert not list(cache.glob("*.lock")) and not list(cache.glob("*.tmp-*"))
     assert not (out / ".run.lock").exists()
@@ -118,11 +134,11 @@ def test_ctrl_c_saves_at_the_next_step_then_exits(tiny_corpus, tmp_path):
     out = tmp_path / "run"
     args = args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--save_steps", "100", "--max_steps", "200")
 
-    def ctrl_c(proc):
-        worker(proc, 0).send_signal(signal.SIGINT)
+    def ctrl_c(proc):  # what a terminal does: SIGINT to the launcher's process group (it forwards it)
+        os.killpg(proc.pid, signal.SIGINT)
 
-    log = run("best_rq", 1, args, when=lambda o: (o / "metrics.jsonl").is_file(), then=ctrl_c, expect_rc=1)
-    assert "Ctrl-C: saving a checkpoint at the next step boundary" in log and "preempted at step" in log
+    log = run("best_rq", 2, args, when=lambda o: (o / "metrics.jsonl").is_file(), then=ctrl_c, expect_rc=1)
+    assert log.count("Ctrl-C: saving a checkpoint at the next step boundary") == 1 and "preempted at step" in log
     [ckpt] = list_checkpoints(out)
     assert 0 < int(ckpt.name[5:]) < 100
 
@@ -152,3 +168,29 @@ def test_tensorboard_holds_every_step_once_after_a_resume(tiny_corpus, tmp_path)
     steps = [e.step for e in acc.Scalars("loss")]
     assert steps == list(range(1, 10)), steps
     assert [r["step"] for r in metrics(out)] == list(range(1, 10))
+
+
+def test_input_that_used_to_slip_through_is_named(tiny_corpus, tmp_path):
+    """Invalid UTF-8 in a transcript and audio beside a 0-byte trans.txt stop the run (2 processes)
+    with one report naming each entry, instead of training on mangled or fewer utterances."""
+    data = tmp_path / "librispeech"
+    shutil.copytree(tiny_corpus / "librispeech", data)
+    first, second = sorted((data / "train").glob("*/*/*.trans.txt"))[:2]
+    lines = first.read_bytes().splitlines()
+    first.write_bytes(b"\n".join([lines[0] + b" CAF\xe9", *lines[1:]]) + b"\n")
+    second.write_bytes(b"")
+    log = run("best_rq", 2, ["--data_dir", str(data), "--output_dir", str(tmp_path / "run"), *TINY], expect_rc=1)
+    assert f"{first}:1: invalid UTF-8 in transcript" in log
+    assert log.count(".flac: audio without a transcript line") == len(list(second.parent.glob("*.flac")))
+    assert log.count("unusable entries in") == 1 and "Traceback" not in log.split("unusable entries")[0]
+
+
+def test_a_killed_peer_is_reported_as_such(tiny_corpus, tmp_path):
+    """Rank 1 SIGKILLed mid-training prints nothing; rank 0 says so instead of pointing at an error
+    that was never printed."""
+    out = tmp_path / "run"
+    log = run("best_rq", 2, args_for(tiny_corpus, out, *STEPS, "--max_steps", "200"),
+              when=lambda o: (o / "metrics.jsonl").is_file(), then=lambda p: worker(p, 1).send_signal(signal.SIGKILL),
+              expect_rc=1, timeout=120)
+    assert "[rank 0] stopping: another process stopped (killed, or failed: its error, if it could print one" in log
+    assert "printed above" not in log
