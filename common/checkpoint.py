@@ -374,6 +374,9 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
     if ckpt is None:
         return None
     saved = json.loads((ckpt / "train_state.json").read_text())
+    if "scheduler" not in saved:
+        raise RunError(f"{ckpt} was written by an older version of this repository (no scheduler state "
+                       f"in train_state.json); resume it with that version, or use a new --output_dir")
     problems = [p for p in [_global_batch_problem(saved, state)] if p]
     if saved.get("data") and state.data and saved["data"] != state.data:
         was, now = saved["data"], state.data
@@ -392,9 +395,6 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
             + "\nUse a new --output_dir, or re-launch with the checkpoint's settings"
             + (" and data (the --data_dir it was trained on, unchanged)." if data else ".")
         )
-    if "scheduler" not in saved:
-        raise RuntimeError(f"{ckpt} was written by an older version of this repository (no scheduler state "
-                           f"in train_state.json); resume it with that version, or use a new --output_dir")
     if saved["world_size"] == accelerator.num_processes:
         # accelerate ignores an RNG-state file it cannot load (it logs and goes on); we refuse instead.
         accelerate_load(ckpt / f"random_states_{accelerator.process_index}.pkl")  # weights_only: runs no code
