@@ -14,6 +14,7 @@ import pytest
 from safetensors.torch import load_file
 
 from tests.recipes.harness import metrics, resumed_positions, run
+from tests.recipes.test_asr import args_for as asr_args_for
 from tests.recipes.test_best_rq import args_for
 from tests.recipes.test_tts import args_for as tts_args_for
 
@@ -74,6 +75,23 @@ def test_tts_continues_on_fewer_processes(tiny_corpus, tmp_path):
     run("tts", 1, tts_args_for(tiny_corpus, cut, *extra))
     loss_rel, weight_abs = compare(cont, cut)
     print(f"tts 2→1: max relative loss difference {loss_rel:.2e}, max absolute weight difference {weight_abs:.2e}")
+    assert loss_rel < LOSS_RTOL and weight_abs < 1e-3
+
+
+def test_asr_continues_on_fewer_processes(tiny_corpus, tmp_path):
+    """Speed perturbation on (per-utterance RNG): the same utterances per step after 2 → 1."""
+    extra = ["--max_steps", "6", "--save_steps", "1", "--eval_steps", "0", "--speed_perturb", "0.1",
+             "--dump_batch_ids", "true"]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run("asr", 2, asr_args_for(tiny_corpus, cont, *extra))
+    run("asr", 2, asr_args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=3)
+    log = run("asr", 1, asr_args_for(tiny_corpus, cut, *extra))
+    assert "checkpoint: 2 process(es) × accumulation 1; now: 1 × 2" in log
+    [(step, epoch, batch)] = resumed_positions(tmp_path / "interrupted.log")
+    print(f"asr 2→1: resumed at step {step}, epoch {epoch}, global micro-batch {batch}")
+    assert step >= 3 and batch > 0  # resumed mid-epoch
+    loss_rel, weight_abs = compare(cont, cut)
+    print(f"asr 2→1: max relative loss difference {loss_rel:.2e}, max absolute weight difference {weight_abs:.2e}")
     assert loss_rel < LOSS_RTOL and weight_abs < 1e-3
 
 
