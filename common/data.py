@@ -127,16 +127,34 @@ class DurationBatchSampler:
         return len(self.batches())
 
 
+def auto_workers(requested: int | None, cuda: bool) -> int:
+    """DataLoader worker processes per training process; `requested` None means automatic.
+
+    On CPU: 0. The compute threads already use every core (`common.distributed.set_threads`), and a
+    worker takes one from them: on 2 cores, 2 threads + 1 worker ran at 0.84× the speed of 2 threads
+    alone, although 1 worker helps a 1-thread run (1.11×); see benchmarks/README.md. On a GPU: this
+    process's share of the cores minus one for its own thread, at most 4, so that decoding and
+    log-mels overlap the GPU's step. Results do not depend on it (per-sample RNG)."""
+    if requested is not None:
+        return requested
+    return min(4, max(1, torch.get_num_threads() - 1)) if cuda else 0
+
+
 def make_loader(dataset, durations, collate_fn, *, max_batch_seconds: float, num_buckets: int, seed: int,
-                multiple_of: int, shuffle: bool, num_workers: int = 0) -> tuple[DataLoader, DurationBatchSampler]:
+                multiple_of: int, shuffle: bool, num_workers: int = 0,
+                pin_memory: bool = False) -> tuple[DataLoader, DurationBatchSampler]:
     """A DataLoader over `DurationBatchSampler` batches (to be passed to `accelerator.prepare`);
     `multiple_of`: the global batch in micro-batches (training) or the number of processes.
 
     The loader gets its own generator: creating an iterator draws one int64 from it, and from the
     global torch RNG if it had none, so a resumed run (which creates its iterator at another point)
-    would otherwise shift the global RNG (dropout) from its first step on (docs/resume.md)."""
+    would otherwise shift the global RNG (dropout) from its first step on (docs/resume.md).
+    Workers are not persistent: each epoch's workers get fresh copies of the dataset and collator,
+    so the epoch given to their `set_epoch` reaches them. `pin_memory` (GPU runs): page-locked
+    batches, copied to the device without blocking the step."""
     sampler = DurationBatchSampler(durations, max_batch_seconds, num_buckets=num_buckets, shuffle=shuffle,
                                    seed=seed, multiple_of=multiple_of)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=num_workers,
-                        generator=torch.Generator().manual_seed(seed), persistent_workers=False)
+                        generator=torch.Generator().manual_seed(seed), persistent_workers=False,
+                        pin_memory=pin_memory)
     return loader, sampler

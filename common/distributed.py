@@ -114,7 +114,48 @@ def build_accelerator(
     return accelerator
 
 
-def describe_run(accelerator, max_batch_seconds: float, accumulation: int) -> str:
+def available_cores() -> int:
+    """CPU cores this process may use: its affinity mask (taskset, SLURM --cpus-per-task), capped by
+    a cgroup v2 CPU quota (containers) when one is set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def plan_threads(requested: int, saved: int | None, env: dict) -> tuple[int, str]:
+    """(torch threads per process, why) — see `set_threads`."""
+    local = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    if requested > 0:
+        return requested, "--num_threads"
+    if saved:
+        return saved, "kept from the checkpoint"
+    omp = int(env.get("OMP_NUM_THREADS", "0") or 0)
+    if omp > 1:  # the user's (or `accelerate launch --cpu`'s) choice; 1 is the launcher's default
+        return omp, "OMP_NUM_THREADS"
+    return max(1, available_cores() // local), f"{available_cores()} cores ÷ {local} process(es) on this machine"
+
+
+def set_threads(requested: int, saved: int | None = None) -> tuple[int, str]:
+    """Set torch's intra-op threads for this process; returns (threads, why).
+
+    `accelerate launch` exports OMP_NUM_THREADS=1 unless told otherwise, which leaves all but one
+    core idle in a 1-process run (the README's quickstart). `requested` 0 means automatic: the
+    checkpoint's count on a resume (`saved`), else OMP_NUM_THREADS when it is above 1, else the
+    cores of this machine divided by its processes. Bit-exact resume needs the same count: on CPU
+    float reductions are split by thread, so 1 and 2 threads give different (equally valid) weights.
+    """
+    threads, why = plan_threads(requested, saved, dict(os.environ))
+    torch.set_num_threads(threads)
+    return threads, why
+
+
+def describe_run(accelerator, max_batch_seconds: float, accumulation: int, threads_why: str = "",
+                 num_workers: int | None = None) -> str:
     """One line saying what the run really is (logged at start-up by the main process)."""
     kind = {"NO": "single process", "MULTI_CPU": "DDP (gloo)", "MULTI_GPU": "DDP (nccl)",
             "FSDP": "FSDP2", "DEEPSPEED": "DeepSpeed"}.get(accelerator.distributed_type.value,
@@ -126,6 +167,8 @@ def describe_run(accelerator, max_batch_seconds: float, accumulation: int) -> st
     return (f"run: {kind}, {n} process(es) on {device} ({count} {unit} on this machine), precision "
             f"{accelerator.mixed_precision}, batch {max_batch_seconds:g} s of audio per process × "
             f"accumulation {accumulation} → {n * max_batch_seconds * accumulation:g} s per optimizer step"
+            + f", {torch.get_num_threads()} thread(s) per process" + (f" ({threads_why})" if threads_why else "")
+            + (f", {num_workers} data worker(s) per process" if num_workers is not None else "")
             + (", deterministic kernels" if torch.are_deterministic_algorithms_enabled() else ""))
 
 

@@ -31,8 +31,15 @@ MATCHING_KEYS = ("sample_rate", "n_mels", "stack_frames", "hidden_size", "num_la
 
 def encoder_config(
     *, input_dim: int, hidden_size: int, num_layers: int, num_heads: int, ffn_dim: int,
-    conv_kernel: int, dropout: float,
+    conv_kernel: int, dropout: float, attention_dropout: float | None = None,
+    activation_dropout: float | None = None,
 ) -> Wav2Vec2BertConfig:
+    """The Conformer. `dropout` is the residual-branch (and input projection) dropout; the attention
+    probabilities' and the feed-forward activations' dropouts default to it. Those two are the
+    expensive ones on CPU ((B, heads, L, L) and (B, L, 4·hidden) Bernoulli draws: 15 % of a BEST-RQ
+    step, measured, see benchmarks/README.md) and BEST-RQ pre-training sets them to 0."""
+    attention_dropout = dropout if attention_dropout is None else attention_dropout
+    activation_dropout = dropout if activation_dropout is None else activation_dropout
     return Wav2Vec2BertConfig(
         feature_projection_input_dim=input_dim,  # stacked log-mel: stack_frames × n_mels
         hidden_size=hidden_size,
@@ -41,8 +48,8 @@ def encoder_config(
         intermediate_size=ffn_dim,
         conv_depthwise_kernel_size=conv_kernel,
         hidden_dropout=dropout,
-        attention_dropout=dropout,
-        activation_dropout=dropout,
+        attention_dropout=attention_dropout,
+        activation_dropout=activation_dropout,
         feat_proj_dropout=dropout,
         # Relative positions, symmetric: a bidirectional encoder (the default looks 8 frames ahead).
         left_max_position_embeddings=64,
@@ -60,7 +67,10 @@ def encoder_config_from(cfg) -> Wav2Vec2BertConfig:
     """`encoder_config` from a recipe config (dataclass or namespace with the MATCHING_KEYS fields)."""
     return encoder_config(input_dim=cfg.n_mels * cfg.stack_frames, hidden_size=cfg.hidden_size,
                           num_layers=cfg.num_layers, num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim,
-                          conv_kernel=cfg.conv_kernel, dropout=cfg.dropout)
+                          conv_kernel=cfg.conv_kernel, dropout=cfg.dropout,
+                          # configs written before these two fields existed used `dropout` for both
+                          attention_dropout=getattr(cfg, "attention_dropout", None),
+                          activation_dropout=getattr(cfg, "activation_dropout", None))
 
 
 class StackedLogMelEncoder(nn.Module):

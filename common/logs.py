@@ -81,6 +81,30 @@ def progress_bar(accelerator, total: int, initial: int = 0):
                 dynamic_ncols=True, unit="step")
 
 
+class Throughput:
+    """Audio seconds of training data per wall-clock second, all processes together, over the
+    interval since the previous `rate()` (evaluation and checkpoints in it included).
+
+    `add(ids)` costs a dict lookup per utterance on the host: no device synchronization."""
+
+    def __init__(self, accelerator, durations: dict[str, float]):
+        self.accelerator, self.durations = accelerator, durations  # utterance id → seconds
+        self.seconds, self.start = 0.0, time.perf_counter()
+
+    def add(self, ids) -> None:
+        self.seconds += sum(self.durations[i] for i in ids)
+
+    def rate(self) -> float:
+        """Collective (one all-reduce): call on every rank."""
+        import torch
+
+        total = self.accelerator.reduce(torch.tensor([self.seconds], dtype=torch.float64,
+                                                     device=self.accelerator.device), "sum").item()
+        now = time.perf_counter()
+        rate, self.seconds, self.start = total / max(now - self.start, 1e-9), 0.0, now
+        return rate
+
+
 class MetricsLog:
     """Append-only `metrics.jsonl`; writes happen on the main process only."""
 

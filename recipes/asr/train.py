@@ -53,7 +53,7 @@ class Config:
     n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
-    num_workers: int = 0  # DataLoader workers per process (results do not depend on it)
+    num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
     stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
     # --- output tokens ---
     token_type: Literal["char", "bpe"] = "char"  # char: a-z, ', space; bpe: SentencePiece trained on the training transcripts
@@ -72,7 +72,9 @@ class Config:
     num_heads: int = 4
     ffn_dim: int = 576
     conv_kernel: int = 15  # depthwise convolution kernel, in 40 ms frames
-    dropout: float = 0.1
+    dropout: float = 0.1  # residual branches and input projection
+    attention_dropout: float = 0.1  # on attention probabilities
+    activation_dropout: float = 0.1  # on feed-forward activations
     # --- fine-tuning ---
     init_from: str | None = None  # BEST-RQ output_dir or its final/: encoder and feature statistics
     encoder_lr_scale: float = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
@@ -89,6 +91,7 @@ class Config:
     gradient_accumulation_steps: int = 1  # batches per optimizer step
     seed: int = 42
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
+    num_threads: int = 0  # torch threads per process; 0 = auto (resume: the checkpoint's; else cores ÷ processes)
     deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
     ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
@@ -108,16 +111,16 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.checkpoint import (TrainState, choose_checkpoint, export_final, global_batch_plan,  # noqa: E402
-                               resume_from_checkpoint)
+from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
+                               global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
-from common.data import make_loader  # noqa: E402
-from common.distributed import build_accelerator, describe_run, seed_everything  # noqa: E402
+from common.data import auto_workers, make_loader  # noqa: E402
+from common.distributed import build_accelerator, describe_run, seed_everything, set_threads  # noqa: E402
 from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
 from common.faults import Preemption, RunError, run_main  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
-from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
@@ -159,7 +162,9 @@ def main(cfg: Config) -> None:
     # of processes changes the accumulation to keep them (or is refused, naming what works).
     accumulation, global_batch = global_batch_plan(ckpt, world, cfg.gradient_accumulation_steps,
                                                    accelerator.is_main_process)
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation))
+    _, threads_why = set_threads(cfg.num_threads, checkpoint_threads(ckpt))  # every core busy; a resume keeps its count
+    num_workers = auto_workers(cfg.num_workers, cuda=accelerator.device.type == "cuda")
+    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation, threads_why, num_workers))
 
     # ---- data ------------------------------------------------------------------------------
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
@@ -191,7 +196,7 @@ def main(cfg: Config) -> None:
     train_ds = SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb)
     train_collator = SpecAugmentCollator(cfg, augment=True)  # the training set only is augmented
     batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
-                    num_workers=cfg.num_workers)
+                    num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
     train_loader, train_sampler = make_loader(train_ds, train_set["duration"], train_collator, shuffle=True,
                                               multiple_of=global_batch, **batching)
     valid_loader, _ = make_loader(SpeechDataset(valid_set, cfg, tokenizer), valid_set["duration"],
@@ -232,6 +237,7 @@ def main(cfg: Config) -> None:
     preemption.defer()  # keep: from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
+    throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
     window_loss = torch.zeros((), device=accelerator.device)  # mean CTC loss over the accumulation window
     for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
@@ -242,6 +248,7 @@ def main(cfg: Config) -> None:
             loss = ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"])
             accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
         window_loss += loss.detach() / micro.window_len
+        throughput.add(batch["ids"])
         if not micro.sync:  # keep
             continue
         # Frozen encoder: every parameter still gets its (DDP-reduced) gradient, so the DDP reducer
@@ -264,10 +271,11 @@ def main(cfg: Config) -> None:
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
             loss_mean = accelerator.reduce(window_loss, "mean").item()  # collective: mean over processes
             row = {"step": state.step, "epoch": state.epoch, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],
-                   "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates, **row}
+                   "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates,
+                   "audio_s_per_s": throughput.rate(), **row}  # rate(): collective
             metrics.log(row)  # one line per logged step, main process only
             accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
-            bar.set_postfix(loss=f"{row['loss']:.3f}")
+            bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}")
         window_loss.zero_()
         save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective

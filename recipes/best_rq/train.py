@@ -47,7 +47,7 @@ class Config:
     n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
-    num_workers: int = 0  # DataLoader workers per process (results do not depend on it)
+    num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
     stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
     # --- BEST-RQ ---
     stack_frames: int = 4  # 10 ms frames stacked per label / encoder frame (4 → 40 ms)
@@ -63,7 +63,9 @@ class Config:
     num_heads: int = 4
     ffn_dim: int = 576
     conv_kernel: int = 15  # depthwise convolution kernel, in 40 ms frames
-    dropout: float = 0.1
+    dropout: float = 0.1  # residual branches and input projection
+    attention_dropout: float = 0.0  # on attention probabilities (0: costly on CPU, no gain in pre-training; benchmarks/README.md)
+    activation_dropout: float = 0.0  # on feed-forward activations
     # --- optimization ---
     learning_rate: float = 2e-3  # peak LR after warm-up
     warmup_steps: int = 200  # optimizer steps of linear warm-up, then LR ∝ 1/sqrt(step)
@@ -76,6 +78,7 @@ class Config:
     gradient_accumulation_steps: int = 1  # batches per optimizer step
     seed: int = 42
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
+    num_threads: int = 0  # torch threads per process; 0 = auto (resume: the checkpoint's; else cores ÷ processes)
     deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
     ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
@@ -95,17 +98,17 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.checkpoint import (TrainState, choose_checkpoint, export_final, global_batch_plan,  # noqa: E402
-                               resume_from_checkpoint)
+from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
+                               global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
-from common.data import make_loader  # noqa: E402
-from common.distributed import build_accelerator, describe_run, seed_everything  # noqa: E402
+from common.data import auto_workers, make_loader  # noqa: E402
+from common.distributed import build_accelerator, describe_run, seed_everything, set_threads  # noqa: E402
 from common.encoder import encoder_config_from  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import save_feature_extractor  # noqa: E402
-from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
@@ -139,7 +142,9 @@ def main(cfg: Config) -> None:
     # of processes changes the accumulation to keep them (or is refused, naming what works).
     accumulation, global_batch = global_batch_plan(ckpt, world, cfg.gradient_accumulation_steps,
                                                    accelerator.is_main_process)
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation))
+    _, threads_why = set_threads(cfg.num_threads, checkpoint_threads(ckpt))  # every core busy; a resume keeps its count
+    num_workers = auto_workers(cfg.num_workers, cuda=accelerator.device.type == "cuda")
+    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation, threads_why, num_workers))
 
     # ---- data ------------------------------------------------------------------------------
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
@@ -156,7 +161,7 @@ def main(cfg: Config) -> None:
     train_ds = FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels)
     collator = MaskingCollator(cfg)
     batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
-                    num_workers=cfg.num_workers)
+                    num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
     train_loader, train_sampler = make_loader(train_ds, train_set["duration"], collator, shuffle=True,
                                               multiple_of=global_batch, **batching)
     valid_loader, _ = make_loader(FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), valid_set["duration"],
@@ -191,6 +196,7 @@ def main(cfg: Config) -> None:
     preemption.defer()  # keep: from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
+    throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
     window = torch.zeros(2, device=accelerator.device)  # loss, accuracy: means over the accumulation window
     for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
@@ -200,6 +206,7 @@ def main(cfg: Config) -> None:
             loss, acc, _, _ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
             accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
         window += torch.stack([loss.detach(), acc.detach()]) / micro.window_len
+        throughput.add(batch["ids"])
         if not micro.sync:  # keep
             continue
         grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, max_grad_norm=cfg.max_grad_norm,
@@ -214,10 +221,11 @@ def main(cfg: Config) -> None:
             loss_acc = accelerator.reduce(window, "mean").tolist()  # collective: mean over processes
             row = {"step": state.step, "epoch": state.epoch, "loss": loss_acc[0], "acc": loss_acc[1],
                    "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm.item(),
-                   "skipped_updates": state.skipped_updates, **row}
+                   "skipped_updates": state.skipped_updates,
+                   "audio_s_per_s": throughput.rate(), **row}  # rate(): collective
             metrics.log(row)  # one line per logged step, main process only
             accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
-            bar.set_postfix(loss=f"{row['loss']:.3f}", acc=f"{row['acc']:.3f}")
+            bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}", acc=f"{row['acc']:.3f}")
         window.zero_()
         save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective

@@ -54,7 +54,7 @@ class Config:
     hop_length: int = 256  # samples (11.6 ms per frame)
     max_batch_seconds: float = 40.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
-    num_workers: int = 0  # DataLoader workers per process (results do not depend on it)
+    num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
     stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
     # --- model ---
     dim: int = 128  # encoder/decoder width
@@ -86,6 +86,7 @@ class Config:
     gradient_accumulation_steps: int = 1  # batches per optimizer step
     seed: int = 42
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
+    num_threads: int = 0  # torch threads per process; 0 = auto (resume: the checkpoint's; else cores ÷ processes)
     deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
     ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- logging / checkpoints ---
@@ -106,15 +107,15 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
-from common.checkpoint import (TrainState, choose_checkpoint, export_final, global_batch_plan,  # noqa: E402
-                               resume_from_checkpoint)
+from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
+                               global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import load_audio, make_loader  # noqa: E402
-from common.distributed import build_accelerator, describe_run, seed_everything  # noqa: E402
+from common.distributed import build_accelerator, describe_run, seed_everything, set_threads  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.logs import MetricsLog, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
@@ -193,7 +194,9 @@ def main(cfg: Config) -> None:
     # of processes changes the accumulation to keep them (or is refused, naming what works).
     accumulation, global_batch = global_batch_plan(ckpt, world, cfg.gradient_accumulation_steps,
                                                    accelerator.is_main_process)
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation))
+    _, threads_why = set_threads(cfg.num_threads, checkpoint_threads(ckpt))  # every core busy; a resume keeps its count
+    num_workers = auto_workers(cfg.num_workers, cuda=accelerator.device.type == "cuda")
+    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation, threads_why, num_workers))
 
     # ---- data ------------------------------------------------------------------------------
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
@@ -208,7 +211,7 @@ def main(cfg: Config) -> None:
                 f"{len(valid_set)} validation, {len(splits['test'])} test, {world} process(es)")
     train_ds, valid_ds = TTSDataset(train_set, cfg), TTSDataset(valid_set, cfg)
     batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
-                    num_workers=cfg.num_workers)
+                    num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
     train_loader, train_sampler = make_loader(train_ds, train_set["duration"], Collator(cfg), shuffle=True,
                                               multiple_of=global_batch, **batching)
     valid_loader, _ = make_loader(valid_ds, valid_set["duration"], Collator(cfg), shuffle=False, multiple_of=world,
@@ -247,6 +250,7 @@ def main(cfg: Config) -> None:
     preemption.defer()  # keep: from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
+    throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
     window = torch.zeros(len(LOSSES) + 1, device=accelerator.device)  # loss, mel, dur, align, bin: window means
     for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
@@ -259,6 +263,7 @@ def main(cfg: Config) -> None:
             loss = total_loss(out_, cfg, binarize)
             accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
         window += torch.stack([loss.detach()] + [out_[k].detach() for k in LOSSES]) / micro.window_len
+        throughput.add(batch["ids"])
         if not micro.sync:  # keep
             continue
         grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, max_grad_norm=cfg.max_grad_norm,
@@ -275,10 +280,11 @@ def main(cfg: Config) -> None:
             means = accelerator.reduce(window, "mean").tolist()  # collective: mean over processes
             row = {"step": state.step, "epoch": state.epoch, "loss": means[0],
                    **{k: means[j + 1] for j, k in enumerate(LOSSES)}, "lr": scheduler.get_last_lr()[0],
-                   "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates, **row}
+                   "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates,
+                   "audio_s_per_s": throughput.rate(), **row}  # rate(): collective
             metrics.log(row)  # one line per logged step, main process only
             accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
-            bar.set_postfix(loss=f"{row['loss']:.3f}", mel=f"{row['mel_loss']:.3f}")
+            bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}", mel=f"{row['mel_loss']:.3f}")
         window.zero_()
         save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective

@@ -152,7 +152,7 @@ def test_loading_runs_no_code_from_the_checkpoint(tmp_path):
     marker = json.loads((ckpt / "COMPLETE").read_text())
     marker["files"]["random_states_0.pkl"] = {
         "bytes": (ckpt / "random_states_0.pkl").stat().st_size,
-        "blake2b": _digest(ckpt / "random_states_0.pkl")}
+        "sha256": _digest(ckpt / "random_states_0.pkl")}
     (ckpt / "COMPLETE").write_text(json.dumps(marker))
     accelerator2, model2, opt2, sched2, state2 = setup()
     with pytest.raises(pickle.UnpicklingError):

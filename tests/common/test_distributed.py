@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from common import distributed
@@ -41,3 +43,41 @@ def test_a_profile_that_cannot_be_honoured_is_refused(flag, env, cuda, bf16_ok, 
 
     with pytest.raises(RunError, match=message):
         resolve_topology(flag, cuda=cuda, bf16_ok=bf16_ok, env=env)
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads and workers: every core busy by default, the same count on resume
+# ---------------------------------------------------------------------------------------------
+
+
+def test_thread_plan_explicit_checkpoint_env_then_cores(monkeypatch):
+    from common import distributed
+
+    monkeypatch.setattr(distributed, "available_cores", lambda: 8)
+    plan = distributed.plan_threads
+    assert plan(3, 5, {"OMP_NUM_THREADS": "4"}) == (3, "--num_threads")  # the flag wins
+    assert plan(0, 5, {"OMP_NUM_THREADS": "4"})[0] == 5  # a resume keeps the checkpoint's count
+    assert plan(0, None, {"OMP_NUM_THREADS": "4"})[0] == 4  # the user's (or launch --cpu's) choice
+    # accelerate launch's default OMP_NUM_THREADS=1 is not a choice: cores ÷ local processes
+    assert plan(0, None, {"OMP_NUM_THREADS": "1"})[0] == 8
+    assert plan(0, None, {"OMP_NUM_THREADS": "1", "LOCAL_WORLD_SIZE": "2"})[0] == 4
+    assert plan(0, None, {"LOCAL_WORLD_SIZE": "16"})[0] == 1  # never 0
+
+
+def test_available_cores_respects_the_affinity_mask():
+    from common.distributed import available_cores
+
+    assert 1 <= available_cores() <= len(os.sched_getaffinity(0))
+
+
+def test_workers_auto_cpu_none_gpu_some(monkeypatch):
+    import torch
+
+    from common.data import auto_workers
+
+    assert auto_workers(None, cuda=False) == 0  # a worker would take a core from the compute threads
+    assert auto_workers(3, cuda=False) == 3  # explicit wins
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert auto_workers(None, cuda=True) == 4
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert auto_workers(None, cuda=True) == 1

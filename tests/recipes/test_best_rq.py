@@ -190,3 +190,21 @@ def test_ddp_shards_disjoint_and_only_rank0_writes(tiny_corpus, tmp_path):
     from transformers import Wav2Vec2BertModel
 
     Wav2Vec2BertModel.from_pretrained(out / "final" / "encoder")  # the ecosystem can load it
+
+
+def test_resume_keeps_the_checkpoints_thread_count(tiny_corpus, tmp_path):
+    """On CPU the weights depend on the threads per process (float sums are split by thread), so
+    an automatic re-launch takes the checkpoint's count, whatever this machine would pick."""
+    extra = ["--max_batch_seconds", "16", "--max_steps", "6", "--save_steps", "1", "--hidden_size", "64",
+             "--ffn_dim", "256"]
+    one, two = tmp_path / "one_thread", tmp_path / "two_threads"
+    run("best_rq", 1, args_for(tiny_corpus, one, *extra, "--num_threads", "1"))
+    run("best_rq", 1, args_for(tiny_corpus, two, *extra, "--num_threads", "2"))
+    with pytest.raises(AssertionError):  # the premise: the thread count changes the result
+        assert_same_weights(one, two)
+
+    cut = tmp_path / "interrupted"
+    run("best_rq", 1, args_for(tiny_corpus, cut, *extra, "--num_threads", "1"), kill_after_checkpoint=3)
+    log = run("best_rq", 1, args_for(tiny_corpus, cut, *extra), env={"OMP_NUM_THREADS": "2"})  # auto would be 2
+    assert "1 thread(s) per process (kept from the checkpoint)" in log
+    assert_same_weights(one, cut)

@@ -1,0 +1,115 @@
+"""Checkpoint cost: `common.checkpoint.save_checkpoint` against `torch.save` + fsync of the same state.
+
+    python benchmarks/checkpoint.py [--recipe best_rq] [--repeats 7]
+
+Builds the recipe's default model (its config.yaml) and AdamW with its moments filled (one step),
+then alternates, `--repeats` times: our save (accelerate `save_state`, train_state.json, fsync and
+SHA-256 of every file, COMPLETE marker, atomic rename, pruning to `save_total_limit` 2) and the
+baseline (`torch.save({model, optimizer})` into one file + fsync). Prints medians, the ratio, and a
+breakdown of our save measured the same way. One process, the machine's threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def build(recipe: str):
+    """(accelerator, prepared model, optimizer, scheduler, state) for the recipe's default config."""
+    import torch
+
+    from benchmarks.recipe import load_recipe
+    from common.checkpoint import TrainState
+    from common.config import config_to_dict
+    from common.distributed import build_accelerator, set_threads
+    from common.loop import inverse_sqrt_schedule
+
+    r = load_recipe(recipe)
+    set_threads(0)
+    accelerator = build_accelerator()
+    model = r.build_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(10))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for p in model.parameters():  # fill the AdamW moments, as in a running job
+        p.grad = torch.randn_like(p) * 1e-3
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    state = TrainState.for_run(config_to_dict(r.cfg), 1, 1)
+    return accelerator, model, optimizer, scheduler, state
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="best_rq", choices=["best_rq", "asr"])
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved repetitions of each measurement")
+    args = ap.parse_args()
+
+    import torch
+
+    from common.checkpoint import _digest, _seal, save_checkpoint
+
+    accelerator, model, optimizer, scheduler, state = build(args.recipe)
+    work = Path(tempfile.mkdtemp(prefix="ckpt_bench_", dir=os.environ.get("BENCH_DIR")))
+    ours, base = [], []
+    parts = {k: [] for k in ("save_state", "fsync + digest (parallel)", "digest alone (serial)",
+                             "finite check", "prune one checkpoint")}
+    try:
+        for rep in range(args.repeats):
+            state.step = rep + 1
+            t = time.perf_counter()
+            ckpt = save_checkpoint(accelerator, model, work / "run", state, scheduler, save_total_limit=2)
+            ours.append(time.perf_counter() - t)
+
+            t = time.perf_counter()
+            path = work / "baseline.pt"
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            base.append(time.perf_counter() - t)
+
+            # the pieces, one by one
+            folder = work / "pieces"
+            shutil.rmtree(folder, ignore_errors=True)
+            t = time.perf_counter()
+            accelerator.save_state(str(folder))
+            parts["save_state"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            _seal(folder)
+            parts["fsync + digest (parallel)"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for p in folder.iterdir():
+                _digest(p)
+            parts["digest alone (serial)"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            params = [p.detach() for p in model.parameters()]
+            bool(torch.isfinite(torch.stack(torch._foreach_norm(params, float("inf")))).all())
+            parts["finite check"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            shutil.rmtree(folder)
+            parts["prune one checkpoint"].append(time.perf_counter() - t)
+        size = sum(p.stat().st_size for p in ckpt.iterdir()) / 1e6
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    m_ours, m_base = statistics.median(ours), statistics.median(base)
+    print(f"checkpoint benchmark, recipe {args.recipe}: {size:.1f} MB per checkpoint, "
+          f"{args.repeats} interleaved repetitions, medians, {torch.get_num_threads()} thread(s)")
+    print(f"  save_checkpoint / (torch.save + fsync) = {m_ours / m_base:.2f}   "
+          f"({m_ours * 1e3:.0f} ms vs {m_base * 1e3:.0f} ms)")
+    for name, ts in parts.items():
+        print(f"  {name:28s} {statistics.median(ts) * 1e3:6.0f} ms  = {statistics.median(ts) / m_base:.2f} × baseline")
+
+
+if __name__ == "__main__":
+    main()

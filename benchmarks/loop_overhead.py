@@ -1,0 +1,133 @@
+"""Loop overhead: the real recipe's step against a bare forward + backward + AdamW on the same batches.
+
+    python benchmarks/loop_overhead.py [--recipe best_rq|asr] [--steps 30] [--repeats 3]
+
+Each repetition runs, one after the other (interleaved):
+1. the recipe as a user runs it (`python recipes/<recipe>/train.py`, its config.yaml, fresh
+   output folder, no evaluation, no checkpoint before the end) for `--steps` optimizer steps; its
+   time per step comes from `metrics.jsonl` (`audio_s_per_s` of every step, `--logging_steps 1`);
+2. in this process, the same model on the same batches (the first `--steps` batches of epoch 0,
+   which the recipe also trains on first), held in memory: forward, backward, AdamW, nothing else.
+Both use the same thread count (`common.distributed.set_threads` rule, or `--threads`). The first
+`--warmup` steps of each are left out. Printed: medians over repetitions of the time per step of
+both, their ratio, and where the recipe's extra time goes, measured on the same batches: audio
+decoding, features (log-mel, speed perturbation), collation (padding, masks, noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def recipe_step_times(recipe: str, steps: int, threads: int, extra: list[str], out: Path) -> list[float]:
+    """Seconds per optimizer step of a real run (one process), from its metrics.jsonl."""
+    cmd = [sys.executable, str(ROOT / "recipes" / recipe / "train.py"), "--output_dir", str(out),
+           "--max_steps", str(steps), "--logging_steps", "1", "--eval_steps", "0", "--save_steps", str(10 * steps),
+           "--report_to", "none", "--num_threads", str(threads), *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the recipe run failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    durations = dict(zip(*_ids_and_durations(out)))
+    ids = [json.loads(line)["ids"] for line in (out / "batch_ids.rank0.jsonl").read_text().splitlines()]
+    # audio of step i / audio-seconds per second of step i = wall seconds of step i
+    return [sum(durations[u] for u in ids[i]) / row["audio_s_per_s"] for i, row in enumerate(rows)]
+
+
+def _ids_and_durations(out: Path):
+    rows = [json.loads(line) for d in sorted((out / "data").glob("train-*"))
+            for line in (d / "manifest.jsonl").read_text().splitlines()]
+    return [r["id"] for r in rows], [r["duration"] for r in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="best_rq", choices=["best_rq", "asr"])
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    ap.add_argument("--warmup", type=int, default=5, help="first steps left out of every run")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = the recipes' automatic choice")
+    ap.add_argument("overrides", nargs="*", help="recipe flags for both sides, e.g. --dropout 0.0")
+    args, unknown = ap.parse_known_args()
+    overrides = args.overrides + unknown
+
+    import torch
+
+    from benchmarks.recipe import load_recipe
+    from common.data import DurationBatchSampler, load_audio
+    from common.distributed import set_threads
+
+    threads, _ = set_threads(args.threads)
+    r = load_recipe(args.recipe, overrides)
+    cfg = r.cfg
+    sampler = DurationBatchSampler(r.train_set["duration"], cfg.max_batch_seconds, num_buckets=cfg.num_buckets,
+                                   shuffle=True, seed=cfg.seed, multiple_of=1)
+    sampler.set_epoch(0)
+    index_lists = list(sampler)[: args.steps]
+
+    # Where a data step's time goes, on these batches (the recipe does this inside its step).
+    t_decode = t_features = t_collate = 0.0
+    batches = []
+    for idx in index_lists:
+        items = []
+        for i in idx:
+            t = time.perf_counter()
+            load_audio(r.train_set[i]["path"], cfg.sample_rate)
+            t_decode += time.perf_counter() - t
+            t = time.perf_counter()
+            items.append(r.dataset[i])  # decodes again: its time minus the decode above is the features'
+            t_features += time.perf_counter() - t
+        t = time.perf_counter()
+        batches.append(r.collator(items))
+        t_collate += time.perf_counter() - t
+    t_features -= t_decode
+    n = len(batches)
+
+    torch.manual_seed(cfg.seed)
+    model = r.build_model()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay)
+
+    def bare() -> list[float]:
+        times = []
+        for b in batches:
+            t = time.perf_counter()
+            r.loss(model, b).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t)
+        return times
+
+    recipe_runs, bare_runs = [], []
+    for rep in range(args.repeats):
+        with tempfile.TemporaryDirectory(prefix="loop_bench_") as tmp:
+            recipe_runs.append(sum(recipe_step_times(args.recipe, args.steps, threads,
+                                                     ["--dump_batch_ids", "true", *overrides],
+                                                     Path(tmp) / "run")[args.warmup:]))
+        bare_runs.append(sum(bare()[args.warmup:]))
+        print(f"  repetition {rep + 1}: recipe {recipe_runs[-1]:.2f} s, bare {bare_runs[-1]:.2f} s "
+              f"for steps {args.warmup + 1}..{args.steps}", flush=True)
+    measured = args.steps - args.warmup
+    rec, bar = statistics.median(recipe_runs) / measured, statistics.median(bare_runs) / measured
+    print(f"\nloop overhead, recipe {args.recipe}: {args.repeats} interleaved repetitions of {measured} steps "
+          f"(after {args.warmup}), medians, {threads} thread(s), batch {cfg.max_batch_seconds:g} s of audio")
+    print(f"  recipe step / bare step = {rec / bar:.3f}   ({rec * 1e3:.0f} ms vs {bar * 1e3:.0f} ms per step)")
+    for name, t in (("audio decoding", t_decode), ("features", t_features), ("collation", t_collate)):
+        print(f"  {name:16s} {t / n * 1e3:6.1f} ms per step = {t / n / bar:.3f} × bare step")
+
+
+if __name__ == "__main__":
+    main()
