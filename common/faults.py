@@ -42,6 +42,12 @@ class Preemption:
         self.accelerator = accelerator
         self.signal: int | None = None
         self.deferred = False
+        # The per-step agreement goes through a CPU (gloo) group: on GPUs an NCCL all-reduce of a
+        # device flag plus `.item()` would stall the host until the step's kernels finish, every
+        # step. Collective: every rank builds its Preemption at the same point.
+        self.group = None
+        if accelerator.num_processes > 1 and accelerator.device.type != "cpu":
+            self.group = torch.distributed.new_group(backend="gloo")
         for sig in signals:
             signal.signal(sig, self._handle)
 
@@ -67,9 +73,10 @@ class Preemption:
 
     def requested(self) -> bool:
         """True on every rank if any rank received a signal. Collective: call on every rank."""
-        flag = torch.tensor([0 if self.signal is None else 1], device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            flag = self.accelerator.reduce(flag, "sum")
+        if self.accelerator.num_processes == 1:
+            return self.signal is not None
+        flag = torch.tensor([0 if self.signal is None else 1])  # on the host: no device sync
+        torch.distributed.all_reduce(flag, group=self.group)  # sum; the default group is gloo on CPU
         return bool(flag.item() > 0)
 
 
