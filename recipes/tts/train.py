@@ -111,7 +111,7 @@ from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint
                                global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
-from common.data import load_audio, make_loader  # noqa: E402
+from common.data import auto_workers, load_audio, make_loader  # noqa: E402
 from common.distributed import build_accelerator, describe_run, seed_everything, set_threads  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402

@@ -108,8 +108,13 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     return text
 
 
-def metrics(out_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+TIMINGS = ("audio_s_per_s",)  # wall-clock figures: they differ between any two runs, by design
+
+
+def metrics(out_dir: Path, timings: bool = False) -> list[dict]:
+    """Rows of metrics.jsonl; without the wall-clock keys unless `timings` (they never repeat)."""
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows if timings else [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
 
 
 def assert_same_weights(a: Path, b: Path) -> None:

@@ -184,8 +184,9 @@ def test_ddp_shards_disjoint_and_only_rank0_writes(tiny_corpus, tmp_path):
     rank0 = {Path(p).name for p in writes["0"]}
     assert {"model.safetensors", "optimizer.bin", "COMPLETE", "metrics.jsonl", "random_states_0.pkl"} <= rank0
     assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
-    rows = metrics(out)
+    rows = metrics(out, timings=True)
     assert [r["step"] for r in rows] == list(range(1, e0 + e1 + 1))
+    assert all(r["audio_s_per_s"] > 0 for r in rows)  # the whole job's rate, both ranks' audio
     assert (out / "final" / "model.safetensors").exists() and (out / "final" / "config.yaml").exists()
     from transformers import Wav2Vec2BertModel
 
