@@ -30,7 +30,8 @@ file, appended after every chunk. A check killed half-way resumes with the files
 cache; a corpus with a few new or rewritten files re-checks only those (a rewritten file has
 another size or mtime, so its old line no longer matches). Lines for files that are gone are
 dropped when the cache is rewritten at the end of a check. A torn last line (killed mid-write) is
-ignored.
+ignored. Only readable files are cached: an unreadable one is read again at every check (a
+transient NFS error must not stick; bad files are few).
 """
 
 from __future__ import annotations
@@ -131,12 +132,13 @@ def _facts_chunk(paths: list[str], mode: str) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _scan_dir(folder: str) -> tuple[dict[str, tuple[int, int]], list[str]]:
+def _scan_dir(folder: str) -> tuple[dict[str, tuple[int, int]], list[tuple[str, tuple[int, int]]]]:
     files, dirs = {}, []
     with os.scandir(folder) as it:
         for entry in it:
             if entry.is_dir():  # follows symlinks, like the scans of the layouts
-                dirs.append(entry.path)
+                st = entry.stat()
+                dirs.append((entry.path, (st.st_dev, st.st_ino)))
             elif entry.is_file():
                 st = entry.stat()
                 files[entry.path] = (st.st_size, st.st_mtime_ns)
@@ -169,10 +171,9 @@ def list_files(paths: list[Path]) -> dict[str, tuple[int, int]]:
             for fut in done:
                 found, subdirs = fut.result()
                 files.update(found)
-                for d in subdirs:
-                    st = os.stat(d)
-                    if (st.st_dev, st.st_ino) not in seen_dirs:
-                        seen_dirs.add((st.st_dev, st.st_ino))
+                for d, ident in subdirs:
+                    if ident not in seen_dirs:
+                        seen_dirs.add(ident)
                         running.add(pool.submit(_scan_dir, d))
     return dict(sorted(files.items()))
 
@@ -240,8 +241,8 @@ def _rewrite_cache(path: Path, items) -> None:
 
 
 def check_files(paths: list[str], mode: str, *, stats: dict[str, tuple[int, int]] | None = None,
-                cache: Path | None = None, workers: int | None = None) -> tuple[list[dict], int]:
-    """(facts for each path, in order; number of files actually read, the rest came from `cache`).
+                cache: Path | None = None, workers: int | None = None) -> tuple[list[dict], int, int]:
+    """(facts for each path, in order; number of files read; number answered by `cache`).
 
     `stats` ({path: (size, mtime_ns)} from `list_files`) saves a second stat per file; a path not
     in it is statted here. `workers` processes read the files (None: `default_workers()`; 1: this
@@ -278,17 +279,19 @@ def check_files(paths: list[str], mode: str, *, stats: dict[str, tuple[int, int]
             for i, f in zip(idx, facts):
                 results[i] = f
             if appender:
-                appender.append((keys[i], f) for i, f in zip(idx, facts))
+                # Errors are not cached: a transient one (an NFS timeout) must not condemn a file
+                # until it is touched, and bad files are few, so re-reading them costs nothing.
+                appender.append((keys[i], f) for i, f in zip(idx, facts) if "error" not in f)
     finally:
         if appender:
             appender.close()
     if cache:
         # Lines of files that are gone or were rewritten are dropped here, so the cache stays the
         # size of the corpus; a check that only added files keeps the appended file as it is.
-        current = {k: results[i] for i, k in enumerate(keys) if k is not None}
+        current = {k: results[i] for i, k in enumerate(keys) if k is not None and "error" not in results[i]}
         if any(k not in current for k in cached):
             _rewrite_cache(cache, sorted(current.items()))
-    return results, len(todo)  # type: ignore[return-value]
+    return results, len(todo), sum(k in cached for k in keys if k is not None)  # type: ignore[return-value]
 
 
 def _run(todo: list[int], paths: list[str], mode: str, workers: int):

@@ -15,8 +15,8 @@ How much of each file is read is `DataPolicy.data_check` (the list of what each 
   corruption in the middle of a file whose end still decodes. Header mode accepts those.
 
 The files are read by a process pool (all the cores this process may use) and the per-file facts
-are cached in `<output_dir>/data/<name>.check-<mode>-v<version>.jsonl`: a check killed half-way resumes, and
-a corpus with a few new or changed files re-reads only those.
+are cached in `<output_dir>/data/<name>.check-<mode>-v<version>.jsonl`: a check killed half-way
+resumes, and a corpus with a few new or changed files re-reads only those.
 
 The pass runs once per output folder: the first process to arrive builds
 `<output_dir>/data/<name>-<fingerprint>/` (manifest.jsonl + problems.jsonl) under a file lock
@@ -196,10 +196,10 @@ def validate(rows: list[dict], problems: list[dict], policy: DataPolicy, *, work
         unique.append((row, row["path"]))
     paths = [p for _, p in unique if p is not None]
     start = time.monotonic()
-    facts, n_read = check_files(paths, policy.data_check, stats=stats, cache=cache, workers=workers)
+    facts, n_read, n_cached = check_files(paths, policy.data_check, stats=stats, cache=cache, workers=workers)
     if paths:
         logger.info(f"data check ({policy.data_check}): read {n_read} of {len(paths)} audio files "
-                    f"({len(paths) - n_read} cached) in {time.monotonic() - start:.1f} s")
+                    f"({n_cached} known from the cache) in {time.monotonic() - start:.1f} s")
     good, it = [], iter(facts)
     for row, path in unique:
         if path is None:

@@ -50,13 +50,13 @@ def flacs(root):
 def test_a_killed_check_resumes_where_it_stopped(corpus, tmp_path):
     listing, paths = flacs(corpus)
     cache = tmp_path / "facts.jsonl"
-    facts, n_read = check_files(paths, "header", stats=listing, cache=cache, workers=2)
-    assert n_read == len(paths) == 48
+    facts, n_read, n_cached = check_files(paths, "header", stats=listing, cache=cache, workers=2)
+    assert (n_read, n_cached) == (48, 0) and len(paths) == 48
     lines = cache.read_bytes().split(b"\n")
     cache.write_bytes(b"\n".join(lines[:20]) + b"\n" + lines[20][:15])  # killed while writing line 21
-    assert check_files(paths, "header", stats=listing, cache=cache, workers=2) == (facts, 28)
+    assert check_files(paths, "header", stats=listing, cache=cache, workers=2) == (facts, 28, 20)
     assert len(read_cache(cache)) == 48 and len(cache.read_bytes().splitlines()) == 49  # + the torn one
-    assert check_files(paths, "header", stats=listing, cache=cache, workers=1) == (facts, 0)
+    assert check_files(paths, "header", stats=listing, cache=cache, workers=1) == (facts, 0, 48)
     # another mode is another cache: header facts never answer a full check
     assert check_files(paths, "full", cache=tmp_path / "full.jsonl", workers=1)[1] == 48
 
@@ -71,17 +71,17 @@ def test_changed_added_and_removed_files_are_seen(corpus, tmp_path, caplog):
         assert expected_log in caplog.text
         return {r["id"]: r for r in ds}
 
-    first = prepare("read 48 of 48 audio files (0 cached)")
+    first = prepare("read 48 of 48 audio files (0 known from the cache)")
     changed = sorted(first)[5]
     path = first[changed]["path"]
     mtime = os.stat(path).st_mtime_ns
     sf.write(path, tone(1.0), 16000)  # rewritten in place: another duration
     os.utime(path, ns=(mtime + 10**9, mtime + 10**9))  # coarse file-system clocks could keep the mtime
     assert first[changed]["duration"] != 1.0
-    assert prepare("read 1 of 48 audio files (47 cached)")[changed]["duration"] == 1.0
+    assert prepare("read 1 of 48 audio files (47 known from the cache)")[changed]["duration"] == 1.0
 
     os.utime(path, ns=(mtime + 2 * 10**9, mtime + 2 * 10**9))  # same bytes, same size, newer mtime
-    prepare("read 1 of 48 audio files (47 cached)")  # a new manifest, not the previous one reused
+    prepare("read 1 of 48 audio files (47 known from the cache)")  # a new manifest, not the previous one reused
 
     chapter = os.path.dirname(path)
     spk_chap = os.path.basename(chapter)
@@ -91,7 +91,7 @@ def test_changed_added_and_removed_files_are_seen(corpus, tmp_path, caplog):
     sf.write(os.path.join(chapter, f"{new_id}.flac"), tone(1.5), 16000)
     with open(trans, "a") as f:
         f.write(f"{new_id} A NEW ONE\n")
-    added = prepare("read 1 of 49 audio files (48 cached)")
+    added = prepare("read 1 of 49 audio files (48 known from the cache)")
     assert added[new_id]["duration"] == 1.5 and len(added) == 49
 
     gone = sorted(first)[-1]
@@ -99,7 +99,7 @@ def test_changed_added_and_removed_files_are_seen(corpus, tmp_path, caplog):
     trans = first[gone]["path"].rsplit("-", 1)[0] + ".trans.txt"
     lines = [line for line in open(trans).read().splitlines(True) if not line.startswith(gone + " ")]
     open(trans, "w").write("".join(lines))
-    removed = prepare("read 0 of 48 audio files (48 cached)")
+    removed = prepare("read 0 of 48 audio files (48 known from the cache)")
     assert gone not in removed and len(removed) == 48
     # the cache holds the current files only (the removed one and the old version of the changed one dropped)
     cache = read_cache(out / "data" / f"train.check-header-v{datacheck.CACHE_VERSION}.jsonl")
@@ -121,5 +121,5 @@ def test_a_dead_worker_is_named_and_its_neighbours_stay_cached(corpus, tmp_path,
     with pytest.raises(DataCheckError, match=f"worker died while reading one of .* … {paths[-1]}"):
         check_files(paths, "header", stats=listing, cache=cache, workers=2)
     monkeypatch.setattr(datacheck, "audio_facts", real)
-    facts, n_read = check_files(paths, "header", stats=listing, cache=cache, workers=2)
+    facts, n_read, _ = check_files(paths, "header", stats=listing, cache=cache, workers=2)
     assert 0 < n_read < 48 and facts == check_files(paths, "header", workers=1)[0]
