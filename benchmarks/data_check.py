@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -188,12 +189,14 @@ def run(tmp: Path, args, workers: int) -> None:
     }
     linear = {k: ",".join(SPLITS[:k]) for k in (1, 2)}  # N/4, N/2 (N is "header, pool")
     times: dict[str, list[float]] = {name: [] for name in [*variants, *linear]}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}  # CPU seconds, this process + its workers
     reference_rows = None
     for rep in range(args.repeats):
         for name, fn in variants.items():
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), cpu_seconds()
             result = fn()
             times[name].append(time.perf_counter() - start)
+            cpu[name].append(cpu_seconds() - cpu_start)
             if isinstance(result, datasets.Dataset):  # every variant must accept the same utterances
                 rows = list(zip(result["id"], result["duration"]))
                 reference_rows = reference_rows or rows
@@ -207,13 +210,17 @@ def run(tmp: Path, args, workers: int) -> None:
 
     median = {name: statistics.median(t) for name, t in times.items()}
     old = median["old: full decode, serial"]
-    print(f"\n{'variant':34s} {'files/s':>9s} {'× old':>7s}   {LIBRISPEECH_960H_FILES} files (LibriSpeech 960 h) "
-          f"of {args.mean_seconds} s at this rate")
+    old_cpu = statistics.median(cpu["old: full decode, serial"])
+    print(f"\n{'variant':34s} {'files/s':>9s} {'× old':>7s} {'CPU ms/file':>12s} {'× old':>7s}   "
+          f"{LIBRISPEECH_960H_FILES} files (LibriSpeech 960 h) of {args.mean_seconds} s at this rate")
     for name in variants:
         rate = n / median[name]
         extrapolated = LIBRISPEECH_960H_FILES / rate
-        print(f"{name:34s} {rate:9.0f} {old / median[name]:7.1f}   {fmt(extrapolated)} "
-              f"(old: {fmt(LIBRISPEECH_960H_FILES / (n / old))})")
+        cpu_per_file = statistics.median(cpu[name]) / n
+        print(f"{name:34s} {rate:9.0f} {old / median[name]:7.1f} {cpu_per_file * 1e3:12.3f} "
+              f"{old_cpu / n / cpu_per_file:7.1f}   {fmt(extrapolated)} (old: {fmt(LIBRISPEECH_960H_FILES / (n / old))})")
+    print(f"(CPU: this process and its pool workers, user + system; a pool needs idle cores to turn it into "
+          f"speed: load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     print(f"\nlinearity, header with a pool of {workers} (files/s; ratio to the rate at N):")
     full_rate = n / median[f"header, pool of {workers}"]
     for label, k in (("N/4", 1), ("N/2", 2)):
@@ -239,6 +246,12 @@ def per_file_at_librispeech_length(files: int = 200) -> None:
           f"{files} reads: full decode costs {cost['full'] / cost['header']:.1f}× the header check "
           f"({cost['header'] * 1e3:.2f} ms vs {cost['full'] * 1e3:.2f} ms per file; 281 241 files serially: "
           f"{fmt(cost['header'] * LIBRISPEECH_960H_FILES)} vs {fmt(cost['full'] * LIBRISPEECH_960H_FILES)})")
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process and of its finished children (the pool's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def fmt(seconds: float) -> str:
