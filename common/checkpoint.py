@@ -58,6 +58,9 @@ MARKER = "COMPLETE"
 RESUME_SAFE_KEYS = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
                     "eval_steps", "num_workers", "report_to", "data_cache_dir", "ddp_timeout",
                     "max_nonfinite_updates", "dump_batch_ids", "overwrite_output_dir",
+                    # how deeply files are read; the entries it lets through are compared by the
+                    # data fingerprint instead (and checkpoints from before the key still resume):
+                    "data_check",
                     # checked through the global batch instead (see global_batch_plan):
                     "gradient_accumulation_steps",
                     # checked through the threads that ran (TrainState.threads_per_process):

@@ -50,6 +50,7 @@ class Config:
     min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 30.0  # longer utterances are refused by the data check
     on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
+    data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + last 4096 frames of each file; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
     n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
@@ -168,11 +169,11 @@ def main(cfg: Config) -> None:
 
     # ---- data ------------------------------------------------------------------------------
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
-    # LibriSpeech-layout data is checked once per output_dir (missing, corrupt, empty, too
+    # LibriSpeech-layout data is checked once per output_dir (--data_check: missing, corrupt, empty, too
     # short/long, multi-channel audio, duplicate ids, malformed lines).
     data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=None, on_bad_data=cfg.on_bad_data)  # text: normalize_text decides
+                        charset=None, on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)  # text: normalize_text decides
 
     def checked(root, split):
         return prepare_manifest(out, split, root, policy, split, is_main_process=accelerator.is_main_process)

@@ -44,6 +44,7 @@ class Config:
     min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 30.0  # longer utterances are refused by the data check
     on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
+    data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + last 4096 frames of each file; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
     n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
@@ -152,7 +153,7 @@ def main(cfg: Config) -> None:
     # multi-channel, wrong-rate audio, duplicate ids, malformed lines).
     data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=None, on_bad_data=cfg.on_bad_data)  # BEST-RQ uses no transcripts
+                        charset=None, on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)  # no transcripts
     is_main = accelerator.is_main_process
     train_set = prepare_manifest(out, "train", data_dir, policy, cfg.train_split, is_main_process=is_main)
     valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=is_main)

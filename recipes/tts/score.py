@@ -107,7 +107,8 @@ def main():
                                                  cfg.builtin_corpus, "ljspeech")
     # The same check and split as training (the data check's result is cached in <output>/data).
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data)
+                        charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data,
+                        data_check=getattr(cfg, "data_check", "header"))  # absent: checkpoint older than the field
     manifest = split_manifest(prepare_manifest(out, "all", data_dir, policy, None), cfg.num_valid,
                               cfg.num_test)[args.split]
     dataset, collate = TTSDataset(manifest, cfg), Collator(cfg)

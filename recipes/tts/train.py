@@ -49,6 +49,7 @@ class Config:
     min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 15.0  # longer utterances are refused by the data check
     on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
+    data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + last 4096 frames of each file; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
     n_mels: int = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
     win_length: int = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
     hop_length: int = 256  # samples (11.6 ms per frame)
@@ -203,7 +204,8 @@ def main(cfg: Config) -> None:
     # the data check runs once per output_dir: bad audio, and characters outside the symbol table.
     data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data)
+                        charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data,
+                        data_check=cfg.data_check)
     manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
     splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
     train_set, valid_set = splits["train"], splits["validation"]

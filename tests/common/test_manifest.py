@@ -10,16 +10,22 @@ def reasons(problems):
     return {p["entry"].rsplit("/", 1)[1]: p["reason"] for p in problems}
 
 
-def test_every_kind_of_bad_entry_is_named(bad_corpus):
+def manifest_dirs(output_dir, name):
+    return [p for p in (output_dir / "data").iterdir() if p.is_dir() and p.name.startswith(f"{name}-")]
+
+
+@pytest.mark.parametrize("mode", ["header", "full"])
+def test_every_kind_of_bad_entry_is_named(bad_corpus, mode):
     rows, problems = scan_librispeech(bad_corpus, "train")
     policy = DataPolicy(16000, min_seconds=0.5, max_seconds=8.0, wrong_sample_rate="refuse",
-                        charset="ABCDEFGHIJKLMNOPQRSTUVWXYZ' ")
-    good, problems = validate(rows, problems, policy)
+                        charset="ABCDEFGHIJKLMNOPQRSTUVWXYZ' ", data_check=mode)
+    good, problems = validate(rows, problems, policy, workers=1)
+    silent = {ENTRY.format(4): "empty audio"} if mode == "full" else {}  # 2 s of zeros: only a full decode sees it
     assert reasons(problems) == {
         ENTRY.format(1): "missing file",
         ENTRY.format(2): "unreadable audio",
-        ENTRY.format(3): "unreadable audio",  # truncated FLAC: the header alone looks fine
-        ENTRY.format(4): "empty audio",
+        ENTRY.format(3): "unreadable audio",  # truncated FLAC: the header alone looks fine, its end fails
+        **silent,
         ENTRY.format(5): "too short",
         ENTRY.format(6): "too long",
         ENTRY.format(7): "wrong sample rate",
@@ -29,8 +35,21 @@ def test_every_kind_of_bad_entry_is_named(bad_corpus):
         ENTRY.format(12): "empty transcript",
         ENTRY.format(13): "characters outside the symbol table",
     }
-    assert len(good) == 48 + 1  # the tiny corpus + the first copy of the duplicate
+    # the tiny corpus + the first copy of the duplicate (+ the silent file in header mode)
+    assert len(good) == 48 + 1 + (mode == "header")
     assert [r["id"] for r in good] == sorted(r["id"] for r in good)
+    if mode == "header":
+        assert "truncated" in next(p["detail"] for p in problems if p["entry"].endswith(ENTRY.format(3)))
+
+
+@pytest.mark.parametrize("mode", ["header", "full"])
+def test_result_does_not_depend_on_the_pool_size(bad_corpus, mode):
+    policy = DataPolicy(16000, max_seconds=8.0, charset="ABCDEFGHIJKLMNOPQRSTUVWXYZ' ", data_check=mode)
+    scanned = scan_librispeech(bad_corpus, "train")
+    serial = validate(*scanned, policy, workers=1)
+    for workers in (2, 3):  # 3: chunks finish in another order than they were submitted
+        assert validate(*scanned, policy, workers=workers) == serial
+    assert len(serial[1]) == 10 + (mode == "full")
 
 
 def test_resample_policy_and_unused_transcripts(bad_corpus):
@@ -43,7 +62,7 @@ def test_resample_policy_and_unused_transcripts(bad_corpus):
 
 
 def test_prepare_manifest_error_report_and_skip(bad_corpus, tmp_path, caplog):
-    policy = DataPolicy(16000, max_seconds=8.0)
+    policy = DataPolicy(16000, max_seconds=8.0, data_check="full")
     with pytest.raises(DataError) as e:
         prepare_manifest(tmp_path, "train", bad_corpus, policy, "train")
     text = str(e.value)
@@ -52,12 +71,25 @@ def test_prepare_manifest_error_report_and_skip(bad_corpus, tmp_path, caplog):
         assert ENTRY.format(n) in text
     with pytest.raises(SystemExit):  # other ranks exit quietly; the main process reports
         prepare_manifest(tmp_path, "train", bad_corpus, policy, "train", is_main_process=False)
-    skip = DataPolicy(16000, max_seconds=8.0, on_bad_data="skip")
-    with caplog.at_level("WARNING"):
+    skip = DataPolicy(16000, max_seconds=8.0, on_bad_data="skip", data_check="full")
+    with caplog.at_level("INFO"):
         ds = prepare_manifest(tmp_path, "train", bad_corpus, skip, "train")
     assert len(ds) == 48 + 4  # + the 8 kHz file, one copy of the duplicate, 2 transcripts not checked
     assert "skipping 9 of 61 entries" in caplog.text and "2 unreadable audio" in caplog.text
-    assert len(list((tmp_path / "data").iterdir())) == 2  # one validated manifest per policy
+    # the facts do not depend on the policy: only the 2 unreadable files are read again (errors are
+    # never cached: a transient NFS error must not stick), the missing one is neither read nor cached
+    assert "read 2 of 59 audio files (56 known from the cache)" in caplog.text
+    assert len(manifest_dirs(tmp_path, "train")) == 2  # one validated manifest per policy
+
+
+def test_prepare_manifest_header_mode_is_the_default(bad_corpus, tmp_path):
+    assert DataPolicy(16000).data_check == "header"
+    with pytest.raises(DataError) as e:
+        prepare_manifest(tmp_path, "train", bad_corpus, DataPolicy(16000, max_seconds=8.0), "train", workers=2)
+    assert "8 unusable entries" in str(e.value) and "2 unreadable audio" in str(e.value)
+    assert ENTRY.format(4) not in str(e.value)  # the silent file: header mode does not decode samples
+    with pytest.raises(ValueError, match="data_check must be one of header, full, not 'fast'"):
+        DataPolicy(16000, data_check="fast")
 
 
 def test_manifest_is_reused_and_refreshed_when_files_change(tiny_corpus, tmp_path):
@@ -65,7 +97,7 @@ def test_manifest_is_reused_and_refreshed_when_files_change(tiny_corpus, tmp_pat
     root = tiny_corpus / "librispeech"
     a = prepare_manifest(tmp_path, "valid", root, policy, "validation")
     b = prepare_manifest(tmp_path, "valid", root, policy, "validation")
-    assert a["id"] == b["id"] and len(list((tmp_path / "data").iterdir())) == 1
+    assert a["id"] == b["id"] and len(manifest_dirs(tmp_path, "valid")) == 1
 
 
 def test_input_that_used_to_slip_through_is_named(tmp_path):
