@@ -100,6 +100,18 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
             ids_file.close()
 
 
+def global_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a plain tensor with the same value on every rank.
+
+    Under FSDP2 gradients are sharded DTensors, and the norm torch's clip_grad_norm_ returns is a
+    DTensor whose placement may still be Partial (each rank holding its shard's share): `bool()` or
+    `.item()` on it would trigger a hidden collective, or read a per-rank value. `full_tensor()`
+    is that collective, made explicit (every rank calls it). Plain tensors (DDP, 1 process) pass."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def no_sync_unless(accelerator, model, sync: bool):
     """DDP all-reduces gradients only on a window's last backward pass."""
     return contextlib.nullcontext() if sync else accelerator.no_sync(model)
@@ -109,9 +121,10 @@ def optimizer_step(accelerator, model, optimizer, scheduler, state: TrainState, 
                    max_nonfinite_updates: int) -> torch.Tensor:
     """Clip, update (or skip a non-finite update), step the schedule; returns the gradient norm.
 
-    Gradients were all-reduced, so every rank sees the same norm and takes the same branch. A
-    skipped update still counts as a step (the schedule and the position move on)."""
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+    Gradients were all-reduced (DDP) or reduce-scattered (FSDP: the norm is made whole on every
+    rank first), so every rank sees the same norm and takes the same branch. A skipped update still
+    counts as a step (the schedule and the position move on). Collective under FSDP."""
+    grad_norm = global_tensor(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
     if torch.isfinite(grad_norm):
         optimizer.step()
         state.nonfinite_streak = 0

@@ -30,7 +30,6 @@ def test_precision_comes_from_the_profile_unless_the_flag_is_given(flag, env, ex
 
 
 @pytest.mark.parametrize("flag,env,cuda,bf16_ok,message", [
-    (None, {"ACCELERATE_USE_FSDP": "true"}, False, False, "the FSDP profile needs GPUs"),
     (None, {"ACCELERATE_USE_DEEPSPEED": "true"}, True, True, "the DeepSpeed profile is not supported"),
     ("fp16", {}, False, False, "fp16 mixed precision needs a GPU"),
     (None, {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, False, "this GPU has no bf16 support"),
@@ -41,3 +40,14 @@ def test_a_profile_that_cannot_be_honoured_is_refused(flag, env, cuda, bf16_ok, 
 
     with pytest.raises(RunError, match=message):
         resolve_topology(flag, cuda=cuda, bf16_ok=bf16_ok, env=env)
+
+
+@pytest.mark.parametrize("built", ["MULTI_CPU", "NO", "MULTI_GPU"])
+def test_an_fsdp_profile_that_accelerate_did_not_honour_is_refused(built):
+    from common.distributed import check_distributed_type
+    from common.faults import RunError
+
+    with pytest.raises(RunError, match=rf"the FSDP profile needs GPUs.*accelerate built {built} instead.*cpu_ddp.yaml"):
+        check_distributed_type(built, env={"ACCELERATE_USE_FSDP": "true"})
+    check_distributed_type("FSDP", env={"ACCELERATE_USE_FSDP": "true"})  # honoured: accepted
+    check_distributed_type(built, env={})  # no FSDP asked: nothing to check
