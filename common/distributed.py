@@ -70,6 +70,32 @@ def check_distributed_type(distributed_type: str, *, env: dict) -> None:
                        f"Use accelerate_configs/cpu_ddp.yaml here")
 
 
+def check_fsdp_wrap(accelerator, model: torch.nn.Module) -> None:
+    """Refuse (RunError) an FSDP run whose profile names block classes to shard that `model` lacks.
+
+    accelerate_configs/fsdp.yaml shards one unit per Conformer block (`Wav2Vec2BertEncoderLayer`);
+    a model without it (the TTS recipe's, a new one) would stop inside `prepare` with accelerate's
+    traceback. Here: one line, the model's repeated blocks, and the launcher flag that picks them.
+    Call it on every rank before `accelerator.prepare`; it does nothing outside FSDP."""
+    from common.faults import RunError
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if accelerator.distributed_type.value != "FSDP" or plugin is None:
+        return
+    wanted = plugin.transformer_cls_names_to_wrap or []
+    present = {type(m).__name__ for m in model.modules()}
+    missing = [name for name in wanted if name not in present]
+    if missing:
+        # Repeated blocks: the non-torch classes held in a ModuleList (encoder layers and the like).
+        blocks = sorted({type(c).__name__ for m in model.modules() if isinstance(m, torch.nn.ModuleList)
+                         for c in m.children() if not type(c).__module__.startswith("torch.")})
+        hint = (f"--fsdp_transformer_layer_cls_to_wrap {','.join(blocks)}" if blocks
+                else "--fsdp_transformer_layer_cls_to_wrap <the model's block class>")
+        raise RunError(f"the FSDP profile shards at {', '.join(missing)}, which this model does not have "
+                       f"(its repeated blocks: {', '.join(blocks) or 'none found'}); launch with "
+                       f"`accelerate launch --config_file accelerate_configs/fsdp.yaml {hint} ...`")
+
+
 def build_accelerator(
     *,
     mixed_precision: str | None = None,

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from common import distributed
 from common.distributed import build_accelerator
@@ -51,3 +52,28 @@ def test_an_fsdp_profile_that_accelerate_did_not_honour_is_refused(built):
         check_distributed_type(built, env={"ACCELERATE_USE_FSDP": "true"})
     check_distributed_type("FSDP", env={"ACCELERATE_USE_FSDP": "true"})  # honoured: accepted
     check_distributed_type(built, env={})  # no FSDP asked: nothing to check
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+
+def _accelerator(kind: str, wrap: list[str] | None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(distributed_type=SimpleNamespace(value=kind),
+                           state=SimpleNamespace(fsdp_plugin=SimpleNamespace(transformer_cls_names_to_wrap=wrap)))
+
+
+def test_an_fsdp_shard_unit_the_model_lacks_is_refused_naming_its_blocks():
+    from common.distributed import check_fsdp_wrap
+    from common.faults import RunError
+
+    model = torch.nn.Sequential(torch.nn.ModuleList([_Block(), _Block()]), torch.nn.Linear(4, 2))
+    with pytest.raises(RunError, match=r"shards at Wav2Vec2BertEncoderLayer, which this model does not have \(its "
+                                       r"repeated blocks: _Block\); launch with .*--fsdp_transformer_layer_cls_to_wrap _Block"):
+        check_fsdp_wrap(_accelerator("FSDP", ["Wav2Vec2BertEncoderLayer"]), model)
+    check_fsdp_wrap(_accelerator("FSDP", ["_Block"]), model)  # present: accepted
+    check_fsdp_wrap(_accelerator("MULTI_CPU", ["Wav2Vec2BertEncoderLayer"]), model)  # not FSDP: nothing to check
