@@ -288,7 +288,7 @@ def _mount_point(path: Path) -> str:
 def _disk_full_message(output_dir: str | Path, step: int, model) -> str:
     previous = list_checkpoints(output_dir)
     if previous:
-        need = sum(f.stat().st_size for f in previous[-1].iterdir() if f.is_file())
+        need = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file())  # FSDP shards: subfolders
     else:  # weights + two AdamW moments
         need = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
     free = shutil.disk_usage(output_dir).free

@@ -20,7 +20,7 @@ What each function guarantees, and why (docs/resume.md has the full story):
   the epoch's last one may be short; the position in `state` is always the one a checkpoint taken
   at the next optimizer step must record.
 - `optimizer_step`: clipping, the non-finite skip (identical on every rank: gradients were
-  all-reduced first), the schedule stepped once per optimizer step (never a prepared scheduler:
+  all-reduced first; under FSDP the sharded norm is gathered whole first), the schedule stepped once per optimizer step (never a prepared scheduler:
   it would step num_processes times), the step counter.
 - `save_or_preempt`: checkpoints only at optimizer-step boundaries; a preemption signal on any rank
   makes every rank save the same step and exit 75.
@@ -103,10 +103,11 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
 def global_tensor(t: torch.Tensor) -> torch.Tensor:
     """`t` as a plain tensor with the same value on every rank.
 
-    Under FSDP2 gradients are sharded DTensors, and the norm torch's clip_grad_norm_ returns is a
-    DTensor whose placement may still be Partial (each rank holding its shard's share): `bool()` or
-    `.item()` on it would trigger a hidden collective, or read a per-rank value. `full_tensor()`
-    is that collective, made explicit (every rank calls it). Plain tensors (DDP, 1 process) pass."""
+    Under FSDP2 gradients are sharded DTensors and the norm torch's clip_grad_norm_ returns is a
+    DTensor too (measured with torch 2.14: placement Replicate, the same value on every rank: the
+    shard norms were already combined). `full_tensor()` makes it a plain tensor for `isfinite`,
+    `bool()`, `.item()` and logging; it costs nothing when Replicate, and would be the all-reduce a
+    Partial placement needs (every rank calls it). Plain tensors (DDP, 1 process) pass unchanged."""
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
