@@ -87,6 +87,14 @@ def launch(profile: list[str], args: list[str], log: Path, *, kill_after_checkpo
     return proc.returncode
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -108,7 +116,8 @@ def check_ddp_vs_fsdp(opts, base: list[str]) -> tuple[str, str]:
     runs = {}
     for name, profile in (("ddp", "multi_gpu.yaml"), ("fsdp", "fsdp.yaml")):
         out, log = opts.output_dir / name, opts.output_dir / f"{name}.log"
-        rc = launch(["--config_file", str(ROOT / "accelerate_configs" / profile), "--num_processes", "1"],
+        rc = launch(["--config_file", str(ROOT / "accelerate_configs" / profile), "--num_processes", "1",
+                     "--main_process_port", str(free_port())],
                     [*base, "--output_dir", str(out), "--max_steps", "8", "--save_steps", "8"], log)
         if rc != 0:
             return "FAIL", f"{profile} exited {rc}: {tail(log)} (log: {log})"
@@ -330,7 +339,12 @@ def main(argv: list[str] | None = None) -> int:
 
     accelerator = build_accelerator(mixed_precision="bf16")
     rows.insert(0, ("(a) bf16 used", *check_bf16(accelerator, run_size, cfg)))
-    m = measure_throughput(accelerator, opts, bench_size, cfg)
+    try:
+        m = measure_throughput(accelerator, opts, bench_size, cfg)
+    except torch.cuda.OutOfMemoryError:
+        rows.append(("(d) throughput", "FAIL", f"out of GPU memory with {opts.batch_seconds:g} s of audio per step: "
+                                               f"re-run with a smaller --batch_seconds"))
+        return print_table(rows, opts, "cuda", torch.__version__)
     if m["mfu"] is not None:
         mfu = f"{100 * m['mfu']:.1f} % of the dense bf16 peak"
     else:
@@ -344,9 +358,14 @@ def main(argv: list[str] | None = None) -> int:
                  f"{m['analytic_flops_per_step'] / 1e9:.4g}); MFU {mfu}"))
     rows.append(("(d) peak memory", "MEASURED", f"{mem} (torch.cuda.max_memory_allocated, timed steps)"))
 
+    return print_table(rows, opts, m["device"], torch.__version__)
+
+
+def print_table(rows: list[tuple[str, str, str]], opts, device: str, torch_version: str) -> int:
+    """Print the result table; the exit code: 1 if a check failed."""
     width = max(len(r[0]) for r in rows)
-    print(f"\nBEST-RQ GPU check — {'smoke (tiny sizes)' if opts.smoke else 'full'}, device {m['device']}, "
-          f"torch {torch.__version__}; logs in {opts.output_dir}")
+    print(f"\nBEST-RQ GPU check — {'smoke (tiny sizes)' if opts.smoke else 'full'}, device {device}, "
+          f"torch {torch_version}; logs in {opts.output_dir}")
     for name, status, detail in rows:
         print(f"{name:<{width}}  {status:<8}  {detail}")
     return 1 if any(status == "FAIL" for _, status, _ in rows) else 0
