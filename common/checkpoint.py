@@ -12,6 +12,10 @@ Layout of `<output_dir>/checkpoints/`:
                               then the folder is renamed into place
     .step_00001300.tmp/       a save in progress (or killed mid-save): never loaded
 
+Under FSDP (accelerate_configs/fsdp.yaml, SHARDED_STATE_DICT) the weights and the optimizer are
+sharded instead: `pytorch_model_fsdp_0/` and `optimizer_0/` hold one `__<rank>_0.distcp` file per
+rank plus a `.metadata` (torch.distributed.checkpoint); the marker covers them like the rest.
+
 Why not accelerate's own naming: `automatic_checkpoint_naming` never restores its counter on load
 (accelerate #1601, #3306) and `total_limit` deletes the oldest checkpoint *before* writing the new
 one, so a crash mid-save can leave nothing. Here pruning happens only after the new checkpoint is
@@ -23,6 +27,9 @@ Loading executes no code from the checkpoint folder: weights come from safetenso
 and RNG states through accelerate's `torch.load(weights_only=True)`, and our own state from JSON.
 (accelerate would unpickle objects given to `register_for_checkpointing` with `weights_only=False`,
 so we register none: the position and the schedule are plain numbers, saved as JSON.)
+Exception: an FSDP checkpoint's `.metadata` files are read by torch.distributed.checkpoint with a
+plain `pickle.load` (torch/distributed/checkpoint/filesystem.py, `FileSystemReader.read_metadata`):
+resume FSDP runs only from checkpoints you wrote.
 
 Every function that contains a collective says so; all ranks must call those.
 """
@@ -227,10 +234,8 @@ def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainStat
     Must be called at an optimizer-step boundary (gradients of an unfinished accumulation window
     are not saved by anyone).
     """
-    # The training loop skips non-finite updates; this is the last line of defence. One fused max-abs
-    # per parameter (NaN propagates through it, and unlike a 2-norm it cannot overflow), one sync.
-    params = [p.detach() for p in model.parameters()]
-    if params and not torch.isfinite(torch.stack(torch._foreach_norm(params, float("inf")))).all():
+    # The training loop skips non-finite updates; this is the last line of defence.
+    if not _all_weights_finite(accelerator, model):
         raise RuntimeError(f"refusing to save step {state.step}: the model has non-finite weights")
     final = checkpoint_dir(output_dir, state.step)
     tmp = final.parent / f".{final.name}.tmp"
@@ -254,8 +259,30 @@ def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainStat
     return final
 
 
+def _all_weights_finite(accelerator, model) -> bool:
+    """True when every weight is finite, with the same answer on every rank.
+
+    DDP: each rank holds all weights, identical, so a local check agrees everywhere. FSDP: each rank
+    holds only its shards (DTensor local parts), so the local answers are combined with one gather
+    (collective: every rank calls it, and every rank raises or none does)."""
+    from torch.distributed.tensor import DTensor
+
+    # One fused max-abs per parameter (NaN propagates through it, and unlike a 2-norm it cannot
+    # overflow), stacked: one host sync for the whole model.
+    params = [(p.to_local() if isinstance(p, DTensor) else p).detach() for p in model.parameters()]
+    params = [p for p in params if p.numel()]  # an FSDP rank may hold an empty shard
+    finite = not params or bool(torch.isfinite(torch.stack(torch._foreach_norm(params, float("inf")))).all())
+    if accelerator.distributed_type.value != "FSDP":
+        return finite
+    flags = accelerator.gather(torch.tensor([int(finite)], device=accelerator.device))  # (world,) 1 = finite
+    return bool(flags.min() == 1)
+
+
 def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, scheduler) -> None:
-    accelerator.save_state(str(tmp))  # every rank: its RNG file; rank 0: model, optimizer
+    # Every rank: its RNG file. DDP: rank 0 writes model.safetensors and optimizer.bin. FSDP
+    # (SHARDED_STATE_DICT): every rank writes its shards through torch.distributed.checkpoint into
+    # pytorch_model_fsdp_0/ and optimizer_0/ (__<rank>_0.distcp files + .metadata by rank 0).
+    accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()  # accelerate has no barrier at the end of save_state
     if accelerator.is_main_process:
         (tmp / "train_state.json").write_text(
@@ -291,7 +318,7 @@ def _mount_point(path: Path) -> str:
 def _disk_full_message(output_dir: str | Path, step: int, model) -> str:
     previous = list_checkpoints(output_dir)
     if previous:
-        need = sum(f.stat().st_size for f in previous[-1].iterdir() if f.is_file())
+        need = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file())  # FSDP shards: subfolders
     else:  # weights + two AdamW moments
         need = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
     free = shutil.disk_usage(output_dir).free

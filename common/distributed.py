@@ -43,9 +43,6 @@ def resolve_topology(mixed_precision: str | None, *, cuda: bool, bf16_ok: bool, 
         raise RunError("the DeepSpeed profile is not supported by these recipes yet: DeepSpeed's engine steps "
                        "inside backward(), outside the loop's accumulation windows, clipping and non-finite "
                        "guard. Use accelerate_configs/fsdp.yaml (sharding) or multi_gpu.yaml on GPUs")
-    if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not cuda:
-        raise RunError("the FSDP profile needs GPUs: accelerate 1.15 shards only over accelerator devices, "
-                       "and on CPU it would silently run plain DDP. Use accelerate_configs/cpu_ddp.yaml here")
     if precision == "fp16" and not cuda:
         raise RunError("fp16 mixed precision needs a GPU; on CPU use --mixed_precision bf16 (autocast) or no")
     if precision == "bf16" and cuda and not bf16_ok:
@@ -56,6 +53,47 @@ def resolve_topology(mixed_precision: str | None, *, cuda: bool, bf16_ok: bool, 
         raise RunError(f"{local} processes on this machine but {torch.cuda.device_count()} GPU(s): "
                        f"launch with --num_processes {torch.cuda.device_count()} (or fewer)")
     return precision, warnings
+
+
+def check_distributed_type(distributed_type: str, *, env: dict) -> None:
+    """Refuse (RunError) when the launcher's profile asked for FSDP and accelerate built something else.
+
+    Accelerate 1.15 turns ACCELERATE_USE_FSDP into `DistributedType.FSDP` only for accelerator device
+    types (accelerate/state.py, AcceleratorState.__init__); with `cpu=True` the same launch is plain
+    gloo DDP (MULTI_CPU), which would replicate every parameter while the profile says it shards.
+    The check is on what was built, not on the hardware, so it holds wherever accelerate decides."""
+    from common.faults import RunError
+
+    if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and distributed_type != "FSDP":
+        raise RunError(f"the FSDP profile needs GPUs: accelerate 1.15 shards only over accelerator devices, "
+                       f"and here accelerate built {distributed_type} instead (every parameter replicated). "
+                       f"Use accelerate_configs/cpu_ddp.yaml here")
+
+
+def check_fsdp_wrap(accelerator, model: torch.nn.Module) -> None:
+    """Refuse (RunError) an FSDP run whose profile names block classes to shard that `model` lacks.
+
+    accelerate_configs/fsdp.yaml shards one unit per Conformer block (`Wav2Vec2BertEncoderLayer`);
+    a model without it (the TTS recipe's, a new one) would stop inside `prepare` with accelerate's
+    traceback. Here: one line, the model's repeated blocks, and the launcher flag that picks them.
+    Call it on every rank before `accelerator.prepare`; it does nothing outside FSDP."""
+    from common.faults import RunError
+
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if accelerator.distributed_type.value != "FSDP" or plugin is None:
+        return
+    wanted = plugin.transformer_cls_names_to_wrap or []
+    present = {type(m).__name__ for m in model.modules()}
+    missing = [name for name in wanted if name not in present]
+    if missing:
+        # Repeated blocks: the non-torch classes held in a ModuleList (encoder layers and the like).
+        blocks = sorted({type(c).__name__ for m in model.modules() if isinstance(m, torch.nn.ModuleList)
+                         for c in m.children() if not type(c).__module__.startswith("torch.")})
+        hint = (f"--fsdp_transformer_layer_cls_to_wrap {','.join(blocks)}" if blocks
+                else "--fsdp_transformer_layer_cls_to_wrap <the model's block class>")
+        raise RunError(f"the FSDP profile shards at {', '.join(missing)}, which this model does not have "
+                       f"(its repeated blocks: {', '.join(blocks) or 'none found'}); launch with "
+                       f"`accelerate launch --config_file accelerate_configs/fsdp.yaml {hint} ...`")
 
 
 def build_accelerator(
@@ -96,6 +134,7 @@ def build_accelerator(
         dataloader_config=DataLoaderConfiguration(even_batches=True, non_blocking=True),
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=timeout_s))],
     )
+    check_distributed_type(accelerator.distributed_type.value, env=dict(os.environ))
     expected = launcher_world_size()
     if accelerator.num_processes != expected:
         raise RuntimeError(

@@ -20,7 +20,7 @@ What each function guarantees, and why (docs/resume.md has the full story):
   the epoch's last one may be short; the position in `state` is always the one a checkpoint taken
   at the next optimizer step must record.
 - `optimizer_step`: clipping, the non-finite skip (identical on every rank: gradients were
-  all-reduced first), the schedule stepped once per optimizer step (never a prepared scheduler:
+  all-reduced first; under FSDP the sharded norm is gathered whole first), the schedule stepped once per optimizer step (never a prepared scheduler:
   it would step num_processes times), the step counter.
 - `save_or_preempt`: checkpoints only at optimizer-step boundaries; a preemption signal on any rank
   makes every rank save the same step and exit 75.
@@ -100,6 +100,19 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
             ids_file.close()
 
 
+def global_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a plain tensor with the same value on every rank.
+
+    Under FSDP2 gradients are sharded DTensors and the norm torch's clip_grad_norm_ returns is a
+    DTensor too (measured with torch 2.14: placement Replicate, the same value on every rank: the
+    shard norms were already combined). `full_tensor()` makes it a plain tensor for `isfinite`,
+    `bool()`, `.item()` and logging; it costs nothing when Replicate, and would be the all-reduce a
+    Partial placement needs (every rank calls it). Plain tensors (DDP, 1 process) pass unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def no_sync_unless(accelerator, model, sync: bool):
     """DDP all-reduces gradients only on a window's last backward pass."""
     return contextlib.nullcontext() if sync else accelerator.no_sync(model)
@@ -109,9 +122,10 @@ def optimizer_step(accelerator, model, optimizer, scheduler, state: TrainState, 
                    max_nonfinite_updates: int) -> torch.Tensor:
     """Clip, update (or skip a non-finite update), step the schedule; returns the gradient norm.
 
-    Gradients were all-reduced, so every rank sees the same norm and takes the same branch. A
-    skipped update still counts as a step (the schedule and the position move on)."""
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+    Gradients were all-reduced (DDP) or reduce-scattered (FSDP: the norm is made whole on every
+    rank first), so every rank sees the same norm and takes the same branch. A skipped update still
+    counts as a step (the schedule and the position move on). Collective under FSDP."""
+    grad_norm = global_tensor(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
     if torch.isfinite(grad_norm):
         optimizer.step()
         state.nonfinite_streak = 0

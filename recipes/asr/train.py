@@ -117,7 +117,8 @@ from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import auto_workers, make_loader  # noqa: E402
-from common.distributed import build_accelerator, describe_run, seed_everything, set_threads  # noqa: E402
+from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
+                                set_threads)
 from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
 from common.faults import Preemption, RunError, run_main  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
@@ -219,6 +220,7 @@ def main(cfg: Config) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
     encoder_params = list(model.encoder.parameters())
     # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
+    check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --

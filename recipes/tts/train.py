@@ -113,7 +113,8 @@ from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import auto_workers, load_audio, make_loader  # noqa: E402
-from common.distributed import build_accelerator, describe_run, seed_everything, set_threads  # noqa: E402
+from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
+                                set_threads)
 from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
@@ -230,6 +231,7 @@ def main(cfg: Config) -> None:
         lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
     # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
+    check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --

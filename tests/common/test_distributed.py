@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 from common import distributed
 from common.distributed import build_accelerator
@@ -32,7 +33,6 @@ def test_precision_comes_from_the_profile_unless_the_flag_is_given(flag, env, ex
 
 
 @pytest.mark.parametrize("flag,env,cuda,bf16_ok,message", [
-    (None, {"ACCELERATE_USE_FSDP": "true"}, False, False, "the FSDP profile needs GPUs"),
     (None, {"ACCELERATE_USE_DEEPSPEED": "true"}, True, True, "the DeepSpeed profile is not supported"),
     ("fp16", {}, False, False, "fp16 mixed precision needs a GPU"),
     (None, {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, False, "this GPU has no bf16 support"),
@@ -81,3 +81,39 @@ def test_workers_auto_cpu_none_gpu_some(monkeypatch):
     assert auto_workers(None, cuda=True) == 4
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert auto_workers(None, cuda=True) == 1
+
+
+@pytest.mark.parametrize("built", ["MULTI_CPU", "NO", "MULTI_GPU"])
+def test_an_fsdp_profile_that_accelerate_did_not_honour_is_refused(built):
+    from common.distributed import check_distributed_type
+    from common.faults import RunError
+
+    with pytest.raises(RunError, match=rf"the FSDP profile needs GPUs.*accelerate built {built} instead.*cpu_ddp.yaml"):
+        check_distributed_type(built, env={"ACCELERATE_USE_FSDP": "true"})
+    check_distributed_type("FSDP", env={"ACCELERATE_USE_FSDP": "true"})  # honoured: accepted
+    check_distributed_type(built, env={})  # no FSDP asked: nothing to check
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+
+def _accelerator(kind: str, wrap: list[str] | None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(distributed_type=SimpleNamespace(value=kind),
+                           state=SimpleNamespace(fsdp_plugin=SimpleNamespace(transformer_cls_names_to_wrap=wrap)))
+
+
+def test_an_fsdp_shard_unit_the_model_lacks_is_refused_naming_its_blocks():
+    from common.distributed import check_fsdp_wrap
+    from common.faults import RunError
+
+    model = torch.nn.Sequential(torch.nn.ModuleList([_Block(), _Block()]), torch.nn.Linear(4, 2))
+    with pytest.raises(RunError, match=r"shards at Wav2Vec2BertEncoderLayer, which this model does not have \(its "
+                                       r"repeated blocks: _Block\); launch with .*--fsdp_transformer_layer_cls_to_wrap _Block"):
+        check_fsdp_wrap(_accelerator("FSDP", ["Wav2Vec2BertEncoderLayer"]), model)
+    check_fsdp_wrap(_accelerator("FSDP", ["_Block"]), model)  # present: accepted
+    check_fsdp_wrap(_accelerator("MULTI_CPU", ["Wav2Vec2BertEncoderLayer"]), model)  # not FSDP: nothing to check

@@ -27,12 +27,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(recipe: str, nproc: int, args: list[str]) -> list[str]:
+def command(recipe: str, nproc: int, args: list[str], profile: str = "cpu_ddp.yaml") -> list[str]:
+    """The launch command; `profile` (an accelerate_configs/ file) is used for nproc > 1."""
     if nproc == 1:
         launch = ACCELERATE + ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
                                "--dynamo_backend", "no"]
     else:
-        launch = ACCELERATE + ["--config_file", str(ROOT / "accelerate_configs" / "cpu_ddp.yaml"),
+        launch = ACCELERATE + ["--config_file", str(ROOT / "accelerate_configs" / profile),
                                "--num_processes", str(nproc), "--main_process_port", str(free_port())]
     return launch + [str(ROOT / "recipes" / recipe / "train.py"), *args]
 
@@ -68,7 +69,8 @@ def checkpoint_exists(step: int):
 
 
 def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, timeout: float = 600,
-        kill_after_checkpoint: int | None = None, when=None, then=None, expect_rc: int | None = 0) -> str:
+        kill_after_checkpoint: int | None = None, when=None, then=None, expect_rc: int | None = 0,
+        profile: str = "cpu_ddp.yaml") -> str:
     """Launch a recipe and wait for it; return its log.
 
     `when(output_dir)` is polled every 20 ms; the first time it is true, `then(proc)` runs once
@@ -84,7 +86,7 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     log_path = out_dir.parent / f"{out_dir.name}.log"
     start = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "a") as log:
-        proc = subprocess.Popen(command(recipe, nproc, args), cwd=ROOT, env=full_env, stdout=log,
+        proc = subprocess.Popen(command(recipe, nproc, args, profile), cwd=ROOT, env=full_env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
     fired = False

@@ -25,6 +25,7 @@ def test_fsdp_profile_on_cpu_is_refused(tiny_corpus, tmp_path):
                    "--main_process_port", str(free_port())], args_for(tiny_corpus, tmp_path / "run", "--max_steps", "2"))
     assert proc.returncode != 0
     assert "[rank 0] error: the FSDP profile needs GPUs" in proc.stderr + proc.stdout
+    assert "here accelerate built MULTI_CPU instead" in proc.stderr + proc.stdout  # what it would have been
     assert "accelerate_configs/cpu_ddp.yaml" in proc.stderr + proc.stdout
     assert not (tmp_path / "run" / "checkpoints").exists()
 

@@ -15,6 +15,15 @@ kill a run reliably in the middle of a checkpoint. SLOW_EXPORT=seconds: the same
 ENOSPC_AT_SAVE=n: the n-th `Accelerator.save_state` call (1-based, per process) writes half a file,
 then fails with OSError(ENOSPC) as a full disk would.
 
+FORCE_FSDP_ON_CPU=1: a CPU run launched with an FSDP profile (ACCELERATE_USE_FSDP=true) becomes
+`DistributedType.FSDP` with the profile's plugin, as it would on GPUs. Accelerate 1.15's
+`AcceleratorState` turns the profile into FSDP only for accelerator device types (state.py, the
+`elif self.distributed_type in [MULTI_GPU, ...]` branch); with `cpu=True` it stays MULTI_CPU (DDP).
+Everything after that decision (prepare → fully_shard, clip_grad_norm_ on DTensors, sharded
+save_state/load_state through torch.distributed.checkpoint, the full state dict for export) is
+accelerate's and torch's own code, on gloo. The recipes accept FSDP on CPU only when accelerate
+really made it FSDP, so without this hook the profile is still refused.
+
 Production code has no fault-injection switches.
 """
 
@@ -130,3 +139,25 @@ if os.environ.get("ENOSPC_AT_SAVE"):
         return _orig_save_state_enospc(self, output_dir, *args, **kwargs)
 
     accelerate.Accelerator.save_state = save_state_enospc
+
+
+if os.environ.get("FORCE_FSDP_ON_CPU") == "1":
+    import accelerate.state as _state
+
+    _orig_state_init = _state.AcceleratorState.__init__
+
+    def _state_init(self, mixed_precision=None, cpu=False, dynamo_plugin=None, deepspeed_plugin=None,
+                    fsdp_plugin=None, *args, **kwargs):
+        _orig_state_init(self, mixed_precision, cpu, dynamo_plugin, deepspeed_plugin, fsdp_plugin, *args, **kwargs)
+        # What state.py does for MULTI_GPU when ACCELERATE_USE_FSDP is set, for the gloo (MULTI_CPU) group,
+        # including its last line: PartialState says FSDP too (every later AcceleratorState() copies
+        # PartialState's fields over its own, so without it the run would fall back to DDP mid-way).
+        if (fsdp_plugin is not None and self.distributed_type == _state.DistributedType.MULTI_CPU
+                and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"):
+            self.distributed_type = _state.DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            _state.PartialState._shared_state["distributed_type"] = self.distributed_type
+
+    _state.AcceleratorState.__init__ = _state_init

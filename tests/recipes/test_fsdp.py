@@ -1,0 +1,99 @@
+"""BEST-RQ under accelerate's own FSDP2 code path, on CPU/gloo in 2 processes, with the settings of
+accelerate_configs/fsdp.yaml (fsdp_version 2, one shard unit per Conformer block, SHARDED_STATE_DICT,
+reshard after forward).
+
+Accelerate 1.15 makes a CPU launch of that profile plain DDP (state.py turns ACCELERATE_USE_FSDP into
+FSDP only for accelerator devices), so these tests set FORCE_FSDP_ON_CPU=1: the test-only hook in
+support/sitecustomize.py takes that one decision as accelerate does on GPUs. From there on everything
+is accelerate's and torch's code: prepare → fully_shard, clip_grad_norm_ on DTensor gradients,
+save_state/load_state through torch.distributed.checkpoint, the gathered state dict for the export.
+Without the hook the profile is refused on CPU (test_profiles.py).
+
+Precision: fp32 (`--mixed_precision no` overrides the profile's bf16). With bf16, FSDP casts the
+weights to bf16 (MixedPrecisionPolicy.param_dtype) while CPU autocast leaves LayerNorm's input in
+fp32, and CPU's layer_norm refuses that mix ("mixed dtype (CPU): expect parameter to have scalar type
+of Float"); CUDA autocast runs LayerNorm in fp32 with fp32 weights. bf16 + FSDP is a GPU check
+(benchmarks/gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
+                                   resumed_positions, run)
+from tests.recipes.test_best_rq import args_for, best_rq, train_durations
+
+pytestmark = pytest.mark.slow
+
+FSDP = {"FORCE_FSDP_ON_CPU": "1", "PYTHONPATH": str(SUPPORT)}
+MBS = 16.0  # seconds of audio per batch per process
+
+
+def fsdp(corpus: Path, out: Path, max_steps: int, **kwargs) -> str:
+    args = args_for(corpus, out, "--max_batch_seconds", str(MBS), "--max_steps", str(max_steps), "--save_steps", "1",
+                    "--save_total_limit", "2", "--mixed_precision", "no")
+    return run("best_rq", 2, args, profile="fsdp.yaml", **{"env": FSDP, **kwargs})
+
+
+def test_fsdp_interrupted_equals_continuous_sharded_checkpoints_full_export(tiny_corpus, tmp_path):
+    """One SIGKILL inside epoch 0, a NaN loss on rank 1 at step 2 (before the kill) in both runs:
+    bit-identical final weights and per-step losses; sharded checkpoints; a complete final/."""
+    e0, _ = epoch_lengths(train_durations(tiny_corpus), MBS, 2, 2)
+    assert e0 >= 4
+    kill, max_steps = 3, e0 + 2  # the cut is inside epoch 0, the run ends inside epoch 1
+    nan = {**FSDP, "INJECT_FAULT": "nan:1:2"}  # rank 1's 2nd backward: its gradient shards are NaN
+
+    cont = tmp_path / "continuous"
+    log = fsdp(tiny_corpus, cont, max_steps, env=nan)
+    assert "run: FSDP2, 2 process(es) on cpu" in log
+    assert "step 2: non-finite gradient norm, update skipped (1 in a row, 1 in total)" in log
+
+    cut = tmp_path / "interrupted"
+    fsdp(tiny_corpus, cut, max_steps, env=nan, kill_after_checkpoint=kill)
+    fsdp(tiny_corpus, cut, max_steps)
+    [(step, epoch, batch)] = resumed_positions(tmp_path / "interrupted.log")
+    assert step >= kill and epoch == 0 and batch > 0
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+    for out in (cont, cut):  # the skipped update on every rank: the norm was made whole first
+        assert [r["skipped_updates"] for r in metrics(out)] == [0] + [1] * (max_steps - 1)
+        assert [r["step"] for r in metrics(out)] == list(range(1, max_steps + 1))
+
+    # Checkpoints are sharded: each rank wrote its own part of the weights and of the optimizer.
+    ckpt = cont / "checkpoints" / f"step_{max_steps:08d}"
+    names = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()}
+    assert not {"model.safetensors", "optimizer.bin"} & names, names
+    full_bytes = sum(v.numel() * v.element_size() for v in load_file(cont / "final" / "model.safetensors").values())
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert {f"{folder}/.metadata", f"{folder}/__0_0.distcp", f"{folder}/__1_0.distcp"} <= names, names
+    for rank in (0, 1):  # a real shard (a quarter of the weights at least), not an empty file
+        assert (ckpt / "pytorch_model_fsdp_0" / f"__{rank}_0.distcp").stat().st_size > full_bytes / 4
+    marked = json.loads((ckpt / "COMPLETE").read_text())["files"]
+    assert set(marked) == names - {"COMPLETE"}  # the digests cover every shard
+
+    # final/: the full (gathered) weights, the same names and shapes as an unsharded model's.
+    weights = load_file(cut / "final" / "model.safetensors")
+    model = best_rq.model.BestRQ(_encoder_config(), n_mels=80, stack_frames=4, codebook_size=64, code_dim=16,
+                                 quantizer_seed=1234)
+    assert {k: tuple(v.shape) for k, v in weights.items()} == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    assert not torch.equal(weights["feat_mean"], torch.zeros(80))  # the statistics reached the buffers
+    from transformers import Wav2Vec2BertModel
+
+    encoder = Wav2Vec2BertModel.from_pretrained(cut / "final" / "encoder")
+    for k, v in encoder.state_dict().items():
+        assert torch.equal(v, weights[f"encoder.{k}"]), k
+
+
+def _encoder_config():
+    from common.encoder import encoder_config
+
+    # test_best_rq.TINY's encoder
+    return encoder_config(input_dim=320, hidden_size=32, num_layers=2, num_heads=2, ffn_dim=64, conv_kernel=7,
+                          dropout=0.1)
