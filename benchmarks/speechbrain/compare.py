@@ -9,7 +9,8 @@ gradient-norm clip 5.0, for `--max_steps` optimizer steps, on our built-in corpu
 SpeechBrain's CSV files by bridge.py). SpeechBrain's `train.py` does `hparams.update(run_opts)`,
 which resets `precision`, `grad_accumulation_factor`, `max_grad_norm` (and `optimizer_step_limit`)
 to the run-option defaults whatever the YAML says: we therefore pass them as run options, so what
-runs is what we asked for.
+runs is what we asked for. (Their run is ended by this script after the last timed step: see
+run_side for why --optimizer_step_limit cannot do it in 1.1.2.)
 
 Two modes, interleaved per repetition (ours, theirs in each):
   normal: each side as normally run: ours `accelerate launch recipes/best_rq/train.py` (accelerate
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,7 +77,7 @@ def our_command(run: Path, max_steps: int) -> list[str]:
             "--dump_batch_ids", "true"]  # ids per batch → the audio seconds of each step
 
 
-def their_command(run: Path, max_steps: int, yaml: Path, data: Path, csvs: dict, workers: int | None) -> list[str]:
+def their_command(run: Path, yaml: Path, data: Path, csvs: dict, workers: int | None) -> list[str]:
     cmd = [str(SB_PYTHON), "train.py", str(yaml), "--data_folder", str(data), "--output_folder", str(run),
            "--train_csv", str(csvs["train"]), "--valid_csv", str(csvs["validation"]), "--skip_prep", "True",
            "--d_model", str(SIZE["hidden_size"]), "--num_encoder_layers", str(SIZE["num_layers"]),
@@ -86,7 +88,6 @@ def their_command(run: Path, max_steps: int, yaml: Path, data: Path, csvs: dict,
            "--streaming", "False",  # full attention, like ours (no dynamic chunk masks)
            # run options: what their hparams.update(run_opts) would otherwise reset silently
            "--precision", "fp32", "--grad_accumulation_factor", "1", "--max_grad_norm", str(MAX_GRAD_NORM),
-           "--optimizer_step_limit", str(max_steps),
            # the validation pass after the last step is outside the window: no worker processes for it
            "--test_dataloader_options", "{batch_size: 8, num_workers: 0}"]
     if workers is not None:
@@ -94,20 +95,39 @@ def their_command(run: Path, max_steps: int, yaml: Path, data: Path, csvs: dict,
     return cmd
 
 
-def run_side(side: str, cmd: list[str], cwd: Path, run: Path, env: dict) -> list[dict]:
+def run_side(side: str, cmd: list[str], cwd: Path, run: Path, env: dict, max_steps: int) -> list[dict]:
+    """Run one side to `max_steps` optimizer steps; returns its step-log lines."""
     run.mkdir(parents=True)
-    env = {**env, "BENCH_STEP_LOG": str(run / "steps.jsonl"),
+    steps = run.parent / f"{run.name}.steps.jsonl"  # beside the run: our recipe refuses foreign files in its output_dir
+    env = {**env, "BENCH_STEP_LOG": str(steps),
            "PYTHONPATH": os.pathsep.join([str(HERE / "steplog"), str(ROOT)])}
     if side == "theirs":
         env["BENCH_SB_AUDIO"] = str(SAMPLE_RATE)
-    with open(run.parent / f"{run.name}.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        refuse(f"{side} exited with {proc.returncode}; its output is in {run.parent / (run.name + '.log')}")
-    logs = [p for p in run.glob("steps.jsonl.*") if p.stat().st_size > 0]
+    log_path = run.parent / f"{run.name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stopped = False
+        while proc.poll() is None:
+            time.sleep(1.0)
+            # Theirs cannot be told to stop: SpeechBrain 1.1.2 types run options from their defaults,
+            # so --optimizer_step_limit (default None) arrives as a str and its first comparison with
+            # an int raises TypeError; the YAML's optimizer_step_limit is reset to None by the recipe's
+            # hparams.update(run_opts). So we end it (process group: its data-loading workers too)
+            # once step `max_steps` is logged; nothing after that step is measured.
+            if side == "theirs" and _count_steps(run.parent, steps.name) >= max_steps:
+                os.killpg(proc.pid, signal.SIGTERM)
+                stopped = True
+                proc.wait()
+    if proc.returncode != 0 and not stopped:
+        refuse(f"{side} exited with {proc.returncode}; its output is in {log_path}")
+    logs = list(run.parent.glob(f"{steps.name}.*"))
     if len(logs) != 1:
-        refuse(f"{side}: expected one training process writing step times, found {len(logs)} in {run}")
+        refuse(f"{side}: expected one training process writing step times, found {len(logs)} ({log_path})")
     return [json.loads(line) for line in logs[0].read_text().splitlines()]
+
+
+def _count_steps(folder: Path, name: str) -> int:
+    return sum(p.read_text().count('"step_end"') for p in folder.glob(f"{name}.*"))
 
 
 def throughput(side: str, lines: list[dict], run: Path, durations: dict, warmup: int, max_steps: int) -> dict:
@@ -199,9 +219,9 @@ def main() -> None:
                 if side == "ours":
                     cmd, cwd = our_command(run, args.max_steps), ROOT
                 else:
-                    cmd = their_command(run, args.max_steps, yaml, data, csvs, 0 if mode == "equal" else None)
+                    cmd = their_command(run, yaml, data, csvs, 0 if mode == "equal" else None)
                     cwd = SB_RECIPE
-                lines = run_side(side, cmd, cwd, run, equal_env if mode == "equal" else base_env)
+                lines = run_side(side, cmd, cwd, run, equal_env if mode == "equal" else base_env, args.max_steps)
                 r = throughput(side, lines, run, durations, args.warmup_steps, args.max_steps)
                 results[mode][side].append(r)
                 print(f"rep {rep} {mode:6s} {side:6s}: {r['audio_per_s']:7.2f} audio-s/s, {r['s_per_step']:.2f} s/step, "

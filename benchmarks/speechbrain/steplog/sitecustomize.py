@@ -18,15 +18,16 @@ if os.environ.get("BENCH_STEP_LOG"):
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    # One file per process: `accelerate launch` is itself a Python process that trains nothing.
-    _log = open(f"{os.environ['BENCH_STEP_LOG']}.{os.getpid()}", "a", buffering=1)  # line-buffered
-    _started = [False]
+    _file = []  # opened at the first line: `accelerate launch` is itself a Python process, training nothing
+
+    def _write(row: dict) -> None:
+        if not _file:  # one file per process, line-buffered
+            _file.append(open(f"{os.environ['BENCH_STEP_LOG']}.{os.getpid()}", "a", buffering=1))
+            _file[0].write(json.dumps({"torch_threads": torch.get_num_threads()}) + "\n")
+        _file[0].write(json.dumps(row) + "\n")
 
     def _after_step(optimizer, args, kwargs):
-        if not _started[0]:
-            _started[0] = True
-            _log.write(json.dumps({"torch_threads": torch.get_num_threads()}) + "\n")
-        _log.write(json.dumps({"step_end": time.perf_counter()}) + "\n")
+        _write({"step_end": time.perf_counter()})
 
     register_optimizer_step_post_hook(_after_step)
 
@@ -38,7 +39,7 @@ if os.environ.get("BENCH_STEP_LOG"):
 
         def _timed_fit_batch(self, batch):
             wavs, wav_lens = batch[0], batch[1]  # (B, samples) padded; (B,) unpadded fraction
-            _log.write(json.dumps({"audio_s": float((wav_lens * wavs.shape[1]).sum()) / _sample_rate}) + "\n")
+            _write({"audio_s": float((wav_lens * wavs.shape[1]).sum()) / _sample_rate})
             return _fit_batch(self, batch)
 
         speechbrain.core.Brain.fit_batch = _timed_fit_batch
