@@ -77,12 +77,13 @@ def our_command(run: Path, max_steps: int) -> list[str]:
             "--dump_batch_ids", "true"]  # ids per batch → the audio seconds of each step
 
 
-def their_command(run: Path, yaml: Path, data: Path, csvs: dict, workers: int | None) -> list[str]:
+def their_command(run: Path, yaml: Path, data: Path, csvs: dict, workers: int | None,
+                  max_batch_len: float) -> list[str]:
     cmd = [str(SB_PYTHON), "train.py", str(yaml), "--data_folder", str(data), "--output_folder", str(run),
            "--train_csv", str(csvs["train"]), "--valid_csv", str(csvs["validation"]), "--skip_prep", "True",
            "--d_model", str(SIZE["hidden_size"]), "--num_encoder_layers", str(SIZE["num_layers"]),
            "--nhead", str(SIZE["num_heads"]), "--d_ffn", str(SIZE["ffn_dim"]), "--cb_vocab", str(SIZE["codebook_size"]),
-           "--max_batch_len", str(BATCH_SECONDS), "--train_num_buckets", str(NUM_BUCKETS),
+           "--max_batch_len", str(max_batch_len), "--train_num_buckets", str(NUM_BUCKETS),
            # our corpus has utterances under their 2 s floor: keep every one, like our data check (0.5–30 s)
            "--avoid_if_shorter_than", "0.5", "--avoid_if_longer_than", "30.0",
            "--streaming", "False",  # full attention, like ours (no dynamic chunk masks)
@@ -181,6 +182,9 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=25, help="optimizer steps per run (window: warmup_steps..max_steps)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of both sides in the 'equal' mode")
     parser.add_argument("--modes", default="normal,equal", help="comma-separated: normal, equal")
+    parser.add_argument("--their_max_batch_len", type=float, default=BATCH_SECONDS,
+                        help="SpeechBrain's max_batch_len in seconds; its sampler fills batches less than ours "
+                             "at the same value, so a larger one checks how much batch size explains")
     parser.add_argument("--data_dir", default=None, help="LibriSpeech-layout root; default: the built-in corpus")
     parser.add_argument("--out", default=str(HERE / "runs"), help="where runs and results.json go")
     args = parser.parse_args()
@@ -219,7 +223,7 @@ def main() -> None:
                 if side == "ours":
                     cmd, cwd = our_command(run, args.max_steps), ROOT
                 else:
-                    cmd = their_command(run, yaml, data, csvs, 0 if mode == "equal" else None)
+                    cmd = their_command(run, yaml, data, csvs, 0 if mode == "equal" else None, args.their_max_batch_len)
                     cwd = SB_RECIPE
                 lines = run_side(side, cmd, cwd, run, equal_env if mode == "equal" else base_env, args.max_steps)
                 r = throughput(side, lines, run, durations, args.warmup_steps, args.max_steps)
@@ -227,7 +231,8 @@ def main() -> None:
                 print(f"rep {rep} {mode:6s} {side:6s}: {r['audio_per_s']:7.2f} audio-s/s, {r['s_per_step']:.2f} s/step, "
                       f"{r['audio_per_step']:.1f} audio-s/step, {r['torch_threads']} torch threads", flush=True)
 
-    summary = {"repetitions": args.repetitions, "window_steps": [args.warmup_steps, args.max_steps],
+    summary = {"repetitions": args.repetitions, "their_max_batch_len": args.their_max_batch_len,
+               "window_steps": [args.warmup_steps, args.max_steps],
                "parameters": params, "runs": results}
     print(f"\n{args.repetitions} repetitions per side and mode; steady state: optimizer steps "
           f"{args.warmup_steps}..{args.max_steps}; medians:")
