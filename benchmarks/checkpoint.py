@@ -21,20 +21,30 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if "--root" in sys.argv:  # another checkout's common/ (e.g. a worktree of an older commit): before/after
+    sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
+sys.path.insert(1 if "--root" in sys.argv else 0, str(ROOT))
 
 
-def build(recipe: str):
+def build(recipe: str, root: str | None = None):
     """(accelerator, prepared model, optimizer, scheduler, state) for the recipe's default config."""
     import torch
 
     from benchmarks.recipe import load_recipe
     from common.checkpoint import TrainState
     from common.config import config_to_dict
-    from common.distributed import build_accelerator, set_threads
+    from common.distributed import build_accelerator
     from common.loop import inverse_sqrt_schedule
 
+    if root:  # that checkout's recipe too (its Config and model, as it was)
+        import benchmarks.recipe
+
+        benchmarks.recipe.ROOT = Path(root)
     r = load_recipe(recipe)
+    try:
+        from common.distributed import set_threads
+    except ImportError:  # an older checkout: torch's default, which is also one thread per core
+        set_threads = lambda n: None  # noqa: E731
     set_threads(0)
     accelerator = build_accelerator()
     model = r.build_model()
@@ -53,13 +63,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="best_rq", choices=["best_rq", "asr"])
     ap.add_argument("--repeats", type=int, default=7, help="interleaved repetitions of each measurement")
+    ap.add_argument("--root", help="measure the save_checkpoint of this checkout instead (its common/); "
+                                   "the breakdown is skipped")
     args = ap.parse_args()
 
     import torch
 
-    from common.checkpoint import _digest, _seal, save_checkpoint
+    import common.checkpoint
+    from common.checkpoint import save_checkpoint
 
-    accelerator, model, optimizer, scheduler, state = build(args.recipe)
+    pieces = args.root is None
+    if pieces:
+        from common.checkpoint import _digest, _seal
+
+    accelerator, model, optimizer, scheduler, state = build(args.recipe, args.root)
     work = Path(tempfile.mkdtemp(prefix="ckpt_bench_", dir=os.environ.get("BENCH_DIR")))
     ours, base = [], []
     parts = {k: [] for k in ("save_state", "fsync + digest (parallel)", "digest alone (serial)",
@@ -78,6 +95,8 @@ def main() -> None:
                 os.fsync(f.fileno())
             base.append(time.perf_counter() - t)
 
+            if not pieces:
+                continue
             # the pieces, one by one
             folder = work / "pieces"
             shutil.rmtree(folder, ignore_errors=True)
@@ -103,11 +122,12 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     m_ours, m_base = statistics.median(ours), statistics.median(base)
-    print(f"checkpoint benchmark, recipe {args.recipe}: {size:.1f} MB per checkpoint, "
+    print(f"checkpoint benchmark, recipe {args.recipe}, common/ of {Path(common.checkpoint.__file__).parents[1]}: "
+          f"{size:.1f} MB per checkpoint, "
           f"{args.repeats} interleaved repetitions, medians, {torch.get_num_threads()} thread(s)")
     print(f"  save_checkpoint / (torch.save + fsync) = {m_ours / m_base:.2f}   "
           f"({m_ours * 1e3:.0f} ms vs {m_base * 1e3:.0f} ms)")
-    for name, ts in parts.items():
+    for name, ts in parts.items() if pieces else ():
         print(f"  {name:28s} {statistics.median(ts) * 1e3:6.0f} ms  = {statistics.median(ts) / m_base:.2f} × baseline")
 
 
