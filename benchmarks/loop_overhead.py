@@ -1,6 +1,6 @@
 """Loop overhead: the real recipe's step against a bare forward + backward + AdamW on the same batches.
 
-    python benchmarks/loop_overhead.py [--recipe best_rq|asr] [--steps 30] [--repeats 3]
+    python benchmarks/loop_overhead.py [--recipe best_rq|asr] [--steps 30] [--repeats 3] [--<recipe flag> value ...]
 
 Each repetition runs, one after the other (interleaved):
 1. the recipe as a user runs it (`python recipes/<recipe>/train.py`, its config.yaml, fresh
@@ -59,9 +59,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5, help="first steps left out of every run")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = the recipes' automatic choice")
-    ap.add_argument("overrides", nargs="*", help="recipe flags for both sides, e.g. --dropout 0.0")
-    args, unknown = ap.parse_known_args()
-    overrides = args.overrides + unknown
+    # any other --key value pairs are recipe flags for both sides, e.g. --dropout 0.0
+    args, overrides = ap.parse_known_args()
 
     import torch
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def timed(cmd: list[str], until: Path | None = None) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # its own process group: the launcher's child (train.py) is signalled with it, not orphaned
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     if until is None:
         _, err = proc.communicate()
         if proc.returncode:
@@ -38,8 +41,12 @@ def timed(cmd: list[str], until: Path | None = None) -> float:
             raise SystemExit(f"ended before its first step: {' '.join(cmd)}\n{proc.stderr.read()[-2000:]}")
         time.sleep(0.01)
     elapsed = time.perf_counter() - t
-    proc.terminate()  # a preemption signal: it saves step 1 and exits 75
-    proc.communicate()
+    os.killpg(proc.pid, signal.SIGTERM)  # a preemption signal to launcher and train.py: save, exit 75
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
     return elapsed
 
 

@@ -13,11 +13,11 @@ runs is what we asked for. (Their run is ended by this script after the last tim
 run_side for why --optimizer_step_limit cannot do it in 1.1.2.)
 
 Two modes, interleaved per repetition (ours, theirs in each):
-  normal: each side as normally run: ours `accelerate launch recipes/best_rq/train.py` (accelerate
-          picks the torch threads), theirs `python train.py hparams.yaml` (torch's default threads,
+  normal: each side as normally run: ours `accelerate launch recipes/best_rq/train.py` (the recipe
+          picks the torch threads: one per core), theirs `python train.py hparams.yaml` (torch's default threads,
           the recipe's 4 data-loading worker processes);
-  equal:  both with `--threads` torch threads (OMP_NUM_THREADS, MKL_NUM_THREADS) and no data-loading
-          worker processes (ours has none by default; theirs is set to 0).
+  equal:  both with `--threads` torch threads (OMP_NUM_THREADS, MKL_NUM_THREADS; ours also
+          `--num_threads`) and no data-loading worker processes (ours has none by default; theirs is set to 0).
 
 Throughput is steady state: seconds of unpadded audio in optimizer steps (warmup_steps, max_steps]
 divided by the time between the end of step `warmup_steps` and the end of step `max_steps`, from a
@@ -222,6 +222,8 @@ def main() -> None:
                 run = out / f"{mode}-{side}-{rep}"
                 if side == "ours":
                     cmd, cwd = our_command(run, args.max_steps), ROOT
+                    if mode == "equal":  # OMP_NUM_THREADS=1 alone reads as accelerate's default: say it
+                        cmd += ["--num_threads", str(args.threads)]
                 else:
                     cmd = their_command(run, yaml, data, csvs, 0 if mode == "equal" else None, args.their_max_batch_len)
                     cwd = SB_RECIPE

@@ -65,7 +65,7 @@ class Config:
     ffn_dim: int = 576
     conv_kernel: int = 15  # depthwise convolution kernel, in 40 ms frames
     dropout: float = 0.1  # residual branches and input projection
-    attention_dropout: float = 0.0  # on attention probabilities (0: costly on CPU, no gain in pre-training; benchmarks/README.md)
+    attention_dropout: float = 0.0  # on attention probabilities (0 here and below: 1.26× the steps/s on CPU, eval loss within 0.6 % of 0.1's over 600 steps; benchmarks/README.md)
     activation_dropout: float = 0.0  # on feed-forward activations
     # --- optimization ---
     learning_rate: float = 2e-3  # peak LR after warm-up
