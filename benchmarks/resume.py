@@ -61,9 +61,10 @@ def main() -> None:
         return time.perf_counter() - t
 
     times = {k: [] for k in ("resume early", "read early", "resume late", "read late")}
-    for _ in range(args.repeats):
-        for name, f, done in (("resume early", first_batch, 1), ("read early", read, 1),
-                              ("resume late", first_batch, n - 1), ("read late", read, n - 1)):
+    order = [("resume early", first_batch, 1), ("read early", read, 1),
+             ("resume late", first_batch, n - 1), ("read late", read, n - 1)]
+    for rep in range(args.repeats):
+        for name, f, done in order if rep % 2 else order[::-1]:  # no variant always first
             times[name].append(f(done))
     med = {k: statistics.median(v) for k, v in times.items()}
     early, late = med["resume early"] - med["read early"], med["resume late"] - med["read late"]
