@@ -24,6 +24,12 @@ save_state/load_state through torch.distributed.checkpoint, the full state dict 
 accelerate's and torch's own code, on gloo. The recipes accept FSDP on CPU only when accelerate
 really made it FSDP, so without this hook the profile is still refused.
 
+FORCE_DEEPSPEED_ON_CPU=1: the same for a DeepSpeed profile (ACCELERATE_USE_DEEPSPEED=true): the CPU run
+becomes `DistributedType.DEEPSPEED` with the profile's plugin (accelerate 1.15 decides DEEPSPEED only
+without cpu=True). With DS_ACCELERATOR=cpu, DeepSpeed's CPU accelerator uses the gloo group torch
+formed; prepare → deepspeed.initialize, the engine's backward/step and save/load_checkpoint are
+DeepSpeed's own code. Without the hook the profile is refused on CPU.
+
 Production code has no fault-injection switches.
 """
 
