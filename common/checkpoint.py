@@ -433,6 +433,25 @@ def _global_batch_problem(saved: dict, state: TrainState) -> str | None:
             f"--gradient_accumulation_steps as it was and it is derived)")
 
 
+def _deepspeed_problem(ckpt: Path, saved: dict, accelerator) -> str | None:
+    """Why a DeepSpeed run cannot load `ckpt`, or a DeepSpeed checkpoint this run (None: it can).
+
+    DeepSpeed writes its own layout (`pytorch_model/`), which accelerate's other paths do not read
+    and vice versa; and ZeRO's optimizer partitions cannot be re-cut for another number of
+    processes (deepspeed 0.19: "Automatic adjustment of ZeRO's optimizer state partitioning with a
+    new world size is not currently supported"): said here, before anything is loaded."""
+    deepspeed_now = accelerator.distributed_type.value == "DEEPSPEED"
+    deepspeed_then = (ckpt / "pytorch_model").is_dir()
+    if deepspeed_now != deepspeed_then:
+        return (f"profile: the checkpoint was written {'with' if deepspeed_then else 'without'} DeepSpeed, this "
+                f"launch runs {'with' if deepspeed_now else 'without'} it (their checkpoint layouts differ)")
+    if deepspeed_now and saved["world_size"] != accelerator.num_processes:
+        return (f"processes: the DeepSpeed checkpoint holds its optimizer state in {saved['world_size']} "
+                f"partitions, one per process, and DeepSpeed cannot re-partition it for {accelerator.num_processes}: "
+                f"launch with --num_processes {saved['world_size']}")
+    return None
+
+
 def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, scheduler) -> Path | None:
     """Load checkpoint `ckpt` (from `choose_checkpoint`; None: a fresh start) into the prepared
     objects, `state` and `scheduler`.
@@ -447,7 +466,7 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
     if "scheduler" not in saved:
         raise RunError(f"{ckpt} was written by an older version of this repository (no scheduler state "
                        f"in train_state.json); resume it with that version, or use a new --output_dir")
-    problems = [p for p in [_global_batch_problem(saved, state)] if p]
+    problems = [p for p in [_global_batch_problem(saved, state), _deepspeed_problem(ckpt, saved, accelerator)] if p]
     if saved.get("data") and state.data and saved["data"] != state.data:
         was, now = saved["data"], state.data
         problems.append(f"training data changed: checkpoint {was['utterances']} utterances "
