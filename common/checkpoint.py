@@ -16,6 +16,10 @@ Layout of `<output_dir>/checkpoints/`:
 Under FSDP (accelerate_configs/fsdp.yaml, SHARDED_STATE_DICT) the weights and the optimizer are
 sharded instead: `pytorch_model_fsdp_0/` and `optimizer_0/` hold one `__<rank>_0.distcp` file per
 rank plus a `.metadata` (torch.distributed.checkpoint); the marker covers them like the rest.
+Under DeepSpeed (accelerate_configs/deepspeed_zero2.yaml) the engine writes its own layout:
+`pytorch_model/mp_rank_00_model_states.pt` (weights, rank 0), one
+`pytorch_model/zero_pp_rank_<r>_mp_rank_00_optim_states.pt` per rank (its optimizer partition),
+`latest` and DeepSpeed's `zero_to_fp32.py` / `zero_to_torch.py` (never run by us); sealed the same way.
 
 Why not accelerate's own naming: `automatic_checkpoint_naming` never restores its counter on load
 (accelerate #1601, #3306) and `total_limit` deletes the oldest checkpoint *before* writing the new
@@ -30,7 +34,9 @@ and RNG states through accelerate's `torch.load(weights_only=True)`, and our own
 so we register none: the position and the schedule are plain numbers, saved as JSON.)
 Exception: an FSDP checkpoint's `.metadata` files are read by torch.distributed.checkpoint with a
 plain `pickle.load` (torch/distributed/checkpoint/filesystem.py, `FileSystemReader.read_metadata`):
-resume FSDP runs only from checkpoints you wrote.
+resume FSDP runs only from checkpoints you wrote. The same holds for DeepSpeed checkpoints: its engine
+loads its `.pt` files with `torch.load(weights_only=False)` (deepspeed 0.19,
+runtime/checkpoint_engine/torch_checkpoint_engine.py).
 
 Every function that contains a collective says so; all ranks must call those.
 """
@@ -260,7 +266,8 @@ def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainStat
             raise
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(_disk_full_message(output_dir, state.step, model)) from e
+        raise RunError(_disk_full_message(output_dir, state.step, model,
+                                          master_copy=accelerator.distributed_type.value == "DEEPSPEED")) from e
     if accelerator.is_main_process and save_total_limit:
         _prune(list_checkpoints(output_dir)[:-save_total_limit])
     accelerator.wait_for_everyone()
@@ -299,7 +306,8 @@ def _wait_for_pruning() -> None:
 def _all_weights_finite(accelerator, model) -> bool:
     """True when every weight is finite, with the same answer on every rank.
 
-    DDP: each rank holds all weights, identical, so a local check agrees everywhere. FSDP: each rank
+    DDP and DeepSpeed ZeRO-2 (it shards the optimizer state and gradients, not the weights): each rank
+    holds all weights, identical, so a local check agrees everywhere. FSDP: each rank
     holds only its shards (DTensor local parts), so the local answers are combined with one gather
     (collective: every rank calls it, and every rank raises or none does)."""
     from torch.distributed.tensor import DTensor
@@ -352,12 +360,12 @@ def _mount_point(path: Path) -> str:
     return str(path)
 
 
-def _disk_full_message(output_dir: str | Path, step: int, model) -> str:
+def _disk_full_message(output_dir: str | Path, step: int, model, master_copy: bool = False) -> str:
     previous = list_checkpoints(output_dir)
-    if previous:
-        need = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file())  # FSDP shards: subfolders
-    else:  # weights + two AdamW moments
-        need = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    if previous:  # FSDP shards, DeepSpeed's pytorch_model/: subfolders
+        need = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file())
+    else:  # weights + two AdamW moments (+ DeepSpeed's fp32 master copy of the weights, in its optimizer files)
+        need = (3 + master_copy) * sum(p.numel() * p.element_size() for p in model.parameters())
     free = shutil.disk_usage(output_dir).free
     kept = f"step {int(previous[-1].name[5:])} is kept" if previous else "no earlier checkpoint exists"
     mb = lambda n: f"{n / 1e6:.1f}" if n < 1e7 else f"{n / 1e6:.0f}"  # noqa: E731 — small runs too
@@ -462,6 +470,25 @@ def _global_batch_problem(saved: dict, state: TrainState) -> str | None:
             f"--gradient_accumulation_steps as it was and it is derived)")
 
 
+def _deepspeed_problem(ckpt: Path, saved: dict, accelerator) -> str | None:
+    """Why a DeepSpeed run cannot load `ckpt`, or a DeepSpeed checkpoint this run (None: it can).
+
+    DeepSpeed writes its own layout (`pytorch_model/`), which accelerate's other paths do not read
+    and vice versa; and ZeRO's optimizer partitions cannot be re-cut for another number of
+    processes (deepspeed 0.19: "Automatic adjustment of ZeRO's optimizer state partitioning with a
+    new world size is not currently supported"): said here, before anything is loaded."""
+    deepspeed_now = accelerator.distributed_type.value == "DEEPSPEED"
+    deepspeed_then = (ckpt / "pytorch_model").is_dir()
+    if deepspeed_now != deepspeed_then:
+        return (f"profile: the checkpoint was written {'with' if deepspeed_then else 'without'} DeepSpeed, this "
+                f"launch runs {'with' if deepspeed_now else 'without'} it (their checkpoint layouts differ)")
+    if deepspeed_now and saved["world_size"] != accelerator.num_processes:
+        return (f"processes: the DeepSpeed checkpoint holds its optimizer state in {saved['world_size']} "
+                f"partitions, one per process, and DeepSpeed cannot re-partition it for {accelerator.num_processes}: "
+                f"launch with --num_processes {saved['world_size']}")
+    return None
+
+
 def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, scheduler) -> Path | None:
     """Load checkpoint `ckpt` (from `choose_checkpoint`; None: a fresh start) into the prepared
     objects, `state` and `scheduler`.
@@ -476,7 +503,7 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
     if "scheduler" not in saved:
         raise RunError(f"{ckpt} was written by an older version of this repository (no scheduler state "
                        f"in train_state.json); resume it with that version, or use a new --output_dir")
-    problems = [p for p in [_global_batch_problem(saved, state)] if p]
+    problems = [p for p in [_global_batch_problem(saved, state), _deepspeed_problem(ckpt, saved, accelerator)] if p]
     if saved.get("data") and state.data and saved["data"] != state.data:
         was, now = saved["data"], state.data
         problems.append(f"training data changed: checkpoint {was['utterances']} utterances "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import importlib.util
 import logging
 import os
 import random
@@ -39,10 +40,11 @@ def resolve_topology(mixed_precision: str | None, *, cuda: bool, bf16_ok: bool, 
         precision = mixed_precision
         if profile and profile != mixed_precision:
             warnings.append(f"--mixed_precision {mixed_precision} overrides the launcher's profile ({profile})")
-    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-        raise RunError("the DeepSpeed profile is not supported by these recipes yet: DeepSpeed's engine steps "
-                       "inside backward(), outside the loop's accumulation windows, clipping and non-finite "
-                       "guard. Use accelerate_configs/fsdp.yaml (sharding) or multi_gpu.yaml on GPUs")
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and importlib.util.find_spec("deepspeed") is None:
+        # `accelerate launch` stops first with its own ImportError; this covers torchrun & co.
+        raise RunError("the DeepSpeed profile needs the deepspeed package, which is not installed (it is not in "
+                       "requirements.txt): `pip install deepspeed`, or use accelerate_configs/fsdp.yaml "
+                       "(sharding) or multi_gpu.yaml")
     if precision == "fp16" and not cuda:
         raise RunError("fp16 mixed precision needs a GPU; on CPU use --mixed_precision bf16 (autocast) or no")
     if precision == "bf16" and cuda and not bf16_ok:
@@ -56,7 +58,8 @@ def resolve_topology(mixed_precision: str | None, *, cuda: bool, bf16_ok: bool, 
 
 
 def check_distributed_type(distributed_type: str, *, env: dict) -> None:
-    """Refuse (RunError) when the launcher's profile asked for FSDP and accelerate built something else.
+    """Refuse (RunError) when the launcher's profile asked for FSDP or DeepSpeed and accelerate built
+    something else.
 
     Accelerate 1.15 turns ACCELERATE_USE_FSDP into `DistributedType.FSDP` only for accelerator device
     types (accelerate/state.py, AcceleratorState.__init__); with `cpu=True` the same launch is plain
@@ -67,6 +70,11 @@ def check_distributed_type(distributed_type: str, *, env: dict) -> None:
     if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and distributed_type != "FSDP":
         raise RunError(f"the FSDP profile needs GPUs: accelerate 1.15 shards only over accelerator devices, "
                        f"and here accelerate built {distributed_type} instead (every parameter replicated). "
+                       f"Use accelerate_configs/cpu_ddp.yaml here")
+    # The same for DeepSpeed: accelerate 1.15 builds DEEPSPEED only without cpu=True (state.py).
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and distributed_type != "DEEPSPEED":
+        raise RunError(f"the DeepSpeed profile needs GPUs: accelerate 1.15 builds DeepSpeed only over accelerator "
+                       f"devices, and here accelerate built {distributed_type} instead (no ZeRO sharding). "
                        f"Use accelerate_configs/cpu_ddp.yaml here")
 
 
@@ -135,6 +143,12 @@ def build_accelerator(
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=timeout_s))],
     )
     check_distributed_type(accelerator.distributed_type.value, env=dict(os.environ))
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config if accelerator.state.deepspeed_plugin else {}
+    if ds_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        # DeepSpeed wants a number of samples per micro-batch; ours are seconds of audio (a batch sampler,
+        # so `prepare` finds no batch size and stops). DeepSpeed only reports it (its own data loader is
+        # unused), so 1 says "one batch": the loss scaling and the steps come from the loop.
+        ds_config["train_micro_batch_size_per_gpu"] = 1
     expected = launcher_world_size()
     if accelerator.num_processes != expected:
         raise RuntimeError(

@@ -21,7 +21,9 @@ What each function guarantees, and why (docs/resume.md has the full story):
   at the next optimizer step must record.
 - `optimizer_step`: clipping, the non-finite skip (identical on every rank: gradients were
   all-reduced first; under FSDP the sharded norm is gathered whole first), the schedule stepped once per optimizer step (never a prepared scheduler:
-  it would step num_processes times), the step counter.
+  it would step num_processes times), the step counter. Under DeepSpeed (ZeRO-2) the engine itself
+  clips and steps at the window's end, inside `backward`: `no_sync_unless` tells it where windows
+  end, `optimizer_step` reads its norm and skip verdict and keeps the same counts.
 - `save_or_preempt`: checkpoints only at optimizer-step boundaries; a preemption signal on any rank
   makes every rank save the same step and exit 75.
 """
@@ -113,9 +115,29 @@ def global_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def is_deepspeed(accelerator) -> bool:
+    return accelerator.distributed_type.value == "DEEPSPEED"
+
+
 def no_sync_unless(accelerator, model, sync: bool):
-    """DDP all-reduces gradients only on a window's last backward pass."""
+    """DDP all-reduces gradients only on a window's last backward pass.
+
+    DeepSpeed: `accelerator.backward` runs `engine.backward` and, when accelerate's `sync_gradients`
+    is set, `engine.step()` too (clip, update, zero the gradients). Accelerate sets it only inside
+    its own `accumulate()` (a fixed count, no short last window), so here the window's end is told
+    to it directly; ZeRO-2 reduce-scatters gradients on every backward (no no_sync to skip)."""
+    if is_deepspeed(accelerator):
+        return _deepspeed_boundary(accelerator, sync)
     return contextlib.nullcontext() if sync else accelerator.no_sync(model)
+
+
+@contextlib.contextmanager
+def _deepspeed_boundary(accelerator, sync: bool):
+    accelerator.gradient_state._set_sync_gradients(sync)
+    try:
+        yield
+    finally:
+        accelerator.gradient_state._set_sync_gradients(True)  # accelerate's default outside accumulate()
 
 
 def optimizer_step(accelerator, model, optimizer, scheduler, state: TrainState, *, max_grad_norm: float,
@@ -124,10 +146,16 @@ def optimizer_step(accelerator, model, optimizer, scheduler, state: TrainState, 
 
     Gradients were all-reduced (DDP) or reduce-scattered (FSDP: the norm is made whole on every
     rank first), so every rank sees the same norm and takes the same branch. A skipped update still
-    counts as a step (the schedule and the position move on). Collective under FSDP."""
-    grad_norm = global_tensor(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
+    counts as a step (the schedule and the position move on). Collective under FSDP.
+
+    DeepSpeed: the engine already stepped inside the window's last `backward` (see `no_sync_unless`);
+    here its outcome is read and counted the same way (`_deepspeed_outcome`)."""
+    if is_deepspeed(accelerator):
+        grad_norm = _deepspeed_outcome(model, optimizer, max_grad_norm)
+    else:
+        grad_norm = global_tensor(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
     if torch.isfinite(grad_norm):
-        optimizer.step()
+        optimizer.step()  # DeepSpeed: a no-op (accelerate's wrapper; the engine has stepped)
         state.nonfinite_streak = 0
     else:
         state.skipped_updates += 1
@@ -140,6 +168,36 @@ def optimizer_step(accelerator, model, optimizer, scheduler, state: TrainState, 
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     state.step += 1
+    return grad_norm
+
+
+def _deepspeed_outcome(engine, optimizer, max_grad_norm: float) -> torch.Tensor:
+    """The gradient norm of the update DeepSpeed has just made (or skipped), as a tensor.
+
+    The engine clipped with its config's `gradient_clipping` and scaled the loss by its own
+    `gradient_accumulation_steps`: the recipe's --max_grad_norm and its windows (the loss is already
+    divided by the window length) hold only if those are equal to it and 1; otherwise stop, before
+    the first checkpoint. The norm and the skip verdict are global (all-reduced by ZeRO), so every
+    rank agrees. DeepSpeed (0.19: fp32 always, bf16 with its default `check_grad_overflow`) skips a
+    non-finite update itself and reports the norm as inf: counted here as a skipped update. One it
+    applied anyway (bf16 with `check_grad_overflow: false`, older versions) cannot be undone: stop."""
+    from common.faults import RunError
+
+    if engine.gradient_accumulation_steps() != 1 or engine.gradient_clipping() != max_grad_norm:
+        raise RunError(f"the DeepSpeed profile has gradient_accumulation_steps {engine.gradient_accumulation_steps()} "
+                       f"and gradient_clipping {engine.gradient_clipping()}; these recipes need 1 (the loop "
+                       f"accumulates: --gradient_accumulation_steps) and --max_grad_norm ({max_grad_norm:g}): "
+                       f"set them in the profile's deepspeed_config (or `accelerate launch --gradient_clipping "
+                       f"{max_grad_norm:g} --gradient_accumulation_steps 1`)")
+    norm = engine.get_global_grad_norm()
+    if norm is None:  # ZeRO-1/2 without norm computation: the guard would be blind
+        raise RunError("DeepSpeed computed no gradient norm (this profile's ZeRO settings); the non-finite "
+                       "guard needs it: use accelerate_configs/deepspeed_zero2.yaml as shipped")
+    grad_norm = torch.as_tensor(norm, dtype=torch.float32).detach().cpu()
+    if not torch.isfinite(grad_norm) and not optimizer.step_was_skipped:
+        raise FloatingPointError("DeepSpeed applied an update with a non-finite gradient norm (the weights "
+                                 "are no longer finite); stopping (last good checkpoint kept). Enable "
+                                 "bf16.check_grad_overflow in the DeepSpeed config, or lower --learning_rate")
     return grad_norm
 
 

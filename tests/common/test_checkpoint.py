@@ -232,3 +232,21 @@ def test_an_unfinished_or_damaged_export_is_refused(tmp_path):
     assert "corrupted" in unfinished_export(final)
     with pytest.raises(RunError, match="--init_from .*damaged"):
         resolve_pretrained(out)
+
+
+def test_deepspeed_checkpoints_resume_only_under_deepspeed_on_as_many_processes(tmp_path):
+    from types import SimpleNamespace
+
+    from common.checkpoint import _deepspeed_problem
+
+    def accelerator(kind, n):
+        return SimpleNamespace(distributed_type=SimpleNamespace(value=kind), num_processes=n)
+
+    ddp, ds = tmp_path / "ddp", tmp_path / "ds"
+    ddp.mkdir()
+    (ds / "pytorch_model").mkdir(parents=True)  # DeepSpeed's layout (accelerate's ckpt_id)
+    assert _deepspeed_problem(ddp, {"world_size": 2}, accelerator("MULTI_CPU", 1)) is None
+    assert _deepspeed_problem(ds, {"world_size": 2}, accelerator("DEEPSPEED", 2)) is None
+    assert "written without DeepSpeed" in _deepspeed_problem(ddp, {"world_size": 2}, accelerator("DEEPSPEED", 2))
+    assert "written with DeepSpeed" in _deepspeed_problem(ds, {"world_size": 2}, accelerator("MULTI_CPU", 2))
+    assert "launch with --num_processes 2" in _deepspeed_problem(ds, {"world_size": 2}, accelerator("DEEPSPEED", 1))

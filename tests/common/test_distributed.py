@@ -33,7 +33,6 @@ def test_precision_comes_from_the_profile_unless_the_flag_is_given(flag, env, ex
 
 
 @pytest.mark.parametrize("flag,env,cuda,bf16_ok,message", [
-    (None, {"ACCELERATE_USE_DEEPSPEED": "true"}, True, True, "the DeepSpeed profile is not supported"),
     ("fp16", {}, False, False, "fp16 mixed precision needs a GPU"),
     (None, {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, False, "this GPU has no bf16 support"),
 ])
@@ -81,6 +80,27 @@ def test_workers_auto_cpu_none_gpu_some(monkeypatch):
     assert auto_workers(None, cuda=True) == 4
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert auto_workers(None, cuda=True) == 1
+
+
+def test_the_deepspeed_profile_without_deepspeed_installed_is_refused(monkeypatch):
+    import importlib.util
+
+    from common.distributed import resolve_topology
+    from common.faults import RunError
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(RunError, match=r"needs the deepspeed package, which is not installed.*pip install deepspeed"):
+        resolve_topology(None, cuda=True, bf16_ok=True, env={"ACCELERATE_USE_DEEPSPEED": "true"})
+
+
+@pytest.mark.parametrize("built", ["MULTI_CPU", "NO", "MULTI_GPU"])
+def test_a_deepspeed_profile_that_accelerate_did_not_honour_is_refused(built):
+    from common.distributed import check_distributed_type
+    from common.faults import RunError
+
+    with pytest.raises(RunError, match=rf"the DeepSpeed profile needs GPUs.*accelerate built {built} instead.*cpu_ddp"):
+        check_distributed_type(built, env={"ACCELERATE_USE_DEEPSPEED": "true"})
+    check_distributed_type("DEEPSPEED", env={"ACCELERATE_USE_DEEPSPEED": "true"})  # honoured: accepted
 
 
 @pytest.mark.parametrize("built", ["MULTI_CPU", "NO", "MULTI_GPU"])

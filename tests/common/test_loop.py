@@ -114,3 +114,47 @@ def test_nonfinite_gradients_skip_the_update_then_stop():
     model(torch.full((1, 3), float("nan"))).sum().backward()
     with pytest.raises(FloatingPointError, match="3 consecutive non-finite updates"):
         optimizer_step(accelerator, model, optimizer, scheduler, state, max_grad_norm=1.0, max_nonfinite_updates=3)
+
+
+class FakeEngine:
+    """What optimizer_step reads from a DeepSpeed engine after it stepped inside backward()."""
+
+    def __init__(self, norm, clipping=1.0, gas=1):
+        self.norm, self.clipping, self.gas = norm, clipping, gas
+
+    def gradient_accumulation_steps(self):
+        return self.gas
+
+    def gradient_clipping(self):
+        return self.clipping
+
+    def get_global_grad_norm(self):
+        return self.norm
+
+
+def test_deepspeed_outcome_is_counted_like_ours_and_an_applied_nonfinite_update_stops():
+    from common.faults import RunError
+    from common.loop import no_sync_unless
+
+    syncs = []
+    accelerator = SimpleNamespace(distributed_type=SimpleNamespace(value="DEEPSPEED"),
+                                  gradient_state=SimpleNamespace(_set_sync_gradients=syncs.append))
+    with no_sync_unless(accelerator, None, False):  # a window's inner micro-batch: the engine must not step
+        assert syncs == [False]
+    assert syncs == [False, True]  # accelerate's default back (outside its accumulate())
+
+    optimizer = SimpleNamespace(step=lambda: None, zero_grad=lambda set_to_none: None, step_was_skipped=False)
+    scheduler = SimpleNamespace(step=lambda: None)
+    state = TrainState()
+    step = lambda engine: optimizer_step(accelerator, engine, optimizer, scheduler, state,  # noqa: E731
+                                         max_grad_norm=1.0, max_nonfinite_updates=3)
+    assert step(FakeEngine(0.5)) == 0.5 and (state.step, state.skipped_updates) == (1, 0)
+    optimizer.step_was_skipped = True  # DeepSpeed skipped it (overflow) and reports inf
+    assert not torch.isfinite(step(FakeEngine(float("inf"))))
+    assert (state.step, state.skipped_updates, state.nonfinite_streak) == (2, 1, 1)
+    optimizer.step_was_skipped = False  # ... or applied it anyway: nothing to undo, stop
+    with pytest.raises(FloatingPointError, match="DeepSpeed applied an update with a non-finite"):
+        step(FakeEngine(float("nan")))
+    for engine in (FakeEngine(0.5, clipping=5.0), FakeEngine(0.5, gas=2)):  # the engine's settings must be ours
+        with pytest.raises(RunError, match="these recipes need 1 .* and --max_grad_norm"):
+            step(engine)

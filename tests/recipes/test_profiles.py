@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 
@@ -27,6 +28,20 @@ def test_fsdp_profile_on_cpu_is_refused(tiny_corpus, tmp_path):
     assert "[rank 0] error: the FSDP profile needs GPUs" in proc.stderr + proc.stdout
     assert "here accelerate built MULTI_CPU instead" in proc.stderr + proc.stdout  # what it would have been
     assert "accelerate_configs/cpu_ddp.yaml" in proc.stderr + proc.stdout
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_deepspeed_profile_on_cpu_is_refused(tiny_corpus, tmp_path):
+    """Without deepspeed installed, `accelerate launch` stops first (its ImportError); with it, the
+    recipe refuses what accelerate 1.15 built on CPU (plain DDP: nothing sharded)."""
+    proc = launch(["--config_file", str(ROOT / "accelerate_configs" / "deepspeed_zero2.yaml"), "--num_processes", "2",
+                   "--main_process_port", str(free_port())], args_for(tiny_corpus, tmp_path / "run", "--max_steps", "2"))
+    assert proc.returncode != 0
+    if importlib.util.find_spec("deepspeed") is None:
+        assert "DeepSpeed is not installed" in proc.stderr + proc.stdout
+    else:
+        assert "[rank 0] error: the DeepSpeed profile needs GPUs" in proc.stderr + proc.stdout
+        assert "here accelerate built MULTI_CPU instead" in proc.stderr + proc.stdout
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

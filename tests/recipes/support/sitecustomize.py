@@ -24,6 +24,12 @@ save_state/load_state through torch.distributed.checkpoint, the full state dict 
 accelerate's and torch's own code, on gloo. The recipes accept FSDP on CPU only when accelerate
 really made it FSDP, so without this hook the profile is still refused.
 
+FORCE_DEEPSPEED_ON_CPU=1: the same for a DeepSpeed profile (ACCELERATE_USE_DEEPSPEED=true): the CPU run
+becomes `DistributedType.DEEPSPEED` with the profile's plugin (accelerate 1.15 decides DEEPSPEED only
+without cpu=True). With DS_ACCELERATOR=cpu, DeepSpeed's CPU accelerator uses the gloo group torch
+formed; prepare → deepspeed.initialize, the engine's backward/step and save/load_checkpoint are
+DeepSpeed's own code. Without the hook the profile is refused on CPU.
+
 Production code has no fault-injection switches.
 """
 
@@ -161,3 +167,26 @@ if os.environ.get("FORCE_FSDP_ON_CPU") == "1":
             _state.PartialState._shared_state["distributed_type"] = self.distributed_type
 
     _state.AcceleratorState.__init__ = _state_init
+
+
+if os.environ.get("FORCE_DEEPSPEED_ON_CPU") == "1":
+    import accelerate.state as _state
+
+    _orig_state_init_ds = _state.AcceleratorState.__init__
+
+    def _state_init_ds(self, mixed_precision=None, cpu=False, dynamo_plugin=None, deepspeed_plugin=None,
+                       fsdp_plugin=None, *args, **kwargs):
+        _orig_state_init_ds(self, mixed_precision, cpu, dynamo_plugin, deepspeed_plugin, fsdp_plugin, *args, **kwargs)
+        # What state.py does when ACCELERATE_USE_DEEPSPEED is set without cpu=True (its `elif ... and not cpu`
+        # branch, and PartialState's `use_deepspeed`), for the gloo (MULTI_CPU) group: DeepSpeed's CPU
+        # accelerator (DS_ACCELERATOR=cpu) communicates over gloo, through the group torch already formed.
+        if (deepspeed_plugin is not None and self.distributed_type == _state.DistributedType.MULTI_CPU
+                and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"):
+            self.distributed_type = _state.DistributedType.DEEPSPEED
+            deepspeed_plugin.set_mixed_precision(self._mixed_precision)
+            deepspeed_plugin.select(_from_accelerator_state=True)
+            self.deepspeed_plugins = deepspeed_plugin
+            self._mixed_precision = "no"  # DeepSpeed handles precision through its config
+            _state.PartialState._shared_state["distributed_type"] = self.distributed_type
+
+    _state.AcceleratorState.__init__ = _state_init_ds
