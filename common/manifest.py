@@ -42,6 +42,7 @@ from common.faults import RunError
 from common.prepare import prepare_once
 
 logger = logging.getLogger(__name__)
+REPORT_GRACE_S = 60.0  # a non-main rank waits this long for the main process to print the data report
 
 LIBRISPEECH_ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 
@@ -272,7 +273,7 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
                             f"--on_bad_data skip drops them)")
         # The main process prints the report once; its exit makes the launcher stop this process.
         # Exiting first would let the launcher kill the main process before it printed anything.
-        time.sleep(60)
+        time.sleep(REPORT_GRACE_S)
         raise SystemExit(1)
     if problems and is_main_process:
         counts = Counter(p["reason"] for p in problems)

@@ -61,7 +61,10 @@ def test_resample_policy_and_unused_transcripts(bad_corpus):
     assert {r["id"]: r["sample_rate"] for r in good}["999-9990-0006"] == 8000
 
 
-def test_prepare_manifest_error_report_and_skip(bad_corpus, tmp_path, caplog):
+def test_prepare_manifest_error_report_and_skip(bad_corpus, tmp_path, caplog, monkeypatch):
+    from common import manifest
+
+    monkeypatch.setattr(manifest, "REPORT_GRACE_S", 0.0)  # the non-main call below exits at once
     policy = DataPolicy(16000, max_seconds=8.0, data_check="full")
     with pytest.raises(DataError) as e:
         prepare_manifest(tmp_path, "train", bad_corpus, policy, "train")
