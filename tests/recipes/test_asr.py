@@ -220,14 +220,16 @@ def test_config_yaml_is_valid():
 
 @pytest.mark.slow
 def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
-    """Char tokens, SpecAugment, speed perturbation, validation WER/CER; SIGKILL inside epoch 1."""
+    """Char tokens, SpecAugment, speed perturbation, validation WER/CER; SIGKILL inside epoch 1, resumed
+    with data workers."""
     e0, e1 = epoch_lengths(read_librispeech(tiny_corpus / "librispeech", "train")["duration"], 16.0, 1, 2)
     k, max_steps = e0 + 2, e0 + e1
     extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--eval_steps", "4", "--speed_perturb", "0.1"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
     run("asr", 1, args_for(tiny_corpus, cont, *extra))
     run("asr", 1, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k)
-    run("asr", 1, args_for(tiny_corpus, cut, *extra))
+    # Resumed with 2 data workers (speed perturbation, SpecAugment and validation in them): the same run.
+    run("asr", 1, args_for(tiny_corpus, cut, *extra, "--num_workers", "2"))
 
     [(step, epoch, batch)] = resumed_positions(tmp_path / "interrupted.log")
     assert epoch == 1 and batch > 0

@@ -100,7 +100,8 @@ def test_masked_loss_starts_near_chance():
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
-    """Two SIGKILLs: one inside epoch 0, one inside epoch ≥ 1; same weights and per-step losses."""
+    """Two SIGKILLs: one inside epoch 0, one inside epoch ≥ 1; same weights and per-step losses, also
+    when the last leg loads its data in worker processes."""
     mbs = 16.0
     e0, e1, _ = epoch_lengths(train_durations(tiny_corpus), mbs, nproc, 3)
     assert e0 >= 4 and e1 >= 4
@@ -114,7 +115,9 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     cut = tmp_path / "interrupted"
     run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k1)
     run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k2)
-    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra))
+    # The last leg reads its data in 2 worker processes (the others: none); batches, masks and noise
+    # must not depend on that, nor on the workers' epoch copies of the sampler and collator.
+    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra, "--num_workers", "2"))
 
     resumes = resumed_positions(tmp_path / "interrupted.log")
     assert len(resumes) == 2
