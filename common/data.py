@@ -70,7 +70,11 @@ class DurationBatchSampler:
     ):
         self.durations = np.asarray(durations, dtype=np.float64)
         if len(self.durations) < multiple_of:
-            raise ValueError(f"{len(self.durations)} utterances cannot fill {multiple_of} batches per step")
+            from common.faults import RunError
+
+            raise RunError(f"{len(self.durations)} utterances cannot fill {multiple_of} batches (every process "
+                           f"needs one per step, or per evaluation pass): use fewer processes (or a smaller "
+                           f"--gradient_accumulation_steps), or a larger split")
         self.max_batch_seconds = max_batch_seconds
         self.num_buckets = max(1, min(num_buckets, len(self.durations)))
         self.shuffle = shuffle

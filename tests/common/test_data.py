@@ -61,7 +61,9 @@ def test_no_shuffle_is_fixed():
 
 
 def test_too_few_utterances():
-    with pytest.raises(ValueError):
+    from common.faults import RunError
+
+    with pytest.raises(RunError, match="1 utterances cannot fill 2 batches .* use fewer processes"):  # one line, not a traceback
         DurationBatchSampler([1.0], 10.0, multiple_of=2)
 
 

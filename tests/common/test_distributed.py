@@ -35,6 +35,8 @@ def test_precision_comes_from_the_profile_unless_the_flag_is_given(flag, env, ex
 @pytest.mark.parametrize("flag,env,cuda,bf16_ok,message", [
     ("fp16", {}, False, False, "fp16 mixed precision needs a GPU"),
     (None, {"ACCELERATE_MIXED_PRECISION": "bf16"}, True, False, "this GPU has no bf16 support"),
+    # multi_gpu.yaml (8 processes) on a CPU-only machine: the cores are the devices
+    (None, {"LOCAL_WORLD_SIZE": "100000"}, False, False, "100000 processes on this machine but no GPU and .* CPU core"),
 ])
 def test_a_profile_that_cannot_be_honoured_is_refused(flag, env, cuda, bf16_ok, message):
     from common.distributed import resolve_topology

@@ -60,3 +60,18 @@ def test_precision_comes_from_the_profile_unless_the_flag_says_otherwise(tiny_co
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--mixed_precision no overrides the launcher's profile (bf16)" in proc.stderr
     assert "precision no" in proc.stderr
+
+
+def test_a_gpu_profile_on_a_cpu_machine_with_more_processes_than_cores_is_refused(tiny_corpus, tmp_path):
+    """multi_gpu.yaml as shipped asks for 8 processes; on a CPU-only machine accelerate would start 8
+    gloo processes sharing its cores. Refused, naming the core count and the CPU profile."""
+    from common.distributed import available_cores
+
+    n = available_cores() + 1
+    proc = launch(["--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", str(n),
+                   "--main_process_port", str(free_port())], args_for(tiny_corpus, tmp_path / "run", "--max_steps", "2"))
+    assert proc.returncode != 0
+    out = proc.stderr + proc.stdout
+    assert f"error: {n} processes on this machine but no GPU and {n - 1} CPU core(s)" in out, out[-3000:]
+    assert "accelerate_configs/cpu_ddp.yaml" in out and "Traceback" not in out.split("error:")[0]
+    assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "checkpoints").exists()
