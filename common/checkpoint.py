@@ -71,7 +71,7 @@ MARKER = "COMPLETE"
 # Config keys that may change between the interrupted run and its re-launch without breaking
 # exactness (they only say where to stop, how often to save/log, or where to write).
 RESUME_SAFE_KEYS = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
-                    "eval_steps", "num_workers", "report_to", "data_cache_dir", "ddp_timeout",
+                    "eval_steps", "num_workers", "memory_cache_mb", "report_to", "data_cache_dir", "ddp_timeout",
                     "max_nonfinite_updates", "dump_batch_ids", "overwrite_output_dir",
                     # how deeply files are read; the entries it lets through are compared by the
                     # data fingerprint instead (and checkpoints from before the key still resume):

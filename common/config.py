@@ -39,7 +39,7 @@ COUNTS = ("max_steps", "save_steps", "logging_steps", "gradient_accumulation_ste
           "num_layers", "num_heads", "ffn_dim", "conv_kernel", "max_nonfinite_updates", "stats_utterances",
           "bpe_vocab_size", "dim", "encoder_layers", "decoder_layers", "win_length", "hop_length",
           "duration_channels", "attention_dim", "griffin_lim_iters", "beam_size")
-NON_NEGATIVE = ("eval_steps", "save_total_limit", "num_workers", "num_threads", "freeze_encoder_steps", "num_valid", "num_test",
+NON_NEGATIVE = ("eval_steps", "memory_cache_mb", "save_total_limit", "num_workers", "num_threads", "freeze_encoder_steps", "num_valid", "num_test",
                 "binarization_start_steps", "num_samples", "dropout", "weight_decay", "max_grad_norm",
                 "speed_perturb", "freq_masks", "time_masks", "mask_prob", "noise_std")
 POSITIVE = ("learning_rate", "max_batch_seconds", "max_seconds", "ddp_timeout")

@@ -23,6 +23,9 @@ import torchaudio
 from torch.utils.data import DataLoader
 
 from common.distributed import derive_seed
+from common.logs import get_logger
+
+logger = get_logger(__name__)  # main process only
 
 def load_audio(path: str, sample_rate: int) -> torch.Tensor:
     """Mono float32 waveform in [-1, 1] at `sample_rate` Hz, shape (samples,)."""
@@ -129,6 +132,53 @@ class DurationBatchSampler:
 
     def __len__(self) -> int:
         return len(self.batches())
+
+
+class InMemoryItems(torch.utils.data.Dataset):
+    """`dataset[i]` kept in RAM after its first read, while the kept tensors stay under `budget_mb`.
+
+    On CPU, reading a batch in the training process (decode, log-mel) costs ~0.13 × a BEST-RQ step
+    and cannot overlap it (the compute threads use every core; benchmarks/README.md): epochs after
+    the first then skip it. Items are returned as stored, so consumers (collators) must not modify
+    them in place; the ones here copy them into the padded batch. Items beyond the budget are read
+    every time (no eviction: random access would only churn). Each process keeps its own copy."""
+
+    def __init__(self, dataset, budget_mb: int):
+        if getattr(dataset, "depends_on_epoch", False):
+            raise ValueError(f"{type(dataset).__name__} items change with the epoch: they cannot be kept")
+        self.dataset, self.budget = dataset, budget_mb * 2**20  # bytes
+        self.items: dict[int, tuple] = {}
+        self.nbytes = 0
+
+    def __getattr__(self, name):  # everything else is the wrapped dataset's (its manifest, ...)
+        if name == "dataset":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        item = self.items.get(i)
+        if item is None:
+            item = self.dataset[i]
+            size = sum(t.nbytes for t in item if isinstance(t, torch.Tensor))
+            if self.nbytes + size <= self.budget:
+                self.items[i], self.nbytes = item, self.nbytes + size
+        return item
+
+
+def keep_in_memory(dataset, budget_mb: int, num_workers: int, what: str):
+    """`InMemoryItems(dataset, budget_mb)` when the training process itself reads the data
+    (`num_workers` 0: the CPU default); unchanged, and logged, with workers (non-persistent workers
+    would fill a copy each epoch and drop it), a budget of 0, or items that change with the epoch."""
+    if budget_mb <= 0 or num_workers > 0:
+        return dataset
+    if getattr(dataset, "depends_on_epoch", False):
+        logger.info(f"{what} set: items change with the epoch (augmentation), read every time")
+        return dataset
+    logger.info(f"{what} set: items kept in RAM after their first read, up to {budget_mb} MB per process")
+    return InMemoryItems(dataset, budget_mb)
 
 
 def auto_workers(requested: int | None, cuda: bool) -> int:

@@ -124,6 +124,10 @@ class SpeechDataset(torch.utils.data.Dataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    @property
+    def depends_on_epoch(self) -> bool:  # with speed perturbation an item cannot be kept for later epochs
+        return bool(self.speed_perturb)
+
     def __len__(self):
         return len(self.manifest)
 

@@ -49,6 +49,7 @@ class Config:
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
     num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
+    memory_cache_mb: int = 1024  # per process and set: features kept in RAM after their first read, so later epochs skip decoding (only without data workers, the CPU default; 0 = off)
     stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
     # --- BEST-RQ ---
     stack_frames: int = 4  # 10 ms frames stacked per label / encoder frame (4 → 40 ms)
@@ -103,7 +104,7 @@ from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint
                                global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
-from common.data import auto_workers, make_loader  # noqa: E402
+from common.data import auto_workers, keep_in_memory, make_loader  # noqa: E402
 from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
                                 set_threads)
 from common.encoder import encoder_config_from  # noqa: E402
@@ -160,14 +161,17 @@ def main(cfg: Config) -> None:
     valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=is_main)
     logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
                 f"{len(valid_set)} validation, {world} process(es)")
-    train_ds = FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels)
+    train_ds = keep_in_memory(FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), cfg.memory_cache_mb,
+                              num_workers, "training")
     collator = MaskingCollator(cfg)
     batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
                     num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
     train_loader, train_sampler = make_loader(train_ds, train_set["duration"], collator, shuffle=True,
                                               multiple_of=global_batch, **batching)
-    valid_loader, _ = make_loader(FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), valid_set["duration"],
-                                  collator, shuffle=False, multiple_of=world, **batching)
+    valid_ds = keep_in_memory(FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), cfg.memory_cache_mb,
+                              num_workers, "validation")
+    valid_loader, _ = make_loader(valid_ds, valid_set["duration"], collator, shuffle=False, multiple_of=world,
+                                  **batching)
 
     # ---- model, optimizer, schedule (sized in optimizer steps) -------------------------------
     model = BestRQ(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,

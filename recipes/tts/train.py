@@ -56,6 +56,7 @@ class Config:
     max_batch_seconds: float = 40.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
     num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
+    memory_cache_mb: int = 1024  # per process and set: features kept in RAM after their first read, so later epochs skip decoding (only without data workers, the CPU default; 0 = off)
     stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
     # --- model ---
     dim: int = 128  # encoder/decoder width
@@ -112,7 +113,7 @@ from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint
                                global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.corpus import resolve_data_dir  # noqa: E402
-from common.data import auto_workers, load_audio, make_loader  # noqa: E402
+from common.data import auto_workers, keep_in_memory, load_audio, make_loader  # noqa: E402
 from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
                                 set_threads)
 from common.faults import Preemption, run_main  # noqa: E402
@@ -212,7 +213,8 @@ def main(cfg: Config) -> None:
     train_set, valid_set = splits["train"], splits["validation"]
     logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
                 f"{len(valid_set)} validation, {len(splits['test'])} test, {world} process(es)")
-    train_ds, valid_ds = TTSDataset(train_set, cfg), TTSDataset(valid_set, cfg)
+    train_ds = keep_in_memory(TTSDataset(train_set, cfg), cfg.memory_cache_mb, num_workers, "training")
+    valid_ds = keep_in_memory(TTSDataset(valid_set, cfg), cfg.memory_cache_mb, num_workers, "validation")
     batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
                     num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
     train_loader, train_sampler = make_loader(train_ds, train_set["duration"], Collator(cfg), shuffle=True,

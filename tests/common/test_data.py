@@ -99,3 +99,34 @@ def test_skip_first_batches_loads_no_skipped_sample():
     resumed = [b for b in skip_first_batches(loader, 3)]
     assert resumed == everything[3:]
     assert sorted(loaded) == sorted(i for b in everything[3:] for i in b)
+
+
+def test_items_kept_in_memory_are_the_same_and_the_budget_holds():
+    from common.data import InMemoryItems, keep_in_memory
+
+    class Reads(torch.utils.data.Dataset):
+        def __init__(self):
+            self.reads, self.manifest = 0, "rows"
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            self.reads += 1
+            return f"utt{i}", torch.full((256,), float(i))  # 1 KiB of float32 per item
+
+    inner = Reads()
+    kept = InMemoryItems(inner, budget_mb=0)
+    kept.budget = 2 * 1024  # bytes: room for two items
+    first = [kept[i] for i in range(4)]
+    again = [kept[i] for i in range(4)]
+    assert inner.reads == 4 + 2  # items 0 and 1 kept; 2 and 3 (over the budget) read again
+    assert all(a[0] == b[0] and torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    assert kept.nbytes == 2 * 1024 and kept.manifest == "rows"  # other attributes are the dataset's
+    assert keep_in_memory(inner, 64, num_workers=2, what="training") is inner  # workers: their own reads
+    assert keep_in_memory(inner, 0, num_workers=0, what="training") is inner  # off
+
+    inner.depends_on_epoch = True  # e.g. speed perturbation: an item of epoch 0 is wrong in epoch 1
+    assert keep_in_memory(inner, 64, num_workers=0, what="training") is inner
+    with pytest.raises(ValueError, match="change with the epoch"):
+        InMemoryItems(inner, 64)
