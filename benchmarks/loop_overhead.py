@@ -4,14 +4,17 @@
 
 Each repetition runs, one after the other (interleaved):
 1. the recipe as a user runs it (`python recipes/<recipe>/train.py`, its config.yaml, fresh
-   output folder, no evaluation, no checkpoint before the end) for `--steps` optimizer steps; its
-   time per step comes from `metrics.jsonl` (`audio_s_per_s` of every step, `--logging_steps 1`);
-2. in this process, the same model on the same batches (the first `--steps` batches of epoch 0,
-   which the recipe also trains on first), held in memory: forward, backward, AdamW, nothing else.
+   output folder, no evaluation, no checkpoint before the end) through epoch 0 and `--steps`
+   optimizer steps into epoch 1; its time per step comes from `metrics.jsonl` (`audio_s_per_s` of
+   every step, `--logging_steps 1`);
+2. in this process, the same model on the same batches (the first `--steps` batches of epoch 0 and
+   of epoch 1, which the recipe also trains on), held in memory: forward, backward, AdamW, nothing else.
 Both use the same thread count (`common.distributed.set_threads` rule, or `--threads`). The first
-`--warmup` steps of each are left out. Printed: medians over repetitions of the time per step of
-both, their ratio, and where the recipe's extra time goes, measured on the same batches: audio
-decoding, features (log-mel, speed perturbation), collation (padding, masks, noise).
+`--warmup` steps of each window are left out. Printed, for epoch 0 (every utterance read for the
+first time) and epoch 1 (read again: kept in RAM, `--memory_cache_mb`, unless the recipe's items
+change with the epoch): medians over repetitions of the time per step of both, their ratio; and
+where the recipe's extra time goes on a first read, measured on the same batches: audio decoding,
+features (log-mel, speed perturbation), collation (padding, masks, noise).
 """
 
 from __future__ import annotations
@@ -74,25 +77,33 @@ def main() -> None:
     sampler = DurationBatchSampler(r.train_set["duration"], cfg.max_batch_seconds, num_buckets=cfg.num_buckets,
                                    shuffle=True, seed=cfg.seed, multiple_of=1)
     sampler.set_epoch(0)
-    index_lists = list(sampler)[: args.steps]
+    epoch0 = len(sampler)  # optimizer steps in epoch 0 (1 process, no accumulation)
+    if args.steps > epoch0:
+        raise SystemExit(f"--steps {args.steps} is more than an epoch ({epoch0} steps)")
 
-    # Where a data step's time goes, on these batches (the recipe does this inside its step).
+    # Where a data step's time goes, on epoch 0's batches (the recipe does this inside its step).
     t_decode = t_features = t_collate = 0.0
-    batches = []
-    for idx in index_lists:
-        items = []
-        for i in idx:
+    batches = {}  # epoch → its first --steps batches, collated as the recipe collates them
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        for obj in (r.dataset, r.collator):
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
+        batches[epoch] = []
+        for idx in list(sampler)[: args.steps]:
+            items = []
+            for i in idx:
+                t = time.perf_counter()
+                load_audio(r.train_set[i]["path"], cfg.sample_rate)
+                t_decode += time.perf_counter() - t
+                t = time.perf_counter()
+                items.append(r.dataset[i])  # decodes again: its time minus the decode above is the features'
+                t_features += time.perf_counter() - t
             t = time.perf_counter()
-            load_audio(r.train_set[i]["path"], cfg.sample_rate)
-            t_decode += time.perf_counter() - t
-            t = time.perf_counter()
-            items.append(r.dataset[i])  # decodes again: its time minus the decode above is the features'
-            t_features += time.perf_counter() - t
-        t = time.perf_counter()
-        batches.append(r.collator(items))
-        t_collate += time.perf_counter() - t
+            batches[epoch].append(r.collator(items))
+            t_collate += time.perf_counter() - t
     t_features -= t_decode
-    n = len(batches)
+    n = 2 * args.steps
 
     torch.manual_seed(cfg.seed)
     model = r.build_model()
@@ -100,9 +111,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   weight_decay=cfg.weight_decay)
 
-    def bare() -> list[float]:
+    def bare(epoch: int) -> list[float]:
         times = []
-        for b in batches:
+        for b in batches[epoch]:
             t = time.perf_counter()
             r.loss(model, b).backward()
             optimizer.step()
@@ -110,22 +121,30 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         return times
 
-    recipe_runs, bare_runs = [], []
+    windows = {0: slice(args.warmup, args.steps), 1: slice(epoch0 + args.warmup, epoch0 + args.steps)}
+    recipe_runs, bare_runs = {0: [], 1: []}, {0: [], 1: []}
     for rep in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="loop_bench_") as tmp:
-            recipe_runs.append(sum(recipe_step_times(args.recipe, args.steps, threads,
-                                                     ["--dump_batch_ids", "true", *overrides],
-                                                     Path(tmp) / "run")[args.warmup:]))
-        bare_runs.append(sum(bare()[args.warmup:]))
-        print(f"  repetition {rep + 1}: recipe {recipe_runs[-1]:.2f} s, bare {bare_runs[-1]:.2f} s "
-              f"for steps {args.warmup + 1}..{args.steps}", flush=True)
+            times = recipe_step_times(args.recipe, epoch0 + args.steps, threads,
+                                      ["--dump_batch_ids", "true", *overrides], Path(tmp) / "run")
+        for epoch in (0, 1):
+            recipe_runs[epoch].append(sum(times[windows[epoch]]))
+            bare_runs[epoch].append(sum(bare(epoch)[args.warmup:]))
+        print(f"  repetition {rep + 1}: recipe {recipe_runs[0][-1]:.2f} / {recipe_runs[1][-1]:.2f} s, bare "
+              f"{bare_runs[0][-1]:.2f} / {bare_runs[1][-1]:.2f} s (epoch 0 / epoch 1)", flush=True)
     measured = args.steps - args.warmup
-    rec, bar = statistics.median(recipe_runs) / measured, statistics.median(bare_runs) / measured
     print(f"\nloop overhead, recipe {args.recipe}: {args.repeats} interleaved repetitions of {measured} steps "
-          f"(after {args.warmup}), medians, {threads} thread(s), batch {cfg.max_batch_seconds:g} s of audio")
-    print(f"  recipe step / bare step = {rec / bar:.3f}   ({rec * 1e3:.0f} ms vs {bar * 1e3:.0f} ms per step)")
+          f"(steps {args.warmup + 1}..{args.steps} of epoch 0 and of epoch 1; an epoch is {epoch0} steps), "
+          f"medians, {threads} thread(s), batch {cfg.max_batch_seconds:g} s of audio")
+    for epoch, what in ((0, "first read"), (1, "read again")):
+        rec = statistics.median(recipe_runs[epoch]) / measured
+        bar = statistics.median(bare_runs[epoch]) / measured
+        print(f"  epoch {epoch} ({what}): recipe step / bare step = {rec / bar:.3f}   "
+              f"({rec * 1e3:.0f} ms vs {bar * 1e3:.0f} ms per step)")
+    bar = statistics.median(bare_runs[0]) / measured
+    print("  on a first read (measured on the same batches):")
     for name, t in (("audio decoding", t_decode), ("features", t_features), ("collation", t_collate)):
-        print(f"  {name:16s} {t / n * 1e3:6.1f} ms per step = {t / n / bar:.3f} × bare step")
+        print(f"    {name:16s} {t / n * 1e3:6.1f} ms per step = {t / n / bar:.3f} × bare step")
 
 
 if __name__ == "__main__":
