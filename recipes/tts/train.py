@@ -56,7 +56,7 @@ class Config:
     max_batch_seconds: float = 40.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching
     num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
-    memory_cache_mb: int = 1024  # per process and set: features kept in RAM after their first read, so later epochs skip decoding (only without data workers, the CPU default; 0 = off)
+    memory_cache_mb: int = 512  # per process and set: features kept in RAM after their first read, so later epochs skip decoding (only without data workers, the CPU default; 0 = off)
     stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
     # --- model ---
     dim: int = 128  # encoder/decoder width
