@@ -141,13 +141,18 @@ class InMemoryItems(torch.utils.data.Dataset):
     and cannot overlap it (the compute threads use every core; benchmarks/README.md): epochs after
     the first then skip it. Items are returned as stored, so consumers (collators) must not modify
     them in place; the ones here copy them into the padded batch. Items beyond the budget are read
-    every time (no eviction: random access would only churn). Each process keeps its own copy."""
+    every time (no eviction: random access would only churn). Each process keeps its own copy.
+
+    An item must be a pure function of its key: the index, or `dataset.cache_key(i)` when the
+    dataset has one (ASR: (index, speed factor), the one thing its epoch changes). A dataset with
+    `depends_on_epoch` true and no key is refused."""
 
     def __init__(self, dataset, budget_mb: int):
-        if getattr(dataset, "depends_on_epoch", False):
+        if getattr(dataset, "depends_on_epoch", False) and not hasattr(dataset, "cache_key"):
             raise ValueError(f"{type(dataset).__name__} items change with the epoch: they cannot be kept")
         self.dataset, self.budget = dataset, budget_mb * 2**20  # bytes
-        self.items: dict[int, tuple] = {}
+        self.key = getattr(dataset, "cache_key", lambda i: i)
+        self.items: dict = {}
         self.nbytes = 0
 
     def __getattr__(self, name):  # everything else is the wrapped dataset's (its manifest, ...)
@@ -159,12 +164,13 @@ class InMemoryItems(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, i):
-        item = self.items.get(i)
+        key = self.key(i)
+        item = self.items.get(key)
         if item is None:
             item = self.dataset[i]
             size = sum(t.nbytes for t in item if isinstance(t, torch.Tensor))
             if self.nbytes + size <= self.budget:
-                self.items[i], self.nbytes = item, self.nbytes + size
+                self.items[key], self.nbytes = item, self.nbytes + size
         return item
 
 
@@ -174,7 +180,7 @@ def keep_in_memory(dataset, budget_mb: int, num_workers: int, what: str):
     would fill a copy each epoch and drop it), a budget of 0, or items that change with the epoch."""
     if budget_mb <= 0 or num_workers > 0:
         return dataset
-    if getattr(dataset, "depends_on_epoch", False):
+    if getattr(dataset, "depends_on_epoch", False) and not hasattr(dataset, "cache_key"):
         logger.info(f"{what} set: items change with the epoch (augmentation), read every time")
         return dataset
     logger.info(f"{what} set: items kept in RAM after their first read, up to {budget_mb} MB per process")

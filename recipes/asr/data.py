@@ -124,9 +124,15 @@ class SpeechDataset(torch.utils.data.Dataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    @property
-    def depends_on_epoch(self) -> bool:  # with speed perturbation an item cannot be kept for later epochs
-        return bool(self.speed_perturb)
+    def speed_factor(self, utt_id: str) -> float:
+        if not self.speed_perturb:
+            return 1.0
+        g = sample_generator(self.cfg.seed, self.epoch, f"{utt_id}/speed")
+        return (1 - self.speed_perturb, 1.0, 1 + self.speed_perturb)[int(torch.randint(3, (1,), generator=g))]
+
+    def cache_key(self, i: int) -> tuple[int, float]:
+        """An item depends on the epoch only through its speed factor: kept per (index, factor)."""
+        return i, self.speed_factor(self.manifest[i]["id"])
 
     def __len__(self):
         return len(self.manifest)
@@ -134,12 +140,10 @@ class SpeechDataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         row = self.manifest[i]
         wav = load_wav(row, self.cfg.sample_rate)
-        if self.speed_perturb:
-            g = sample_generator(self.cfg.seed, self.epoch, f"{row['id']}/speed")
-            factor = (1 - self.speed_perturb, 1.0, 1 + self.speed_perturb)[int(torch.randint(3, (1,), generator=g))]
-            if factor != 1.0:  # played `factor` times faster: fewer samples
-                sr = self.cfg.sample_rate
-                wav = torchaudio.functional.resample(wav, round(sr * factor), sr)
+        factor = self.speed_factor(row["id"])
+        if factor != 1.0:  # played `factor` times faster: fewer samples
+            sr = self.cfg.sample_rate
+            wav = torchaudio.functional.resample(wav, round(sr * factor), sr)
         return row["id"], self.logmel(wav), self.tokenizer.encode(row["text"]), normalize_text(row["text"])
 
 

@@ -201,7 +201,7 @@ def main(cfg: Config) -> None:
     batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
                     num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
     train_loader, train_sampler = make_loader(
-        keep_in_memory(train_ds, cfg.memory_cache_mb, num_workers, "training"),  # not with speed perturbation
+        keep_in_memory(train_ds, cfg.memory_cache_mb, num_workers, "training"),  # per (utterance, speed factor)
         train_set["duration"], train_collator, shuffle=True, multiple_of=global_batch, **batching)
     valid_ds = keep_in_memory(SpeechDataset(valid_set, cfg, tokenizer), cfg.memory_cache_mb, num_workers, "validation")
     valid_loader, _ = make_loader(valid_ds, valid_set["duration"], SpecAugmentCollator(cfg, augment=False),

@@ -130,3 +130,12 @@ def test_items_kept_in_memory_are_the_same_and_the_budget_holds():
     assert keep_in_memory(inner, 64, num_workers=0, what="training") is inner
     with pytest.raises(ValueError, match="change with the epoch"):
         InMemoryItems(inner, 64)
+
+    # ...unless the dataset names what its items depend on: kept per key
+    inner.epoch, inner.reads = 0, 0
+    inner.cache_key = lambda i: (i, inner.epoch % 2)
+    kept = keep_in_memory(inner, 64, num_workers=0, what="training")
+    assert isinstance(kept, InMemoryItems)
+    for inner.epoch in range(4):
+        [kept[i] for i in range(4)]
+    assert inner.reads == 8  # epochs 0 and 1 read (keys (i, 0) and (i, 1)); 2 and 3 come from RAM
