@@ -7,7 +7,9 @@ the policy, so one cached answer serves every policy.
 Two modes (`DataPolicy.data_check`, `--data_check` in the recipes):
 
 - `"header"` (default): opens the file, reads its header (format, channels, sample rate, frame
-  count, hence duration) and decodes its last `PROBE_FRAMES` frames. Reads a few kB per file.
+  count, hence duration) and decodes its last `PROBE_FRAMES` frame(s): the decoder decodes the
+  whole block that holds it (a FLAC block is ~4096 frames), which fails when the file was cut
+  short. Reads a few kB per file.
   Finds: missing files; files that are not audio or whose header is broken; files cut short
   (a truncated FLAC keeps a valid header that promises the original length: seeking to its end
   fails); zero-frame files; multi-channel audio; the sample rate and the duration used for the
@@ -58,7 +60,8 @@ from common.faults import RunError
 logger = logging.getLogger(__name__)
 
 MODES = ("header", "full")
-PROBE_FRAMES = 4096  # frames decoded at the end of each file in header mode (0.26 s at 16 kHz)
+PROBE_FRAMES = 1  # frames read at the end of each file in header mode (the block holding them is
+# decoded: 1 frame finds the same truncations as 4096 did, at 0.8× the CPU per 2-s file, 0.7× at 12 s)
 CHUNK_FILES = 256  # files per pool task: large enough that task overhead is small, small enough
 # that a killed check loses little work (each finished chunk is appended to the cache)
 STAT_THREADS = 32  # concurrent stat/readdir calls while listing: on NFS each is a round trip

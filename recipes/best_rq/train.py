@@ -44,7 +44,7 @@ class Config:
     min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 30.0  # longer utterances are refused by the data check
     on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
-    data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + last 4096 frames of each file; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
+    data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + the last block of each file decoded; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
     n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
     max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
     num_buckets: int = 10  # duration buckets for batching

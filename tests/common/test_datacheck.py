@@ -123,3 +123,13 @@ def test_a_dead_worker_is_named_and_its_neighbours_stay_cached(corpus, tmp_path,
     monkeypatch.setattr(datacheck, "audio_facts", real)
     facts, n_read, _ = check_files(paths, "header", stats=listing, cache=cache, workers=2)
     assert 0 < n_read < 48 and facts == check_files(paths, "header", workers=1)[0]
+
+
+@pytest.mark.parametrize("cut", [1, 64, 2000, "half"])
+def test_header_mode_finds_a_file_cut_anywhere(tmp_path, cut):
+    """Header mode decodes only the file's last block; a FLAC cut short by one byte or by half fails there."""
+    path = tmp_path / "cut.flac"
+    sf.write(path, tone(3.0), 16000)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 if cut == "half" else len(data) - cut])
+    assert audio_facts(str(path), "header")["error"] == "unreadable audio"
