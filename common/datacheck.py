@@ -21,7 +21,7 @@ Two modes (`DataPolicy.data_check`, `--data_check` in the recipes):
 
 Header mode misses exactly the last group: a silent or NaN file, or one damaged only in the
 middle, is accepted and fails or trains on garbage later. Use `full` once on a corpus you do not
-trust; it costs ~12× the CPU per file at LibriSpeech's mean 12.3 s, ~2.5× on 2 s files (measured
+trust; it costs ~25× the CPU per file at LibriSpeech's mean 12.3 s, ~3× on 2 s files (measured
 by benchmarks/data_check.py: the decode grows with the duration, the header check does not).
 
 Pool: `check_files` splits the files to check into chunks run by `workers` processes (all the
