@@ -11,7 +11,7 @@ How much of each file is read is `DataPolicy.data_check` (the list of what each 
 `common.datacheck`):
 - `"header"` (default): header + the end of the file decoded. Finds missing, unreadable, truncated,
   zero-length, multi-channel, wrong-rate, too short / too long audio.
-- `"full"`: every sample, ~12× slower on LibriSpeech-length files. Also finds silent audio (all zeros), non-finite samples, and
+- `"full"`: every sample, ~25× slower on LibriSpeech-length files. Also finds silent audio (all zeros), non-finite samples, and
   corruption in the middle of a file whose end still decodes. Header mode accepts those.
 
 The files are read by a process pool (all the cores this process may use) and the per-file facts
@@ -28,8 +28,8 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import os
 import logging
+import os
 import re
 import time
 from collections import Counter
