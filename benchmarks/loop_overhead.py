@@ -11,8 +11,8 @@ Each repetition runs, one after the other (interleaved):
    of epoch 1, which the recipe also trains on), held in memory: forward, backward, AdamW, nothing else.
 Both use the same thread count (`common.distributed.set_threads` rule, or `--threads`). The first
 `--warmup` steps of each window are left out. Printed, for epoch 0 (every utterance read for the
-first time) and epoch 1 (read again: kept in RAM, `--memory_cache_mb`, unless the recipe's items
-change with the epoch): medians over repetitions of the time per step of both, their ratio; and
+first time) and `--later_epoch` (read again: from RAM, `--memory_cache_mb`; ASR keeps one version
+per speed factor, so its reads come from RAM once all three were made): medians over repetitions of the time per step of both, their ratio; and
 where the recipe's extra time goes on a first read, measured on the same batches: audio decoding,
 features (log-mel, speed perturbation), collation (padding, masks, noise).
 """

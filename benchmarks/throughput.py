@@ -12,7 +12,8 @@ config.yaml, interleaved, `--repeats` times each:
 - `2 processes`: `--config_file accelerate_configs/cpu_ddp.yaml` (real DDP, gloo; automatic threads).
 Throughput is steady state: the median of `audio_s_per_s` over the logged steps after `--warmup`
 (no evaluation, no checkpoint in between); the default 120 steps span two epochs of the built-in
-corpus (57 steps each for BEST-RQ), so the first read and the reads from RAM are both in it. Printed: the medians over repetitions and the ratios.
+corpus (57 steps each for BEST-RQ), so the first read and the reads from RAM are both in it.
+Printed: the medians over repetitions and the ratios.
 """
 
 from __future__ import annotations

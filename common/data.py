@@ -23,6 +23,7 @@ import torchaudio
 from torch.utils.data import DataLoader
 
 from common.distributed import derive_seed
+from common.faults import RunError
 from common.logs import get_logger
 
 logger = get_logger(__name__)  # main process only
@@ -73,8 +74,6 @@ class DurationBatchSampler:
     ):
         self.durations = np.asarray(durations, dtype=np.float64)
         if len(self.durations) < multiple_of:
-            from common.faults import RunError
-
             raise RunError(f"{len(self.durations)} utterances cannot fill {multiple_of} batches (every process "
                            f"needs one per step, or per evaluation pass): use fewer processes (or a smaller "
                            f"--gradient_accumulation_steps), or a larger split")
@@ -144,12 +143,13 @@ class InMemoryItems(torch.utils.data.Dataset):
     every time (no eviction: random access would only churn). Each process keeps its own copy.
 
     An item must be a pure function of its key: the index, or `dataset.cache_key(i)` when the
-    dataset has one (ASR: (index, speed factor), the one thing its epoch changes). A dataset with
-    `depends_on_epoch` true and no key is refused."""
+    dataset has one (ASR: (index, speed factor), the one thing its epoch changes). A dataset with a
+    `set_epoch` (its items may change with the epoch) and no key is refused."""
 
     def __init__(self, dataset, budget_mb: int):
-        if getattr(dataset, "depends_on_epoch", False) and not hasattr(dataset, "cache_key"):
-            raise ValueError(f"{type(dataset).__name__} items change with the epoch: they cannot be kept")
+        if hasattr(dataset, "set_epoch") and not hasattr(dataset, "cache_key"):
+            raise ValueError(f"{type(dataset).__name__} items may change with the epoch (it has set_epoch) "
+                             f"and it gives no cache_key(i): they cannot be kept")
         self.dataset, self.budget = dataset, budget_mb * 2**20  # bytes
         self.key = getattr(dataset, "cache_key", lambda i: i)
         self.items: dict = {}
@@ -176,12 +176,9 @@ class InMemoryItems(torch.utils.data.Dataset):
 
 def keep_in_memory(dataset, budget_mb: int, num_workers: int, what: str):
     """`InMemoryItems(dataset, budget_mb)` when the training process itself reads the data
-    (`num_workers` 0: the CPU default); unchanged, and logged, with workers (non-persistent workers
-    would fill a copy each epoch and drop it), a budget of 0, or items that change with the epoch."""
+    (`num_workers` 0: the CPU default); unchanged with workers (non-persistent workers would fill a
+    copy each epoch and drop it) or a budget of 0."""
     if budget_mb <= 0 or num_workers > 0:
-        return dataset
-    if getattr(dataset, "depends_on_epoch", False) and not hasattr(dataset, "cache_key"):
-        logger.info(f"{what} set: items change with the epoch (augmentation), read every time")
         return dataset
     logger.info(f"{what} set: items kept in RAM after their first read, up to {budget_mb} MB per process")
     return InMemoryItems(dataset, budget_mb)

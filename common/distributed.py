@@ -56,10 +56,10 @@ def resolve_topology(mixed_precision: str | None, *, cuda: bool, bf16_ok: bool, 
                        f"launch with --num_processes {torch.cuda.device_count()} (or fewer)")
     # On a CPU-only machine a GPU profile (multi_gpu.yaml: 8 processes) would start gloo processes
     # sharing a few cores, each slower than one process alone: the cores are the devices here.
-    if not cuda and local > available_cores():
-        raise RunError(f"{local} processes on this machine but no GPU and {available_cores()} CPU core(s): "
-                       f"launch with --num_processes {available_cores()} (or fewer), e.g. "
-                       f"accelerate_configs/cpu_ddp.yaml")
+    cores = available_cores()
+    if not cuda and local > cores:
+        raise RunError(f"{local} processes on this machine but no GPU and {cores} CPU core(s): launch with "
+                       f"--num_processes {cores} (or fewer), e.g. accelerate_configs/cpu_ddp.yaml")
     return precision, warnings
 
 

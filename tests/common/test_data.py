@@ -126,10 +126,9 @@ def test_items_kept_in_memory_are_the_same_and_the_budget_holds():
     assert keep_in_memory(inner, 64, num_workers=2, what="training") is inner  # workers: their own reads
     assert keep_in_memory(inner, 0, num_workers=0, what="training") is inner  # off
 
-    inner.depends_on_epoch = True  # e.g. speed perturbation: an item of epoch 0 is wrong in epoch 1
-    assert keep_in_memory(inner, 64, num_workers=0, what="training") is inner
-    with pytest.raises(ValueError, match="change with the epoch"):
-        InMemoryItems(inner, 64)
+    inner.set_epoch = lambda epoch: None  # e.g. speed perturbation: an item of epoch 0 is wrong in epoch 1
+    with pytest.raises(ValueError, match="may change with the epoch"):
+        keep_in_memory(inner, 64, num_workers=0, what="training")  # refused, never kept stale
 
     # ...unless the dataset names what its items depend on: kept per key
     inner.epoch, inner.reads = 0, 0
