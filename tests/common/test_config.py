@@ -269,15 +269,16 @@ def test_help_shows_the_defaults_a_plain_run_gets(capsys):
 # ---------------------------------------------------------------------------------------------
 
 BILLION_LAUGHS = """\
-a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
-b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
-c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
-d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
-e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
-f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
-g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
-h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
-max_steps: *h
+save_steps:
+  - &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+  - &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+  - &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+  - &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+  - &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+  - &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+  - &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+  - &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+  - &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
 """
 
 
@@ -289,7 +290,7 @@ def test_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
         parse_config(Full, ["--config", str(y)])
     assert time.monotonic() - start < 2
     assert e.value.code == 2 and capsys.readouterr().err == (
-        f"error: --config {y}: not valid YAML (line 1: anchors and aliases (&name, *name) are not allowed in a config)\n")
+        f"error: --config {y}: not valid YAML (line 2: anchors and aliases (&name, *name) are not allowed in a config)\n")
 
 
 @pytest.mark.parametrize("text,message", [
