@@ -445,10 +445,18 @@ def _fail(message: str) -> typing.NoReturn:
     raise SystemExit(2)
 
 
-def _stop_on_signal(signum, frame) -> None:
-    print(f"{signal.Signals(signum).name} during start-up: stopping (nothing to save yet; exit code "
-          f"{START_UP_SIGNAL_EXIT_CODE})", file=sys.stderr, flush=True)
-    raise SystemExit(START_UP_SIGNAL_EXIT_CODE)
+def exit_on_signals_during_start_up() -> None:
+    """Until the training installs its own handlers (`common.faults.Preemption`), SIGINT (Ctrl-C),
+    SIGTERM and SIGUSR1 end the process with one line and exit code 75, as Preemption does during
+    start-up, instead of a KeyboardInterrupt traceback from the middle of `import torch`. A
+    training script calls it first thing."""
+    def stop(signum, frame):
+        print(f"{signal.Signals(signum).name} during start-up: stopping (nothing to save yet; exit code "
+              f"{START_UP_SIGNAL_EXIT_CODE})", file=sys.stderr, flush=True)
+        raise SystemExit(START_UP_SIGNAL_EXIT_CODE)  # a SystemExit: every `finally` still runs
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, stop)
 
 
 def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -483,13 +491,7 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
 
     `--key=value` and `--key value` both work; a bare `--key` means true, for booleans only.
     `-h/--help` prints every field and exits 0; a mistake prints one line and exits 2.
-    With `argv=None` (the process's own command line: an entry point) a signal from here until the
-    training's own handlers are installed ends the process with one line and exit code 75, instead
-    of a KeyboardInterrupt traceback from the middle of an import.
     """
-    if argv is None:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, _stop_on_signal)
     argv = sys.argv[1:] if argv is None else list(argv)
     want_help = "-h" in argv or "--help" in argv
     try:
@@ -518,7 +520,7 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def save_config(cfg: Any, path: str | Path) -> None:
     with open(path, "w") as f:
-        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False, allow_unicode=True)
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
 
 
 def config_hash(cfg_dict: dict[str, Any], ignore: typing.Iterable[str] = ()) -> str:

@@ -52,7 +52,7 @@ class EvalConfig:
 
     checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     split: str = "test"  # subfolder(s) of data_dir, comma-separated
-    data_dir: str | None = None  # None: the checkpoint's data_dir (or its built-in corpus)
+    data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # folder for hypotheses and scores; None = <checkpoint folder>/decode
     decoding: Literal["greedy", "beam"] = "greedy"  # beam: CTC prefix beam search

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from common.config import Count, ExistingPath, Fraction, NonNegative, Range, RunConfig, parse_config
+from common.config import (Count, ExistingPath, Fraction, NonNegative, Range, RunConfig,
+                           exit_on_signals_during_start_up, parse_config)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Config(RunConfig):
     freeze_encoder_steps: Annotated[int, NonNegative] = 0  # optimizer steps during which the encoder is not updated
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
 import torch  # noqa: E402

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from common.config import Count, NonNegative, Positive, Range, RunConfig, parse_config
+from common.config import (Count, NonNegative, Positive, Range, RunConfig, exit_on_signals_during_start_up,
+                           parse_config)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Config(RunConfig):
     activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on feed-forward activations
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
 import torch  # noqa: E402

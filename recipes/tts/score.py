@@ -61,7 +61,7 @@ class EvalConfig:
 
     checkpoint: Annotated[str, ExistingPath] = "outputs/tts"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     split: Literal["test", "validation"] = "test"  # the checkpoint's deterministic split
-    data_dir: str | None = None  # None: the checkpoint's data_dir (or its built-in corpus)
+    data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # None = <checkpoint folder>/eval
     griffin_lim_iters: Annotated[int, Count] = 60

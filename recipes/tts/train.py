@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from common.config import Count, NonNegative, Positive, Range, ResumeSafe, RunConfig, parse_config
+from common.config import (Count, NonNegative, Positive, Range, ResumeSafe, RunConfig,
+                           exit_on_signals_during_start_up, parse_config)
 
 LOSSES = ("mel_loss", "dur_loss", "align_loss", "bin_loss")
 
@@ -78,6 +79,7 @@ class Config(RunConfig):
     griffin_lim_iters: Annotated[int, Count, ResumeSafe] = 32  # Griffin-Lim iterations for those samples
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
 import torch  # noqa: E402

@@ -406,8 +406,8 @@ def test_ctrl_c_during_the_imports_of_a_recipe_is_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_parse_config_of_a_test_installs_no_signal_handler():
+def test_parse_config_installs_no_signal_handler():
+    """Only a training script asks for the start-up handlers (the tools keep Python's Ctrl-C)."""
     before = signal.getsignal(signal.SIGINT)
     parse_config(Cfg, [])
     assert signal.getsignal(signal.SIGINT) is before
-
