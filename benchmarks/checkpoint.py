@@ -32,7 +32,6 @@ def build(recipe: str, root: str | None = None):
 
     from benchmarks.recipe import load_recipe
     from common.checkpoint import TrainState
-    from common.config import config_to_dict
     from common.distributed import build_accelerator
     from common.loop import inverse_sqrt_schedule
 
@@ -55,7 +54,7 @@ def build(recipe: str, root: str | None = None):
         p.grad = torch.randn_like(p) * 1e-3
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    state = TrainState.for_run(config_to_dict(r.cfg), 1, 1)
+    state = TrainState.for_run(r.cfg, 1, 1)
     return accelerator, model, optimizer, scheduler, state
 
 

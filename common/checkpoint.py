@@ -68,20 +68,6 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^step_(\d{8})$")
 MARKER = "COMPLETE"
 
-# Config keys that may change between the interrupted run and its re-launch without breaking
-# exactness (they only say where to stop, how often to save/log, or where to write).
-RESUME_SAFE_KEYS = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps",
-                    "eval_steps", "num_workers", "memory_cache_mb", "report_to", "data_cache_dir", "ddp_timeout",
-                    "max_nonfinite_updates", "dump_batch_ids", "overwrite_output_dir",
-                    # how deeply files are read; the entries it lets through are compared by the
-                    # data fingerprint instead (and checkpoints from before the key still resume):
-                    "data_check",
-                    # checked through the global batch instead (see global_batch_plan):
-                    "gradient_accumulation_steps",
-                    # checked through the threads that ran (TrainState.threads_per_process):
-                    "num_threads")
-
-
 @dataclasses.dataclass
 class TrainState:
     """The training position and what it was made with; saved into every checkpoint as JSON."""
@@ -95,20 +81,24 @@ class TrainState:
     threads_per_process: int = 0  # torch threads of the launch that wrote it (bit-exactness on CPU needs the same)
     skipped_updates: int = 0  # optimizer steps whose update was skipped (non-finite gradients)
     nonfinite_streak: int = 0  # consecutive ones, up to now
-    config_hash: str = ""  # config_hash(config, ignore=RESUME_SAFE_KEYS)
+    config_hash: str = ""  # config_hash(config, ignore=resume_safe)
     config: dict = dataclasses.field(default_factory=dict)  # the resolved config, for diffs
+    # The config keys its Config marks ResumeSafe (where to write, when to stop, how often to log):
+    # they may differ on a re-launch; every other key must match.
+    resume_safe: list = dataclasses.field(default_factory=list)
     data: dict = dataclasses.field(default_factory=dict)  # manifest_summary() of the training data
 
     @classmethod
-    def for_run(cls, config: dict[str, Any], world_size: int, accumulation: int, data: dict | None = None) -> "TrainState":
-        """The state of a fresh run of `config` (a `config_to_dict`) on `world_size` processes with
+    def for_run(cls, config: Any, world_size: int, accumulation: int, data: dict | None = None) -> "TrainState":
+        """The state of a fresh run of `config` (the recipe's Config) on `world_size` processes with
         `accumulation` (see `global_batch_plan`), on the training data summarized by `data`
         (`common.manifest.manifest_summary`), with this process's torch thread count."""
-        from common.config import config_hash
+        from common.config import config_hash, config_to_dict, resume_safe_keys
 
+        values, safe = config_to_dict(config), resume_safe_keys(config)
         return cls(world_size=world_size, gradient_accumulation_steps=accumulation,
                    global_batch=world_size * accumulation, threads_per_process=torch.get_num_threads(),
-                   config_hash=config_hash(config, ignore=RESUME_SAFE_KEYS), config=config, data=data or {})
+                   config_hash=config_hash(values, ignore=safe), config=values, resume_safe=safe, data=data or {})
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -509,9 +499,12 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
         problems.append(f"training data changed: checkpoint {was['utterances']} utterances "
                         f"({was['hours']:.4f} h, fingerprint {was['fingerprint']}) != now {now['utterances']} "
                         f"({now['hours']:.4f} h, fingerprint {now['fingerprint']})")
-    if saved["config_hash"] != state.config_hash:
+    if saved["config_hash"] != state.config_hash:  # the hash is a shortcut; the keys decide
+        # This launch's ResumeSafe keys, and those the checkpoint's run marked that its Config no
+        # longer has (a checkpoint written before the marks were stored has none).
+        safe = set(state.resume_safe) | (set(saved.get("resume_safe", ())) - set(state.config))
         for k in sorted(set(saved["config"]) | set(state.config)):
-            if k not in RESUME_SAFE_KEYS and saved["config"].get(k) != state.config.get(k):
+            if k not in safe and saved["config"].get(k) != state.config.get(k):
                 problems.append(f"{k}: checkpoint {saved['config'].get(k)!r} != now {state.config.get(k)!r}")
     if problems:
         data = any(p.startswith("training data") for p in problems)
@@ -533,8 +526,8 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
         logger.warning(f"checkpoint trained with {was_threads} thread(s) per process, now {state.threads_per_process} "
                        f"(--num_threads): the result will not be bit-identical to an uninterrupted run "
                        f"(on CPU, float sums are split by thread); --num_threads 0 keeps the checkpoint's")
-    for key in ("config", "world_size", "gradient_accumulation_steps"):
-        saved.pop(key)  # this launch's: resume-safe keys (max_steps, ...) and its own topology
+    for key in ("config", "config_hash", "resume_safe", "world_size", "gradient_accumulation_steps"):
+        saved.pop(key, None)  # this launch's: resume-safe keys (max_steps, ...) and its own topology
     state.load_state_dict(saved)
     if accelerator.is_main_process:
         logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "

@@ -1,16 +1,32 @@
 """Typed recipe configs: dataclass defaults < YAML file < `--key value` command-line flags.
 
 Every recipe declares one `@dataclass` whose fields are its whole configuration, each with a trailing
-`# comment` (its meaning and unit) and grouped by `# --- section ---` lines. This module turns
-`sys.argv` into an instance of it and checks every value before anything slow happens: it imports
-nothing heavy (no torch), so `--help` and every mistake are answered in well under a second.
+`# comment` (its meaning and unit) and grouped by `# --- section ---` lines. Training recipes extend
+`RunConfig`, the settings they all share. This module turns `sys.argv` into an instance and checks
+every value before anything slow happens: it imports nothing heavy (no torch), so `--help` and every
+mistake are answered in well under a second.
 
-- Unknown keys are refused with the closest valid name (a typo must never silently train the default).
-- `typing.Literal[...]` fields take one of their values; `bool` fields take true/false.
-- `COUNTS` must be ≥ 1 and `NON_NEGATIVE` ≥ 0; `EXISTING_PATHS` must exist when given.
+A field carries its own rules in its type, `Annotated[type, rule, ...]`, so that this module names
+no recipe's field:
+
+    max_steps: Annotated[int, Count, ResumeSafe] = 1000  # optimizer steps
+    mask_prob: Annotated[float, Range(0, 1)] = 0.01  # probability that a position starts a span
+    init_from: Annotated[str | None, ExistingPath] = None  # a BEST-RQ output_dir
+
+- `Range(lo, hi, lo_open=, hi_open=)` bounds a number (`Count` ≥ 1, `NonNegative` ≥ 0, `Positive`
+  > 0, `Fraction` in [0, 1]). A float must be finite (no nan/inf) unless its Range says `finite=False`.
+- `ExistingPath`: must exist when given. `typing.Literal[...]` fields take one of their values;
+  `bool` fields take true/false.
+- `ResumeSafe`: may differ between a checkpoint and its re-launch (where to write, when to stop, how
+  often to log); every other field must match for a resume (`resume_safe_keys`).
+- A recipe re-declares a shared field to change its default (`max_steps: int = 1500`): the field
+  keeps RunConfig's rules, comment and place.
 - A Config may add cross-field checks in a `validate(self)` method that raises ValueError.
-A mistake is one line on stderr and exit code 2, no traceback. `--help` lists every field with its
-type, default and comment.
+
+Unknown keys are refused with the closest valid name (a typo must never silently train the
+default). A mistake is one line on stderr and exit code 2, no traceback. `--help` lists every field
+with its type, rules, effective default (the YAML's value where it sets one) and comment.
+`exit_on_signals_during_start_up` makes a Ctrl-C during a training script's slow imports one line.
 """
 
 from __future__ import annotations
@@ -21,42 +37,221 @@ import hashlib
 import inspect
 import io
 import json
+import math
+import os
+import signal
 import sys
 import tokenize
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 
 T = TypeVar("T")
 
-# Fields that count something and must be ≥ 1, or ≥ 0, whatever the recipe (the HF-named ones and
-# our batching/model sizes). Units are in each field's comment.
-COUNTS = ("max_steps", "save_steps", "logging_steps", "gradient_accumulation_steps", "warmup_steps",
-          "sample_rate", "n_mels", "num_buckets", "stack_frames", "codebook_size", "code_dim", "hidden_size",
-          "num_layers", "num_heads", "ffn_dim", "conv_kernel", "max_nonfinite_updates", "stats_utterances",
-          "bpe_vocab_size", "dim", "encoder_layers", "decoder_layers", "win_length", "hop_length",
-          "duration_channels", "attention_dim", "griffin_lim_iters", "beam_size")
-NON_NEGATIVE = ("eval_steps", "memory_cache_mb", "save_total_limit", "num_workers", "num_threads", "freeze_encoder_steps", "num_valid", "num_test",
-                "binarization_start_steps", "num_samples", "dropout", "weight_decay", "max_grad_norm",
-                "speed_perturb", "freq_masks", "time_masks", "mask_prob", "noise_std")
-POSITIVE = ("learning_rate", "max_batch_seconds", "max_seconds", "ddp_timeout")
-EXISTING_PATHS = ("data_dir", "init_from", "checkpoint", "text_file", "asr_checkpoint")
+# Exit code of a process stopped by a signal before training (= common.faults.PREEMPTED_EXIT_CODE:
+# that module imports torch, this one must not).
+START_UP_SIGNAL_EXIT_CODE = 75
 
 
 class ConfigError(ValueError):
     """A mistake in the configuration: reported as one line, exit code 2."""
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    module = sys.modules.get(cls.__module__)
-    # A recipe's train.py imported under another name (tests) is not in sys.modules as `train`:
-    # its string annotations then resolve against typing's names.
-    namespace = vars(module) if module is not None else {"Literal": typing.Literal, "Optional": typing.Optional}
-    hints = typing.get_type_hints(cls, globalns=namespace)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+# ---------------------------------------------------------------------------------------------
+# Rules a field carries: Annotated[type, rule, ...]
+# ---------------------------------------------------------------------------------------------
+
+class Rule:
+    """A rule carried by a field. `check` returns what is wrong with a (non-None) value, or None;
+    `str(rule)` is how `--help` shows it."""
+
+    def check(self, value: Any) -> str | None:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Range(Rule):
+    """lo ≤ value ≤ hi (None: unbounded; `lo_open`/`hi_open`: strict). `finite=False` lets a float
+    field take nan/inf, which every other float field refuses."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    finite: bool = True
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '≥'} {self.lo:g}"
+        if self.lo is None:
+            return f"{'<' if self.hi_open else '≤'} {self.hi:g}"
+        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+    def check(self, value: Any) -> str | None:
+        if isinstance(value, float) and math.isnan(value):
+            return None  # finiteness is checked on its own (see validate)
+        too_low = self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo))
+        too_high = self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi))
+        return f"must be {self}, got {value}" if too_low or too_high else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExistingPath(Rule):
+    def __str__(self) -> str:
+        return "must exist"
+
+    def check(self, value: Any) -> str | None:
+        return None if Path(value).exists() else f"{value} does not exist"
+
+
+@dataclasses.dataclass(frozen=True)
+class _ResumeSafe(Rule):
+    def __str__(self) -> str:
+        return "may change on resume"
+
+
+Count = Range(1)  # how many of something: ≥ 1
+NonNegative = Range(0)
+Positive = Range(0, lo_open=True)
+Fraction = Range(0, 1)  # a probability or a share
+ExistingPath = _ExistingPath()
+ResumeSafe = _ResumeSafe()
+
+
+# ---------------------------------------------------------------------------------------------
+# The settings every training recipe shares
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RunConfig:
+    """Settings shared by the training recipes; a recipe's Config extends it with its own."""
+
+    # --- run ---
+    output_dir: Annotated[str, ResumeSafe] = "outputs/run"  # checkpoints/, final/, metrics.jsonl; re-running with it resumes
+    overwrite_output_dir: Annotated[bool, ResumeSafe] = False  # allow an --output_dir that holds files but is not a run of this recipe
+    max_steps: Annotated[int, Count, ResumeSafe] = 1000  # optimizer steps
+    seed: int = 42
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
+    num_threads: Annotated[int, NonNegative, ResumeSafe] = 0  # torch threads per process; 0 = auto (resume: the checkpoint's; else cores ÷ processes)
+    deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
+    ddp_timeout: Annotated[float, Positive, ResumeSafe] = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
+    # --- data ---
+    data_dir: Annotated[str | None, ExistingPath] = None  # corpus root in the recipe's layout (its README); None = the built-in espeak-ng corpus
+    builtin_corpus: Literal["default", "tiny"] = "default"  # built-in corpus profile when data_dir is None
+    data_cache_dir: Annotated[str | None, ResumeSafe] = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
+    sample_rate: Annotated[int, Count] = 16000  # Hz
+    wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused
+    min_seconds: Annotated[float, NonNegative] = 0.5  # shorter utterances are refused by the data check
+    max_seconds: Annotated[float, Positive] = 30.0  # longer utterances are refused by the data check
+    on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
+    # How deeply files are read may change on resume: the entries it lets through are compared by the
+    # data fingerprint instead.
+    data_check: Annotated[Literal["header", "full"], ResumeSafe] = "header"  # audio check: "header" = header + the last block of each file decoded; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
+    allow_data_change: Annotated[bool, ResumeSafe] = False  # resume on purpose although the training data changed since the checkpoint (logged, recorded in the checkpoint)
+    max_batch_seconds: Annotated[float, Positive] = 60.0  # padded seconds of audio per batch, per process
+    num_buckets: Annotated[int, Count] = 10  # duration buckets for batching
+    num_workers: Annotated[int | None, NonNegative, ResumeSafe] = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
+    memory_cache_mb: Annotated[int, NonNegative, ResumeSafe] = 512  # per process and set: features kept in RAM after their first read, so later epochs skip decoding (only without data workers, the CPU default; 0 = off)
+    stats_utterances: Annotated[int, Count] = 500  # training utterances used for the global mean/std of log-mels
+    # --- optimization ---
+    learning_rate: Annotated[float, Range(0, 1, lo_open=True)] = 2e-3  # peak LR after warm-up
+    warmup_steps: Annotated[int, Count] = 200  # optimizer steps of linear warm-up, then LR ∝ 1/sqrt(step)
+    weight_decay: Annotated[float, NonNegative] = 0.01  # AdamW, on weight matrices only
+    adam_beta1: Annotated[float, Range(0, 1, hi_open=True)] = 0.9
+    adam_beta2: Annotated[float, Range(0, 1, hi_open=True)] = 0.98
+    max_grad_norm: Annotated[float, Positive] = 5.0  # the global gradient norm is clipped to this
+    max_nonfinite_updates: Annotated[int, Count, ResumeSafe] = 5  # consecutive NaN/Inf gradient updates skipped before the run stops
+    # May change on resume: the global batch (processes × this) is checked instead (global_batch_plan).
+    gradient_accumulation_steps: Annotated[int, Count, ResumeSafe] = 1  # batches per optimizer step
+    # --- logging / checkpoints ---
+    logging_steps: Annotated[int, Count, ResumeSafe] = 10  # optimizer steps between metrics.jsonl lines
+    eval_steps: Annotated[int, NonNegative, ResumeSafe] = 250  # optimizer steps between validation passes (0 = never)
+    save_steps: Annotated[int, Count, ResumeSafe] = 250  # optimizer steps between checkpoints
+    save_total_limit: Annotated[int, NonNegative, ResumeSafe] = 2  # complete checkpoints kept (oldest pruned after a new one is complete; 0 = all)
+    report_to: Annotated[Literal["tensorboard", "none"], ResumeSafe] = "tensorboard"  # where metrics go besides metrics.jsonl
+    dump_batch_ids: Annotated[bool, ResumeSafe] = False  # write each rank's utterance ids per batch (audits DDP sharding)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a Config class: types, rules, comments
+# ---------------------------------------------------------------------------------------------
+
+def _split_rules(tp: Any) -> tuple[Any, tuple[Rule, ...]]:
+    """`Annotated[X, r1, r2]` → (X, (r1, r2)); also inside `Annotated[...] | None`."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        base, *extras = typing.get_args(tp)
+        inner, rules = _split_rules(base)
+        return inner, rules + tuple(r for r in extras if isinstance(r, Rule))
+    if origin in (typing.Union, types.UnionType):
+        parts = [_split_rules(a) for a in typing.get_args(tp)]
+        if any(rules for _, rules in parts):
+            return typing.Union[tuple(p for p, _ in parts)], sum((rules for _, rules in parts), ())
+    return tp, ()
+
+
+def field_specs(cls: type) -> dict[str, tuple[Any, tuple[Rule, ...]]]:
+    """{field: (type, rules)} of a Config class. A field re-declared by a subclass takes the
+    subclass's type and default and keeps the rules of every declaration up its bases."""
+    specs: dict[str, tuple[Any, tuple[Rule, ...]]] = {}
+    for klass in reversed(cls.__mro__):
+        own = vars(klass).get("__annotations__", {})
+        if not own:
+            continue
+        module = sys.modules.get(klass.__module__)
+        # A recipe's train.py imported under another name (tests) may be gone from sys.modules:
+        # its dataclass __init__ still holds the module's globals.
+        namespace = vars(module) if module is not None else getattr(klass.__init__, "__globals__", {})
+        for name, annotation in own.items():
+            tp = eval(annotation, namespace) if isinstance(annotation, str) else annotation  # noqa: S307 — our own source
+            tp, rules = _split_rules(tp)
+            inherited = specs.get(name, (None, ()))[1]
+            specs[name] = (tp, inherited + tuple(r for r in rules if r not in inherited))
+    return {f.name: specs[f.name] for f in dataclasses.fields(cls)}
+
+
+def resume_safe_keys(cfg_or_cls: Any) -> list[str]:
+    """The fields marked `ResumeSafe`: they may differ between a checkpoint and its re-launch."""
+    cls = cfg_or_cls if isinstance(cfg_or_cls, type) else type(cfg_or_cls)
+    return [name for name, (_, rules) in field_specs(cls).items() if ResumeSafe in rules]
+
+
+def field_docs(cls: type) -> list[tuple[str | None, str, str]]:
+    """[(section or None, field name, its trailing comment)], grouped by section.
+
+    Reads the source of `cls` and of each dataclass it extends (base first). A field keeps the
+    section and place where it was first declared; a re-declaration's comment, if any, wins.
+    Sections come in order of first appearance, so a recipe's `# --- data ---` fields join
+    RunConfig's data section and its own sections follow the shared ones."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    found: dict[str, list] = {}  # name -> [section, comment]
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        own = set(vars(klass).get("__annotations__", {}))
+        section, line_field = None, {}
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        for i, tok in enumerate(tokens):
+            if tok.type == tokenize.NAME and tok.string in own and tok.start[1] == 4 and i + 1 < len(tokens) \
+                    and tokens[i + 1].string == ":":
+                line_field[tok.start[0]] = tok.string
+                found.setdefault(tok.string, [section, ""])
+            elif tok.type == tokenize.COMMENT:
+                text = tok.string.lstrip("#").strip()
+                if tok.line.strip().startswith("#"):
+                    if text.startswith("---"):
+                        section = text.strip("- ").strip()
+                elif tok.start[0] in line_field:
+                    found[line_field[tok.start[0]]][1] = text
+    sections = list(dict.fromkeys(found.get(n, [None])[0] for n in names))
+    return [(s, n, found.get(n, [None, ""])[1]) for s in sections for n in names if found.get(n, [None])[0] == s]
 
 
 def _type_name(tp: Any) -> str:
@@ -64,11 +259,27 @@ def _type_name(tp: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return " | ".join(_type_name(a) for a in args) + " | None"
-    if origin is typing.Literal:
+    if origin is Literal:
         return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
     if origin in (list, tuple):
         return f"list[{_type_name((typing.get_args(tp) or (str,))[0])}]"
     return getattr(tp, "__name__", str(tp))
+
+
+# ---------------------------------------------------------------------------------------------
+# Values: conversion and checks
+# ---------------------------------------------------------------------------------------------
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it: repr, cut to one short line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_bool(tp: Any) -> bool:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return all(_is_bool(a) for a in typing.get_args(tp) if a is not type(None))
+    return tp is bool
 
 
 def _convert(name: str, value: Any, tp: Any) -> Any:
@@ -79,15 +290,17 @@ def _convert(name: str, value: Any, tp: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
         return _convert(name, value, args[0])
-    if origin is typing.Literal:
+    if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
-            raise ConfigError(f"--{name}: {value!r} is not one of {', '.join(map(str, choices))}")
+            raise ConfigError(f"--{name}: {_shown(value)} is not one of {', '.join(map(str, choices))}")
         return value
     if origin in (list, tuple):
         (item_tp, *_) = typing.get_args(tp) or (str,)
         if isinstance(value, str):
             value = [v for v in value.split(",") if v != ""]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"--{name}: expected a list, got {_shown(value)}")
         return origin(_convert(name, v, item_tp) for v in value)
     if tp is bool:
         if isinstance(value, bool):
@@ -96,16 +309,28 @@ def _convert(name: str, value: Any, tp: Any) -> Any:
             return True
         if str(value).lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"--{name}: expected true or false, got {value!r}")
+        raise ConfigError(f"--{name}: expected true or false, got {_shown(value)}")
     if tp in (int, float, str):
-        if tp is int and isinstance(value, float) and not value.is_integer():
-            raise ConfigError(f"--{name}: expected an integer, got {value!r}")
-        if tp is not str and isinstance(value, bool):
-            raise ConfigError(f"--{name}: expected {tp.__name__}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"--{name}: expected {tp.__name__}, got {_shown(value)}")
+        if tp is str:
+            return str(value)
+        if tp is int and isinstance(value, int):
+            return value
+        if tp is int and isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass  # "1e3" is 1000: read as a float below
         try:
-            return tp(float(value)) if tp is int and isinstance(value, str) and "e" in value else tp(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"--{name}: expected {tp.__name__}, got {value!r}") from None
+            number = float(value)
+        except (ValueError, OverflowError):
+            raise ConfigError(f"--{name}: expected {tp.__name__}, got {_shown(value)}") from None
+        if tp is float:
+            return number
+        if not number.is_integer():  # 1.5, 1e400 (inf), nan: not integers (and no OverflowError)
+            raise ConfigError(f"--{name}: expected an integer, got {_shown(value)}")
+        return int(number)
     return value
 
 
@@ -116,28 +341,28 @@ def _unknown(key: str, known: typing.Iterable[str], source: str) -> ConfigError:
 
 
 def _apply(cfg: T, overrides: dict[str, Any], source: str) -> T:
-    types_ = _field_types(type(cfg))
+    specs = field_specs(type(cfg))
     for key in overrides:
-        if key not in types_:
-            raise _unknown(key, types_, source)
-    converted = {k: _convert(k, v, types_[k]) for k, v in overrides.items()}
+        if not isinstance(key, str) or key not in specs:
+            raise _unknown(str(key), specs, source)
+    converted = {k: _convert(k, v, specs[k][0]) for k, v in overrides.items()}
     return dataclasses.replace(cfg, **converted)
 
 
 def validate(cfg: Any) -> None:
-    """The value checks described in the module docstring; raises ConfigError."""
-    values = dataclasses.asdict(cfg)
-    for name, value in values.items():
+    """Check every field's rules, then the Config's own `validate()`; raises ConfigError."""
+    for name, (_, rules) in field_specs(type(cfg)).items():
+        value = getattr(cfg, name)
         if value is None or isinstance(value, bool):
             continue
-        if name in COUNTS and value < 1:
-            raise ConfigError(f"--{name}: must be ≥ 1, got {value}")
-        if name in NON_NEGATIVE and value < 0:
-            raise ConfigError(f"--{name}: must be ≥ 0, got {value}")
-        if name in POSITIVE and value <= 0:
-            raise ConfigError(f"--{name}: must be > 0, got {value}")
-        if name in EXISTING_PATHS and not Path(value).exists():
-            raise ConfigError(f"--{name}: {value} does not exist")
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, float) and not math.isfinite(item) and not any(
+                    isinstance(r, Range) and not r.finite for r in rules):
+                raise ConfigError(f"--{name}: must be a finite number, got {item}")
+            for rule in rules:
+                problem = rule.check(item)
+                if problem:
+                    raise ConfigError(f"--{name}: {problem}")
     check = getattr(cfg, "validate", None)
     if callable(check):
         try:
@@ -146,95 +371,143 @@ def validate(cfg: Any) -> None:
             raise ConfigError(str(e)) from None
 
 
-def field_docs(cls: type) -> list[tuple[str | None, str, str]]:
-    """[(section or None, field name, its trailing comment)] in source order."""
+# ---------------------------------------------------------------------------------------------
+# YAML files
+# ---------------------------------------------------------------------------------------------
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader without anchors and aliases (`&a`, `*a`): a few hundred bytes of nested
+    aliases ("billion laughs") expand to gigabytes wherever the value is walked; a config has no
+    use for them."""
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name, *name) are not allowed in a config",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A config YAML file as a mapping; every problem is a ConfigError of one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    raw = path.read_bytes()
     try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return [(None, f.name, "") for f in dataclasses.fields(cls)]
-    names = {f.name for f in dataclasses.fields(cls)}
-    docs, section, line_field = [], None, {}
-    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    for i, tok in enumerate(tokens):
-        if tok.type == tokenize.NAME and tok.string in names and tok.start[1] == 4 and i + 1 < len(tokens) \
-                and tokens[i + 1].string == ":":
-            line_field[tok.start[0]] = tok.string
-            docs.append([section, tok.string, ""])
-        elif tok.type == tokenize.COMMENT:
-            text = tok.string.lstrip("#").strip()
-            if tok.line.strip().startswith("#"):
-                if text.startswith("---"):
-                    section = text.strip("- ").strip()
-            elif tok.start[0] in line_field:
-                docs[[d[1] for d in docs].index(line_field[tok.start[0]])][2] = text
-    return [tuple(d) for d in docs]
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    try:
+        loaded = yaml.load(text, Loader=_NoAliasLoader) or {}
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise ConfigError(f"--config {path}: not valid YAML ({where}{e.problem or e.context})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of keys to values")
+    return loaded
 
 
-def format_help(cls: type, prog: str, default_yaml: str | Path | None) -> str:
-    types_ = _field_types(cls)
+# ---------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------
+
+def format_help(cls: type, prog: str, default_yaml: str | Path | None, yaml_values: dict[str, Any] | None = None) -> str:
+    """Every field with its type, rules, effective default and comment. `yaml_values`: the
+    (converted) values the YAML file sets; shown as the defaults, marked with the file's name."""
+    specs = field_specs(cls)
+    yaml_values = yaml_values or {}
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    lines = [f"usage: {prog} [--config YAML] [--key value ...]", "", (cls.__doc__ or "").strip(), "",
+    lines = [f"usage: {prog} [--config YAML] [--key value ...]", "", inspect.cleandoc(cls.__doc__ or ""), "",
              f"  --config YAML  settings file; --key value flags override it (default: {default_yaml})"]
     shown = None
     for section, name, comment in field_docs(cls):
         if section != shown:
             lines += ["", f"{section}:"]
             shown = section
-        bound = " (≥ 1)" if name in COUNTS else " (≥ 0)" if name in NON_NEGATIVE else " (> 0)" if name in POSITIVE else ""
-        head = f"  --{name} {_type_name(types_[name])}{bound} = {defaults[name]!r}"
+        tp, rules = specs[name]
+        rule_text = f" ({'; '.join(map(str, rules))})" if rules else ""
+        if name in yaml_values:
+            default = f"{yaml_values[name]!r} (from {Path(default_yaml).name})"
+        else:
+            default = repr(defaults[name])
+        head = f"  --{name} {_type_name(tp)}{rule_text} = {default}"
         lines.append(head + (f"\n      {comment}" if comment else ""))
     return "\n".join(lines) + "\n"
 
 
 def _fail(message: str) -> typing.NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    # Under a multi-process launcher every process reads the same command line and files: the
+    # first process of each machine says it (one write, so that lines never interleave).
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.flush()
     raise SystemExit(2)
+
+
+def exit_on_signals_during_start_up() -> None:
+    """Until the training installs its own handlers (`common.faults.Preemption`), SIGINT (Ctrl-C),
+    SIGTERM and SIGUSR1 end the process with one line and exit code 75, as Preemption does during
+    start-up, instead of a KeyboardInterrupt traceback from the middle of `import torch`. A
+    training script calls it first thing."""
+    def stop(signum, frame):
+        print(f"{signal.Signals(signum).name} during start-up: stopping (nothing to save yet; exit code "
+              f"{START_UP_SIGNAL_EXIT_CODE})", file=sys.stderr, flush=True)
+        raise SystemExit(START_UP_SIGNAL_EXIT_CODE)  # a SystemExit: every `finally` still runs
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, stop)
+
+
+def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """(the --config value or None, [(key, value)]) from `--key value` / `--key=value` / bare `--flag`."""
+    specs = field_specs(cls)
+    yaml_path, pairs, i = None, [], 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--"):
+            raise ConfigError(f"unexpected argument {tok!r} (flags are --key value)")
+        key, has_value, value = tok[2:].partition("=")
+        key = key.replace("-", "_")  # --max-steps works too
+        i += 1
+        if not has_value:
+            if i < len(argv) and not argv[i].startswith("--"):
+                value, i = argv[i], i + 1
+            elif key in specs and _is_bool(specs[key][0]):
+                value = "true"  # a bare boolean flag
+            elif key == "config" or key in specs:
+                raise ConfigError(f"--{key} needs a value (only true/false settings may be given bare)")
+            else:
+                raise _unknown(key, specs, "command line")
+        if key == "config":
+            yaml_path = value
+        else:
+            pairs.append((key, value))
+    return yaml_path, pairs
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str | Path | None = None) -> T:
     """Build `cls` from defaults, then `--config` YAML (or `default_yaml`), then `--key value` flags.
 
-    `--key=value` and `--key value` both work; a bare boolean flag `--key` means true. `-h/--help`
-    prints every field and exits 0; a mistake prints one line and exits 2.
+    `--key=value` and `--key value` both work; a bare `--key` means true, for booleans only.
+    `-h/--help` prints every field and exits 0; a mistake prints one line and exits 2.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "-h" in argv or "--help" in argv:
-        print(format_help(cls, Path(sys.argv[0]).name, default_yaml), end="")
-        raise SystemExit(0)
+    want_help = "-h" in argv or "--help" in argv
     try:
-        yaml_path, pairs = default_yaml, []
-        i = 0
-        while i < len(argv):
-            tok = argv[i]
-            if not tok.startswith("--"):
-                raise ConfigError(f"unexpected argument {tok!r} (flags are --key value)")
-            key = tok[2:]
-            if "=" in key:
-                key, value = key.split("=", 1)
-                i += 1
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                value = argv[i + 1]
-                i += 2
-            else:  # bare flag: only meaningful for booleans
-                value = "true"
-                i += 1
-            key = key.replace("-", "_")  # --max-steps works too
-            if key == "config":
-                yaml_path = value
-            else:
-                pairs.append((key, value))
+        yaml_path, pairs = _split_argv(cls, [a for a in argv if a not in ("-h", "--help")])
+        yaml_path = yaml_path if yaml_path is not None else default_yaml
         cfg = cls()
+        loaded = {}
         if yaml_path is not None:
-            path = Path(yaml_path)
-            if not path.is_file():
-                raise ConfigError(f"--config {path}: no such file")
-            try:
-                loaded = yaml.safe_load(path.read_text()) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"--config {path}: expected a mapping of keys to values")
-            cfg = _apply(cfg, loaded, str(path))
+            loaded = load_yaml(yaml_path)
+            cfg = _apply(cfg, loaded, str(yaml_path))
+        if want_help:
+            print(format_help(cls, Path(sys.argv[0]).name, yaml_path, {k: getattr(cfg, k) for k in loaded}), end="")
+            raise SystemExit(0)
         cfg = _apply(cfg, dict(pairs), "command line")
         validate(cfg)
         return cfg
@@ -243,7 +516,9 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as a plain dict, in `--help`'s order (sections)."""
+    values = dataclasses.asdict(cfg)
+    return {name: values[name] for _, name, _ in field_docs(type(cfg))}
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

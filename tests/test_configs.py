@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 
-from common.config import parse_config
+from common.config import Range, field_specs, parse_config
 from tests.recipe_import import recipe_modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +23,20 @@ def recipe_config_class(recipe_dir: Path):
 def test_recipe_config_is_valid(path):
     cfg = parse_config(recipe_config_class(path.parent), ["--config", str(path)])
     assert cfg.max_steps > 0 and cfg.save_steps > 0
+
+
+RECIPE_SCRIPTS = [("best_rq", "train", "Config"), ("asr", "train", "Config"), ("asr", "decode", "EvalConfig"),
+                  ("asr", "export", "ExportConfig"), ("tts", "train", "Config"), ("tts", "score", "EvalConfig"),
+                  ("tts", "synthesize", "SynthConfig")]
+
+
+@pytest.mark.parametrize("recipe,script,name", RECIPE_SCRIPTS, ids=lambda x: x)
+def test_every_number_of_a_recipe_config_has_a_range(recipe, script, name):
+    """A float field without bounds is how `--dropout 2` or `--max_grad_norm 0` once trained."""
+    cls = getattr(getattr(recipe_modules(recipe, script), script), name)
+    unbounded = [f for f, (tp, rules) in field_specs(cls).items()
+                 if tp is float and not any(isinstance(r, Range) for r in rules)]
+    assert not unbounded, f"{recipe}/{script}.py {name}: float fields without a Range: {unbounded}"
 
 
 @pytest.mark.parametrize("path", sorted(ROOT.glob("accelerate_configs/*.yaml")), ids=lambda p: p.name)

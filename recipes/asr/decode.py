@@ -22,13 +22,13 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from types import SimpleNamespace
 
 import yaml
 
 from common.checkpoint import resolve_checkpoint
-from common.config import parse_config
+from common.config import Count, ExistingPath, NonNegative, Positive, parse_config
 from common.corpus import resolve_data_dir
 from common.data import make_loader
 from common.distributed import build_accelerator
@@ -50,15 +50,15 @@ logger = get_logger(__name__)
 class EvalConfig:
     """Decode and score a split. Every field can be set as --key value."""
 
-    checkpoint: str = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
+    checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     split: str = "test"  # subfolder(s) of data_dir, comma-separated
-    data_dir: str | None = None  # None: the checkpoint's data_dir (or its built-in corpus)
+    data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # folder for hypotheses and scores; None = <checkpoint folder>/decode
     decoding: Literal["greedy", "beam"] = "greedy"  # beam: CTC prefix beam search
-    beam_size: int = 8  # prefixes kept by beam search
-    max_batch_seconds: float = 120.0  # padded seconds of audio per batch, per process
-    num_workers: int = 0  # DataLoader workers per process
+    beam_size: Annotated[int, Count] = 8  # prefixes kept by beam search
+    max_batch_seconds: Annotated[float, Positive] = 120.0  # padded seconds of audio per batch, per process
+    num_workers: Annotated[int, NonNegative] = 0  # DataLoader workers per process
 
 
 def main():

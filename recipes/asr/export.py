@@ -15,12 +15,13 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 from types import SimpleNamespace
 
 import yaml
 
 from common.checkpoint import resolve_checkpoint
-from common.config import parse_config
+from common.config import ExistingPath, parse_config
 from common.hf_export import load_recipe_ctc_weights
 
 # recipe-local modules (this folder is on sys.path)
@@ -32,7 +33,7 @@ from text import load_tokenizer
 class ExportConfig:
     """Export a checkpoint as a transformers model. Every field can be set as --key value."""
 
-    checkpoint: str = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
+    checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     output_dir: str = "asr_export"  # the folder to write (must not exist yet)
 
 

@@ -29,85 +29,53 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from common.config import parse_config
+from common.config import (Count, ExistingPath, Fraction, NonNegative, Range, RunConfig,
+                           exit_on_signals_during_start_up, parse_config)
 
 
 @dataclass
-class Config:
-    """Conformer-CTC ASR. Every field can be set in the YAML (--config) or as --key value."""
+class Config(RunConfig):
+    """Conformer-CTC ASR. Every field can be set in the YAML (--config) or as --key value; the
+    shared ones (run, data, optimization, logging) and their rules are RunConfig's (common/config.py)."""
 
-    # --- data ---
+    # RunConfig's settings with this recipe's defaults
+    output_dir: str = "outputs/asr"
     data_dir: str | None = None  # LibriSpeech-layout root or datasets.save_to_disk folder (manifest.py); None = built-in corpus
+    eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
+    # --- data ---
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360)
     valid_split: str = "validation"
-    builtin_corpus: Literal["default", "tiny"] = "default"  # built-in corpus profile when data_dir is None
-    data_cache_dir: str | None = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
-    train_fraction: float = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
-    sample_rate: int = 16000  # Hz
-    wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused
-    min_seconds: float = 0.5  # shorter utterances are refused by the data check
-    max_seconds: float = 30.0  # longer utterances are refused by the data check
-    on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
-    data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + the last block of each file decoded; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
-    n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
-    max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
-    num_buckets: int = 10  # duration buckets for batching
-    num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
-    memory_cache_mb: int = 512  # per process and set: features kept in RAM after their first read, so later epochs skip decoding (only without data workers, the CPU default; 0 = off)
-    stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
+    train_fraction: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
+    n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
     # --- output tokens ---
     token_type: Literal["char", "bpe"] = "char"  # char: a-z, ', space; bpe: SentencePiece trained on the training transcripts
-    bpe_vocab_size: int = 256  # SentencePiece pieces (an upper bound: a small corpus may give fewer)
+    bpe_vocab_size: Annotated[int, Count] = 256  # SentencePiece pieces (an upper bound: a small corpus may give fewer)
     # --- augmentation (a pure function of (seed, epoch, utterance id)) ---
-    speed_perturb: float = 0.0  # speed factor drawn from {1-x, 1, 1+x} per utterance and epoch (0 = off)
-    freq_masks: int = 2  # SpecAugment frequency masks per utterance
-    freq_mask_width: int = 27  # mel bins, maximum width of each
-    time_masks: int = 2  # SpecAugment time masks per utterance
-    time_mask_width: int = 40  # 10 ms frames, maximum width of each ...
-    time_mask_ratio: float = 0.2  # ... and at most this fraction of the utterance
+    speed_perturb: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # speed factor drawn from {1-x, 1, 1+x} per utterance and epoch (0 = off)
+    freq_masks: Annotated[int, NonNegative] = 2  # SpecAugment frequency masks per utterance
+    freq_mask_width: Annotated[int, NonNegative] = 27  # mel bins, maximum width of each
+    time_masks: Annotated[int, NonNegative] = 2  # SpecAugment time masks per utterance
+    time_mask_width: Annotated[int, NonNegative] = 40  # 10 ms frames, maximum width of each ...
+    time_mask_ratio: Annotated[float, Fraction] = 0.2  # ... and at most this fraction of the utterance
     # --- encoder (Conformer, transformers Wav2Vec2BertModel; must match BEST-RQ for --init_from) ---
-    stack_frames: int = 4  # 10 ms frames stacked per encoder frame (4 → 40 ms per CTC frame)
-    hidden_size: int = 144
-    num_layers: int = 4
-    num_heads: int = 4
-    ffn_dim: int = 576
-    conv_kernel: int = 15  # depthwise convolution kernel, in 40 ms frames
-    dropout: float = 0.1  # residual branches and input projection
-    attention_dropout: float = 0.1  # on attention probabilities
-    activation_dropout: float = 0.1  # on feed-forward activations
+    stack_frames: Annotated[int, Count] = 4  # 10 ms frames stacked per encoder frame (4 → 40 ms per CTC frame)
+    hidden_size: Annotated[int, Count] = 144
+    num_layers: Annotated[int, Count] = 4
+    num_heads: Annotated[int, Count] = 4
+    ffn_dim: Annotated[int, Count] = 576
+    conv_kernel: Annotated[int, Count] = 15  # depthwise convolution kernel, in 40 ms frames
+    dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # residual branches and input projection
+    attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # on attention probabilities
+    activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # on feed-forward activations
     # --- fine-tuning ---
-    init_from: str | None = None  # BEST-RQ output_dir or its final/: encoder and feature statistics
-    encoder_lr_scale: float = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
-    freeze_encoder_steps: int = 0  # optimizer steps during which the encoder is not updated
-    # --- optimization ---
-    learning_rate: float = 2e-3  # peak LR after warm-up
-    warmup_steps: int = 200  # optimizer steps of linear warm-up, then LR ∝ 1/sqrt(step)
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    max_grad_norm: float = 5.0
-    max_nonfinite_updates: int = 5  # consecutive NaN/Inf gradient updates skipped before the run stops
-    max_steps: int = 1000  # optimizer steps
-    gradient_accumulation_steps: int = 1  # batches per optimizer step
-    seed: int = 42
-    mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
-    num_threads: int = 0  # torch threads per process; 0 = auto (resume: the checkpoint's; else cores ÷ processes)
-    deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
-    ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
-    # --- logging / checkpoints ---
-    overwrite_output_dir: bool = False  # allow an --output_dir that holds files but is not a run of this recipe
-    output_dir: str = "outputs/asr"
-    logging_steps: int = 10  # optimizer steps between metrics.jsonl lines
-    eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
-    save_steps: int = 250  # optimizer steps between checkpoints
-    save_total_limit: int = 2  # complete checkpoints kept (oldest pruned after a new one is complete)
-    report_to: Literal["tensorboard", "none"] = "tensorboard"  # where metrics go besides metrics.jsonl
-    dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
-
+    init_from: Annotated[str | None, ExistingPath] = None  # BEST-RQ output_dir or its final/: encoder and feature statistics
+    encoder_lr_scale: Annotated[float, NonNegative] = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
+    freeze_encoder_steps: Annotated[int, NonNegative] = 0  # optimizer steps during which the encoder is not updated
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
 import torch  # noqa: E402
@@ -226,7 +194,7 @@ def main(cfg: Config) -> None:
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --
-    state = TrainState.for_run(cfg_dict, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
+    state = TrainState.for_run(cfg, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
     if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None and not stats_loaded:
         stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         logmel = LogMel(cfg.sample_rate, cfg.n_mels)

@@ -24,77 +24,44 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated
 
-from common.config import parse_config
+from common.config import (Count, NonNegative, Positive, Range, RunConfig, exit_on_signals_during_start_up,
+                           parse_config)
 
 
 @dataclass
-class Config:
-    """BEST-RQ pre-training. Every field can be set in the YAML (--config) or as --key value."""
+class Config(RunConfig):
+    """BEST-RQ pre-training. Every field can be set in the YAML (--config) or as --key value; the
+    shared ones (run, data, optimization, logging) and their rules are RunConfig's (common/config.py)."""
 
+    # RunConfig's settings with this recipe's defaults
+    output_dir: str = "outputs/best_rq"
+    max_steps: int = 1500
     # --- data ---
-    data_dir: str | None = None  # LibriSpeech-layout root; None = the built-in espeak-ng corpus
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-other-500)
     valid_split: str = "validation"
-    builtin_corpus: Literal["default", "tiny"] = "default"  # built-in corpus profile when data_dir is None
-    data_cache_dir: str | None = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
-    sample_rate: int = 16000  # Hz
-    wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused
-    min_seconds: float = 0.5  # shorter utterances are refused by the data check
-    max_seconds: float = 30.0  # longer utterances are refused by the data check
-    on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
-    data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + the last block of each file decoded; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
-    n_mels: int = 80  # log-mel bins, 25 ms window, 10 ms hop
-    max_batch_seconds: float = 60.0  # padded seconds of audio per batch, per process
-    num_buckets: int = 10  # duration buckets for batching
-    num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
-    memory_cache_mb: int = 512  # per process and set: features kept in RAM after their first read, so later epochs skip decoding (only without data workers, the CPU default; 0 = off)
-    stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
+    n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
     # --- BEST-RQ ---
-    stack_frames: int = 4  # 10 ms frames stacked per label / encoder frame (4 → 40 ms)
-    codebook_size: int = 8192  # labels; chance-level loss is ln(codebook_size)
-    code_dim: int = 16  # random-projection dimension
+    stack_frames: Annotated[int, Count] = 4  # 10 ms frames stacked per label / encoder frame (4 → 40 ms)
+    codebook_size: Annotated[int, Count] = 8192  # labels; chance-level loss is ln(codebook_size)
+    code_dim: Annotated[int, Count] = 16  # random-projection dimension
     quantizer_seed: int = 1234  # the quantizer depends on this seed only
-    mask_prob: float = 0.01  # probability that a 40 ms position starts a masked span
-    mask_span_ms: float = 400.0  # span length in ms (paper: 400)
-    noise_std: float = 0.1  # masked frames are replaced with N(0, noise_std²) (normalized features)
+    mask_prob: Annotated[float, Range(0, 1, lo_open=True)] = 0.01  # probability that a 40 ms position starts a masked span
+    mask_span_ms: Annotated[float, Positive] = 400.0  # span length in ms (paper: 400)
+    noise_std: Annotated[float, NonNegative] = 0.1  # masked frames are replaced with N(0, noise_std²) (normalized features)
     # --- encoder (Conformer, transformers Wav2Vec2BertModel) ---
-    hidden_size: int = 144
-    num_layers: int = 4
-    num_heads: int = 4
-    ffn_dim: int = 576
-    conv_kernel: int = 15  # depthwise convolution kernel, in 40 ms frames
-    dropout: float = 0.1  # residual branches and input projection
-    attention_dropout: float = 0.0  # on attention probabilities (0 here and below: 1.26× the steps/s on CPU, eval loss within 0.6 % of 0.1's over 600 steps; benchmarks/README.md)
-    activation_dropout: float = 0.0  # on feed-forward activations
-    # --- optimization ---
-    learning_rate: float = 2e-3  # peak LR after warm-up
-    warmup_steps: int = 200  # optimizer steps of linear warm-up, then LR ∝ 1/sqrt(step)
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    max_grad_norm: float = 5.0
-    max_nonfinite_updates: int = 5  # consecutive NaN/Inf gradient updates skipped before the run stops
-    max_steps: int = 1500  # optimizer steps
-    gradient_accumulation_steps: int = 1  # batches per optimizer step
-    seed: int = 42
-    mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
-    num_threads: int = 0  # torch threads per process; 0 = auto (resume: the checkpoint's; else cores ÷ processes)
-    deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
-    ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
-    # --- logging / checkpoints ---
-    overwrite_output_dir: bool = False  # allow an --output_dir that holds files but is not a run of this recipe
-    output_dir: str = "outputs/best_rq"
-    logging_steps: int = 10  # optimizer steps between metrics.jsonl lines
-    eval_steps: int = 250  # optimizer steps between validation passes (0 = never)
-    save_steps: int = 250  # optimizer steps between checkpoints
-    save_total_limit: int = 2  # complete checkpoints kept (oldest pruned after a new one is complete)
-    report_to: Literal["tensorboard", "none"] = "tensorboard"  # where metrics go besides metrics.jsonl
-    dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
-
+    hidden_size: Annotated[int, Count] = 144
+    num_layers: Annotated[int, Count] = 4
+    num_heads: Annotated[int, Count] = 4
+    ffn_dim: Annotated[int, Count] = 576
+    conv_kernel: Annotated[int, Count] = 15  # depthwise convolution kernel, in 40 ms frames
+    dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # residual branches and input projection
+    attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on attention probabilities (0 here and below: 1.26× the steps/s on CPU, eval loss within 0.6 % of 0.1's over 600 steps; benchmarks/README.md)
+    activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on feed-forward activations
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
 import torch  # noqa: E402
@@ -188,7 +155,7 @@ def main(cfg: Config) -> None:
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
-    state = TrainState.for_run(cfg_dict, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
+    state = TrainState.for_run(cfg, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
     if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None:
         stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(

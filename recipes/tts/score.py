@@ -35,14 +35,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
 
-from common.config import parse_config
+from common.config import Count, ExistingPath, parse_config
 from common.corpus import resolve_data_dir
 from common.data import load_audio
 from common.manifest import DataPolicy, prepare_manifest
@@ -59,14 +59,14 @@ RECIPES = Path(__file__).resolve().parents[1]
 class EvalConfig:
     """Evaluate synthesis on held-out sentences. Every field can be set as --key value."""
 
-    checkpoint: str = "outputs/tts"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
+    checkpoint: Annotated[str, ExistingPath] = "outputs/tts"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     split: Literal["test", "validation"] = "test"  # the checkpoint's deterministic split
-    data_dir: str | None = None  # None: the checkpoint's data_dir (or its built-in corpus)
+    data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # None = <checkpoint folder>/eval
-    griffin_lim_iters: int = 60
-    asr_checkpoint: str | None = None  # ASR recipe output_dir: also measure intelligibility (WER/CER)
-    asr_sample_rate: int = 16000  # Hz of the audio handed to the ASR evaluator
+    griffin_lim_iters: Annotated[int, Count] = 60
+    asr_checkpoint: Annotated[str | None, ExistingPath] = None  # ASR recipe output_dir: also measure intelligibility (WER/CER)
+    asr_sample_rate: Annotated[int, Count] = 16000  # Hz of the audio handed to the ASR evaluator
     asr_recordings: bool = True  # also score the held-out *recordings* (the ASR's ceiling on this voice)
 
 

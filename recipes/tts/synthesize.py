@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import soundfile as sf
 
-from common.config import parse_config
+from common.config import Count, ExistingPath, Positive, parse_config
 
 # recipe-local modules (this folder is on sys.path)
 from audio import make_vocoder
@@ -26,14 +27,14 @@ from model import load_tts, synthesize
 class SynthConfig:
     """Synthesize speech. Every field can be set as --key value."""
 
-    checkpoint: str = "outputs/tts"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
+    checkpoint: Annotated[str, ExistingPath] = "outputs/tts"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     text: str | None = None  # one sentence
     output: str = "out.wav"  # wav file for --text
-    text_file: str | None = None  # one sentence per line
+    text_file: Annotated[str | None, ExistingPath] = None  # one sentence per line
     output_dir: str = "synthesized"  # folder for --text_file
-    pace: float = 1.0  # > 1 speaks faster (durations divided by pace)
-    griffin_lim_iters: int = 60
-    griffin_lim_power: float = 1.0  # > 1 sharpens magnitudes before phase recovery
+    pace: Annotated[float, Positive] = 1.0  # > 1 speaks faster (durations divided by pace)
+    griffin_lim_iters: Annotated[int, Count] = 60
+    griffin_lim_power: Annotated[float, Positive] = 1.0  # > 1 sharpens magnitudes before phase recovery
 
 
 def main():

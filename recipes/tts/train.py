@@ -26,85 +26,60 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from common.config import parse_config
+from common.config import (Count, NonNegative, Positive, Range, ResumeSafe, RunConfig,
+                           exit_on_signals_during_start_up, parse_config)
 
 LOSSES = ("mel_loss", "dur_loss", "align_loss", "bin_loss")
 
 
 @dataclass
-class Config:
-    """TTS training. Every field can be set in the YAML (--config) or as --key value."""
+class Config(RunConfig):
+    """TTS training. Every field can be set in the YAML (--config) or as --key value; the shared
+    ones (run, data, optimization, logging) and their rules are RunConfig's (common/config.py)."""
 
-    # --- data ---
+    # RunConfig's settings with this recipe's defaults
+    output_dir: str = "outputs/tts"
     data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv); None = built-in corpus
-    builtin_corpus: Literal["default", "tiny"] = "default"  # built-in corpus profile when data_dir is None
-    data_cache_dir: str | None = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
-    num_valid: int = 20  # utterances for validation: the num_valid ids just before the test ids
-    num_test: int = 20  # held-out utterances for score.py: the last num_test ids (sorted)
-    symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # characters; text is lowercased first
     sample_rate: int = 22050  # Hz
-    wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused
-    min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 15.0  # longer utterances are refused by the data check
-    on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
-    data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + the last block of each file decoded; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
-    n_mels: int = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
-    win_length: int = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
-    hop_length: int = 256  # samples (11.6 ms per frame)
     max_batch_seconds: float = 40.0  # padded seconds of audio per batch, per process
-    num_buckets: int = 10  # duration buckets for batching
-    num_workers: int | None = None  # DataLoader workers per process; None = auto (CPU: 0, GPU: up to 4); results do not depend on it
-    memory_cache_mb: int = 512  # per process and set: features kept in RAM after their first read, so later epochs skip decoding (only without data workers, the CPU default; 0 = off)
-    stats_utterances: int = 500  # training utterances used for the global mean/std of log-mels
-    # --- model ---
-    dim: int = 128  # encoder/decoder width
-    encoder_layers: int = 2  # FFT blocks over symbols
-    decoder_layers: int = 2  # FFT blocks over frames
-    num_heads: int = 2
-    ffn_dim: int = 512  # conv feed-forward channels
-    conv_kernel: int = 3  # feed-forward conv kernel (symbols / frames)
-    dropout: float = 0.1
-    duration_channels: int = 128  # duration predictor conv channels
-    attention_dim: int = 80  # aligner key/query dimension
-    attention_temperature: float = 0.0005  # score = −temperature · squared distance
-    prior_scaling: float = 1.0  # ω of the beta-binomial prior (larger = sharper diagonal)
-    blank_logprob: float = -1.0  # score of the CTC blank column in the forward-sum loss
-    # --- losses ---
-    duration_loss_weight: float = 0.1
-    align_loss_weight: float = 1.0  # forward-sum loss
-    binarization_loss_weight: float = 1.0
-    binarization_start_steps: int = 300  # optimizer steps before the binarization loss is switched on
-    # --- optimization ---
     learning_rate: float = 1e-3  # peak LR after warm-up
     warmup_steps: int = 100  # optimizer steps of linear warm-up, then LR ∝ 1/sqrt(step)
     weight_decay: float = 1e-6
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
     max_grad_norm: float = 1.0
-    max_nonfinite_updates: int = 5  # consecutive NaN/Inf gradient updates skipped before the run stops
-    max_steps: int = 1000  # optimizer steps
-    gradient_accumulation_steps: int = 1  # batches per optimizer step
-    seed: int = 42
-    mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
-    num_threads: int = 0  # torch threads per process; 0 = auto (resume: the checkpoint's; else cores ÷ processes)
-    deterministic: bool = False  # deterministic kernels: bit-exact resume on GPUs too (slower)
-    ddp_timeout: float = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
+    # --- data ---
+    num_valid: Annotated[int, NonNegative] = 20  # utterances for validation: the num_valid ids just before the test ids
+    num_test: Annotated[int, NonNegative] = 20  # held-out utterances for score.py: the last num_test ids (sorted)
+    symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # characters; text is lowercased first
+    n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
+    win_length: Annotated[int, Count] = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
+    hop_length: Annotated[int, Count] = 256  # samples (11.6 ms per frame)
+    # --- model ---
+    dim: Annotated[int, Count] = 128  # encoder/decoder width
+    encoder_layers: Annotated[int, Count] = 2  # FFT blocks over symbols
+    decoder_layers: Annotated[int, Count] = 2  # FFT blocks over frames
+    num_heads: Annotated[int, Count] = 2
+    ffn_dim: Annotated[int, Count] = 512  # conv feed-forward channels
+    conv_kernel: Annotated[int, Count] = 3  # feed-forward conv kernel (symbols / frames)
+    dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1
+    duration_channels: Annotated[int, Count] = 128  # duration predictor conv channels
+    attention_dim: Annotated[int, Count] = 80  # aligner key/query dimension
+    attention_temperature: Annotated[float, Positive] = 0.0005  # score = −temperature · squared distance
+    prior_scaling: Annotated[float, Positive] = 1.0  # ω of the beta-binomial prior (larger = sharper diagonal)
+    blank_logprob: Annotated[float, Range(hi=0)] = -1.0  # score (a log-probability) of the CTC blank column in the forward-sum loss
+    # --- losses ---
+    duration_loss_weight: Annotated[float, NonNegative] = 0.1
+    align_loss_weight: Annotated[float, NonNegative] = 1.0  # forward-sum loss
+    binarization_loss_weight: Annotated[float, NonNegative] = 1.0
+    binarization_start_steps: Annotated[int, NonNegative] = 300  # optimizer steps before the binarization loss is switched on
     # --- logging / checkpoints ---
-    overwrite_output_dir: bool = False  # allow an --output_dir that holds files but is not a run of this recipe
-    output_dir: str = "outputs/tts"
-    logging_steps: int = 10  # optimizer steps between metrics.jsonl lines
-    eval_steps: int = 250  # optimizer steps between validation passes (0 = never)
-    save_steps: int = 250  # optimizer steps between checkpoints
-    save_total_limit: int = 2  # complete checkpoints kept (oldest pruned after a new one is complete)
-    report_to: Literal["tensorboard", "none"] = "tensorboard"  # where metrics go besides metrics.jsonl
-    num_samples: int = 2  # fixed validation sentences synthesized into TensorBoard at each validation
-    griffin_lim_iters: int = 32  # Griffin-Lim iterations for those samples
-    dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
-
+    num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # fixed validation sentences synthesized into TensorBoard at each validation
+    griffin_lim_iters: Annotated[int, Count, ResumeSafe] = 32  # Griffin-Lim iterations for those samples
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
 import torch  # noqa: E402
@@ -237,7 +212,7 @@ def main(cfg: Config) -> None:
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
-    state = TrainState.for_run(cfg_dict, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
+    state = TrainState.for_run(cfg, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
     if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None:
         stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced over the sorted ids
         set_feature_stats(accelerator, model, lambda: feature_stats(
