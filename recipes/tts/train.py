@@ -49,6 +49,7 @@ class Config:
     min_seconds: float = 0.5  # shorter utterances are refused by the data check
     max_seconds: float = 15.0  # longer utterances are refused by the data check
     on_bad_data: Literal["error", "skip"] = "error"  # unusable entries: stop with a report, or drop them and log counts
+    allow_data_change: bool = False  # resume on purpose although the training data changed since the checkpoint (logged, recorded in the checkpoint)
     data_check: Literal["header", "full"] = "header"  # audio check: "header" = header + the last block of each file decoded; "full" = every sample (also finds silent/NaN audio, mid-file damage; slower)
     n_mels: int = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
     win_length: int = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
