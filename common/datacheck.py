@@ -116,8 +116,10 @@ def content_digest(path: str) -> str | dict:
 
     What it covers: a FLAC's first bytes hold its STREAMINFO block with the MD5 of the decoded
     audio (written by libFLAC, hence libsndfile and ffmpeg), so different audio gives a different
-    digest; for other formats the header and the last samples. The bytes are those the header check
-    reads anyway (header + last block), so it costs no extra read at any corpus size."""
+    digest; for other formats the header and the last samples (a WAV edited only in its middle, at
+    the same size, keeps its digest). The bytes are those the header check reads anyway (header +
+    last block): one more open and two reads from the page cache, ~50 µs per file (measured:
+    ~25% of a header check's CPU, nothing on a cached re-check)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:

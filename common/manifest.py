@@ -309,13 +309,14 @@ def manifest_summary(manifest: datasets.Dataset) -> dict:
     utterance count, hours, a fingerprint of (id, duration, text) over the sorted rows, and
     `contents`, one of the files' content digests (`common.datacheck.content_digest`): a file
     replaced by other audio of the same length changes it."""
+    # Plain lists through Arrow: iterating a Dataset column item by item took 5 s per 50 k rows.
+    cols = manifest.select_columns([c for c in ("id", "duration", "text", "digest") if c in manifest.column_names]).to_dict()
     h = hashlib.blake2b(digest_size=8)
-    texts = manifest["text"] if "text" in manifest.column_names else [""] * len(manifest)
-    for utt_id, duration, text in zip(manifest["id"], manifest["duration"], texts):
+    for utt_id, duration, text in zip(cols["id"], cols["duration"], cols.get("text", [""] * len(manifest))):
         h.update(f"{utt_id}\0{duration!r}\0{text}\n".encode())
-    summary = {"utterances": len(manifest), "hours": sum(manifest["duration"]) / 3600, "fingerprint": h.hexdigest()}
-    if "digest" in manifest.column_names:
-        summary["contents"] = _contents(manifest["id"], manifest["digest"])
+    summary = {"utterances": len(manifest), "hours": sum(cols["duration"]) / 3600, "fingerprint": h.hexdigest()}
+    if "digest" in cols:
+        summary["contents"] = _contents(cols["id"], cols["digest"])
     return summary
 
 
