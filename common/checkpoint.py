@@ -62,6 +62,7 @@ from accelerate.utils import broadcast_object_list
 from accelerate.utils import load as accelerate_load
 
 from common.faults import RunError
+from common.manifest import data_change
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class TrainState:
     # they may differ on a re-launch; every other key must match.
     resume_safe: list = dataclasses.field(default_factory=list)
     data: dict = dataclasses.field(default_factory=dict)  # manifest_summary() of the training data
+    # resumes on changed data allowed by --allow_data_change: {step, was, now} (manifest summaries)
+    data_changes: list = dataclasses.field(default_factory=list)
 
     @classmethod
     def for_run(cls, config: Any, world_size: int, accumulation: int, data: dict | None = None) -> "TrainState":
@@ -494,11 +497,10 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
         raise RunError(f"{ckpt} was written by an older version of this repository (no scheduler state "
                        f"in train_state.json); resume it with that version, or use a new --output_dir")
     problems = [p for p in [_global_batch_problem(saved, state), _deepspeed_problem(ckpt, saved, accelerator)] if p]
-    if saved.get("data") and state.data and saved["data"] != state.data:
-        was, now = saved["data"], state.data
-        problems.append(f"training data changed: checkpoint {was['utterances']} utterances "
-                        f"({was['hours']:.4f} h, fingerprint {was['fingerprint']}) != now {now['utterances']} "
-                        f"({now['hours']:.4f} h, fingerprint {now['fingerprint']})")
+    was_data = saved.pop("data", None) or {}  # this launch's summary is kept: the same, or a change allowed below
+    data_changed = data_change(was_data, state.data, ckpt.parent.parent / "data")
+    if data_changed and not state.config.get("allow_data_change"):
+        problems.append(data_changed)
     if saved["config_hash"] != state.config_hash:  # the hash is a shortcut; the keys decide
         # This launch's ResumeSafe keys, and those the checkpoint's run marked that its Config no
         # longer has (a checkpoint written before the marks were stored has none).
@@ -512,8 +514,14 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
             f"refusing to resume from {ckpt}: it was made with a different setting\n  "
             + "\n  ".join(problems)
             + "\nUse a new --output_dir, or re-launch with the checkpoint's settings"
-            + (" and data (the --data_dir it was trained on, unchanged)." if data else ".")
+            + (" and data (the --data_dir it was trained on, unchanged), or resume on the changed data on "
+               "purpose with --allow_data_change true." if data else ".")
         )
+    if data_changed:
+        if accelerator.is_main_process:
+            logger.warning(f"RESUMING ON CHANGED DATA (--allow_data_change true): {data_changed}; the run will not "
+                           f"match one trained on either data alone; recorded in train_state.json (data_changes)")
+        state.data_changes = saved.pop("data_changes", []) + [{"step": saved["step"], "was": was_data, "now": state.data}]
     if saved["world_size"] == accelerator.num_processes:
         # accelerate ignores an RNG-state file it cannot load (it logs and goes on); we refuse instead.
         accelerate_load(ckpt / f"random_states_{accelerator.process_index}.pkl")  # weights_only: runs no code

@@ -4,6 +4,11 @@
 with its `DataPolicy`; this module only answers "what is in this file", which does not depend on
 the policy, so one cached answer serves every policy.
 
+Before any decoding, each file must be a regular file (a FIFO, a device, a socket or a folder named
+like an audio file is refused: opening a FIFO blocks until someone writes to it), and its content
+digest (`content_digest`: size, first and last 4 KiB) is taken; a checkpoint records the digests'
+fingerprint, so a file replaced by different audio of the same length is seen on resume.
+
 Two modes (`DataPolicy.data_check`, `--data_check` in the recipes):
 
 - `"header"` (default): opens the file, reads its header (format, channels, sample rate, frame
@@ -28,10 +33,10 @@ Pool: `check_files` splits the files to check into chunks run by `workers` proce
 cores this process may use by default); results are placed by index, so the facts, and the
 manifest built from them, do not depend on the pool size or on the order chunks finish in.
 
-Cache: one jsonl file per (manifest name, mode), one line `[path, size, mtime_ns, facts]` per
-file, appended after every chunk. A check killed half-way resumes with the files not yet in the
+Cache: one jsonl file per (manifest name, mode), one line `[path, size, mtime_ns, ctime_ns, facts]`
+per file, appended after every chunk. A check killed half-way resumes with the files not yet in the
 cache; a corpus with a few new or rewritten files re-checks only those (a rewritten file has
-another size or mtime, so its old line no longer matches). Lines for files that are gone are
+another ctime, so its old line no longer matches). Lines for files that are gone are
 dropped when the cache is rewritten at the end of a check. A torn last line (killed mid-write) is
 ignored. Only readable files are cached: an unreadable one is read again at every check (a
 transient NFS error must not stick; bad files are few).
@@ -40,6 +45,7 @@ transient NFS error must not stick; bad files are few).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import logging
 import math
@@ -65,7 +71,8 @@ PROBE_FRAMES = 1  # frames read at the end of each file in header mode (the bloc
 CHUNK_FILES = 256  # files per pool task: large enough that task overhead is small, small enough
 # that a killed check loses little work (each finished chunk is appended to the cache)
 STAT_THREADS = 32  # concurrent stat/readdir calls while listing: on NFS each is a round trip
-CACHE_VERSION = 1  # bump when the facts computed for a file change meaning (old caches are ignored)
+DIGEST_BYTES = 4096  # bytes hashed at each end of a file for its content digest
+CACHE_VERSION = 2  # bump when the facts computed for a file change meaning (old caches are ignored)
 
 
 class DataCheckError(RunError):
@@ -98,17 +105,57 @@ def _decode_all(path: str) -> dict:
     return {"frames": audio.shape[0], "sample_rate": sr, "channels": audio.shape[1], "silent": bool(bad)}
 
 
+_KINDS = {stat_mod.S_IFIFO: "a FIFO", stat_mod.S_IFDIR: "a directory", stat_mod.S_IFSOCK: "a socket",
+          stat_mod.S_IFCHR: "a character device", stat_mod.S_IFBLK: "a block device"}
+
+
+def content_digest(path: str) -> str | dict:
+    """16 hex digits of blake2b over the size, the first and the last `DIGEST_BYTES` of a regular
+    file, or {error, detail} when it is missing, cannot be opened, or is not a regular file (a
+    FIFO would block the check forever, a device would be read without end).
+
+    What it covers: a FLAC's first bytes hold its STREAMINFO block with the MD5 of the decoded
+    audio (written by libFLAC, hence libsndfile and ffmpeg), so different audio gives a different
+    digest; for other formats the header and the last samples (a WAV edited only in its middle, at
+    the same size, keeps its digest). The bytes are those the header check reads anyway (header +
+    last block): one more open and two reads from the page cache, ~50 µs per file (measured:
+    ~25% of a header check's CPU, nothing on a cached re-check)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {"error": "missing file"}
+    except OSError as e:
+        return _unreadable(e)
+    if not stat_mod.S_ISREG(st.st_mode):
+        return {"error": "not a regular file", "detail": _KINDS.get(stat_mod.S_IFMT(st.st_mode), "not a file")}
+    h = hashlib.blake2b(str(st.st_size).encode(), digest_size=8)
+    try:
+        with open(path, "rb") as f:
+            h.update(f.read(DIGEST_BYTES))
+            if st.st_size > DIGEST_BYTES:
+                f.seek(max(DIGEST_BYTES, st.st_size - DIGEST_BYTES))
+                h.update(f.read(DIGEST_BYTES))
+    except OSError as e:
+        return _unreadable(e)
+    return h.hexdigest()
+
+
 def audio_facts(path: str, mode: str) -> dict:
-    """What the file holds: {frames, sample_rate, channels} (+ {silent} in full mode: all samples
-    zero or some non-finite), or {error, detail} when it is missing or cannot be read."""
-    if mode == "full":
-        if not os.path.isfile(path):
-            return {"error": "missing file"}
-        return _decode_all(path)
+    """What the file holds: {frames, sample_rate, channels, digest (`content_digest`)} (+ {silent}
+    in full mode: all samples zero or some non-finite), or {error, detail} when it is missing, not
+    a regular file, or cannot be read."""
+    digest = content_digest(path)
+    if isinstance(digest, dict):
+        return digest
+    facts = _decode_all(path) if mode == "full" else _header_facts(path)
+    return facts if "error" in facts else {**facts, "digest": digest}
+
+
+def _header_facts(path: str) -> dict:
     try:
         f = sf.SoundFile(path)
     except Exception as e:  # noqa: BLE001 — libsndfile raises several types for bad files
-        return {"error": "missing file"} if not os.path.isfile(path) else _unreadable(e)
+        return _unreadable(e)
     with f:
         frames, sr, channels = f.frames, f.samplerate, f.channels
         if frames > 0:
@@ -132,11 +179,20 @@ def _facts_chunk(paths: list[str], mode: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Listing a corpus: every file's (size, mtime_ns), statted once per launch
+# Listing a corpus: every file's (size, mtime_ns, ctime_ns), statted once per launch
 # ---------------------------------------------------------------------------------------------
 
+Stamp = tuple[int, int, int]  # (size in bytes, mtime in ns, ctime in ns)
 
-def _scan_dir(folder: str) -> tuple[dict[str, tuple[int, int]], list[tuple[str, tuple[int, int]]]]:
+
+def _stamp(st: os.stat_result) -> Stamp:
+    # ctime too: a file replaced by another of the same size with its mtime copied over (cp -p,
+    # rsync -t, touch -r) keeps size and mtime, but the kernel sets ctime on every change and no
+    # call sets it back. The price: a chmod/chown of the corpus makes the next launch re-read it.
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _scan_dir(folder: str) -> tuple[dict[str, Stamp], list[tuple[str, tuple[int, int]]]]:
     files, dirs = {}, []
     with os.scandir(folder) as it:
         for entry in it:
@@ -145,17 +201,17 @@ def _scan_dir(folder: str) -> tuple[dict[str, tuple[int, int]], list[tuple[str, 
                 dirs.append((entry.path, (st.st_dev, st.st_ino)))
             elif entry.is_file():
                 st = entry.stat()
-                files[entry.path] = (st.st_size, st.st_mtime_ns)
+                files[entry.path] = _stamp(st)
     return files, dirs
 
 
-def list_files(paths: list[Path]) -> dict[str, tuple[int, int]]:
-    """{path: (size in bytes, mtime in ns)} of every file under `paths` (folders, walked
-    recursively, or single files; absent ones are left out), sorted by path.
+def list_files(paths: list[Path]) -> dict[str, Stamp]:
+    """{path: (size in bytes, mtime in ns, ctime in ns)} of every regular file under `paths`
+    (folders, walked recursively, or single files; absent ones are left out), sorted by path.
 
     Folders are read by `STAT_THREADS` threads: on NFS every readdir and stat is a network round
     trip, and overlapping them is what makes 281 k stats take seconds rather than minutes."""
-    files: dict[str, tuple[int, int]] = {}
+    files: dict[str, Stamp] = {}
     seen_dirs: set[tuple[int, int]] = set()  # (device, inode): a symlink loop is walked once
     todo = []
     for p in paths:
@@ -167,7 +223,7 @@ def list_files(paths: list[Path]) -> dict[str, tuple[int, int]]:
             seen_dirs.add((st.st_dev, st.st_ino))
             todo.append(str(p))
         elif stat_mod.S_ISREG(st.st_mode):
-            files[str(p)] = (st.st_size, st.st_mtime_ns)
+            files[str(p)] = _stamp(st)
     with ThreadPoolExecutor(STAT_THREADS) as pool:
         running = {pool.submit(_scan_dir, d) for d in todo}
         while running:
@@ -186,7 +242,7 @@ def list_files(paths: list[Path]) -> dict[str, tuple[int, int]]:
 # The cache
 # ---------------------------------------------------------------------------------------------
 
-Key = tuple[str, int, int]  # (path, size in bytes, mtime in ns)
+Key = tuple[str, int, int, int]  # (path, *Stamp)
 
 
 def read_cache(path: Path) -> dict[Key, dict]:
@@ -198,16 +254,16 @@ def read_cache(path: Path) -> dict[Key, dict]:
     entries = {}
     for line in data.split(b"\n")[:-1]:  # the part after the last newline is a torn write
         try:
-            p, size, mtime, facts = json.loads(line)
+            p, size, mtime, ctime, facts = json.loads(line)
         except (ValueError, TypeError):
             continue
-        if isinstance(p, str) and isinstance(size, int) and isinstance(mtime, int) and isinstance(facts, dict):
-            entries[(p, size, mtime)] = facts
+        if isinstance(p, str) and all(isinstance(n, int) for n in (size, mtime, ctime)) and isinstance(facts, dict):
+            entries[(p, size, mtime, ctime)] = facts
     return entries
 
 
 def _cache_lines(items) -> bytes:
-    return "".join(json.dumps([k[0], k[1], k[2], facts]) + "\n" for k, facts in items).encode()
+    return "".join(json.dumps([*k, facts]) + "\n" for k, facts in items).encode()
 
 
 class _Appender:
@@ -244,11 +300,11 @@ def _rewrite_cache(path: Path, items) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_files(paths: list[str], mode: str, *, stats: dict[str, tuple[int, int]] | None = None,
+def check_files(paths: list[str], mode: str, *, stats: dict[str, Stamp] | None = None,
                 cache: Path | None = None, workers: int | None = None) -> tuple[list[dict], int, int]:
     """(facts for each path, in order; number of files read; number answered by `cache`).
 
-    `stats` ({path: (size, mtime_ns)} from `list_files`) saves a second stat per file; a path not
+    `stats` ({path: Stamp} from `list_files`) saves a second stat per file; a path not
     in it is statted here. `workers` processes read the files (None: `default_workers()`; 1: this
     process). The facts do not depend on `workers`."""
     if mode not in MODES:
@@ -262,7 +318,7 @@ def check_files(paths: list[str], mode: str, *, stats: dict[str, tuple[int, int]
             except OSError:
                 keys.append(None)  # missing: decided below, never cached
                 continue
-            stats[p] = (st.st_size, st.st_mtime_ns)
+            stats[p] = _stamp(st)
         keys.append((p, *stats[p]))
     cached = read_cache(cache) if cache else {}
     results: list[dict | None] = [None] * len(paths)

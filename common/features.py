@@ -6,14 +6,28 @@ training and exported feature extraction are the same code.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 from accelerate.utils import broadcast
 
+from common.faults import RunError
 from common.speech_frontend import LogMel  # noqa: F401 — re-exported: the recipes' front end
 
 
-def feature_stats(features: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-dimension mean and std over all frames of `features` (each (frames, dim)), in float64."""
+def feature_stats(items: Iterable[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-dimension mean and std over all frames of `items`, (utterance id, (frames, dim)
+    features) pairs, in float64.
+
+    Refuses non-finite features, naming the utterances: a NaN or Inf sample in one file (which the
+    default header-only data check does not decode) would make every statistic NaN, and with it
+    every loss of the run."""
+    ids, features = zip(*items)
+    bad = [utt_id for utt_id, f in zip(ids, features) if not torch.isfinite(f).all()]
+    if bad:
+        raise RunError(f"non-finite features (NaN/Inf audio samples) in {len(bad)} of the {len(ids)} utterances "
+                       f"sampled for the feature statistics, e.g. {bad[0]}: find every such file with "
+                       f"--data_check full (it refuses them), then remove them or add --on_bad_data skip")
     total = sum(f.shape[0] for f in features)
     s = sum(f.double().sum(0) for f in features)
     s2 = sum((f.double() ** 2).sum(0) for f in features)

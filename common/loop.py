@@ -42,7 +42,7 @@ from accelerate import skip_first_batches
 
 from common.checkpoint import TrainState, save_checkpoint
 from common.distributed import derive_seed
-from common.faults import PREEMPTED_EXIT_CODE
+from common.faults import PREEMPTED_EXIT_CODE, RunError
 from common.logs import get_logger
 
 logger = get_logger(__name__)  # main process only
@@ -71,6 +71,7 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     `state.batches_in_epoch` counts the global micro-batches consumed (all ranks; always a multiple
     of the global batch at a checkpoint, so a resume may use another number of processes);
     `ids_log` (optional) receives one JSON line per micro-batch with its utterance ids.
+    Raises `RunError` at the end when no update of the run was applied (every one non-finite).
     """
     rank, world = accelerator.process_index, accelerator.num_processes
     ids_file = open(ids_log, "a") if ids_log else None
@@ -96,7 +97,13 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
                     state.epoch, state.batches_in_epoch = epoch + 1, 0
                 yield batch, micro
                 if micro.sync and state.step >= max_steps:
-                    return
+                    break
+        if state.step and state.skipped_updates >= state.step:
+            # Shorter than max_nonfinite_updates, such a run would end "done" with its initial weights.
+            raise RunError(f"all {state.step} optimizer updates were skipped (non-finite gradients: the loss was "
+                           f"NaN or Inf at every step), so the weights are the initial ones; stopping before the "
+                           f"export. Look for a NaN or extreme setting (--learning_rate, --noise_std, ...) or "
+                           f"non-finite audio (--data_check full finds it)")
     finally:
         if ids_file:
             ids_file.close()

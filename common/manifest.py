@@ -21,7 +21,7 @@ resumes, and a corpus with a few new or changed files re-reads only those.
 The pass runs once per output folder: the first process to arrive builds
 `<output_dir>/data/<name>-<fingerprint>/` (manifest.jsonl + problems.jsonl) under a file lock
 (`common.prepare.prepare_once`) while the others wait, and a re-launch reuses it. The fingerprint
-covers the file listing (names, sizes, mtimes) and the policy, so a fixed corpus is re-checked.
+covers the file listing (names, sizes, mtimes, ctimes) and the policy, so a fixed corpus is re-checked.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from pathlib import Path
 import datasets
 import soundfile as sf
 
-from common.datacheck import CACHE_VERSION, MODES, audio_facts, check_files, list_files
+from common.datacheck import CACHE_VERSION, MODES, Stamp, audio_facts, check_files, list_files
 from common.faults import RunError
 from common.prepare import prepare_once
 
@@ -167,12 +167,12 @@ def scan_ljspeech(root: str | Path) -> tuple[list[dict], list[dict]]:
 
 
 def verdict(row: dict, facts: dict, policy: DataPolicy) -> tuple[str | None, dict]:
-    """(reason the entry is unusable or None, {sample_rate, duration in s[, detail]}) from the file's
+    """(reason the entry is unusable or None, {sample_rate, duration in s, digest[, detail]}) from the file's
     facts (`common.datacheck.audio_facts`) and the row's transcript."""
     if "error" in facts:
         return facts["error"], {k: v for k, v in facts.items() if k == "detail"}
     sr, frames, channels = facts["sample_rate"], facts["frames"], facts["channels"]
-    out = {"sample_rate": sr, "duration": frames / sr}
+    out = {"sample_rate": sr, "duration": frames / sr, "digest": facts["digest"]}
     if channels != 1:
         return "multi-channel audio", {**out, "detail": f"{channels} channels"}
     if frames == 0:
@@ -248,15 +248,15 @@ def report(problems: list[dict], source: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _fingerprint(listing: dict[str, tuple[int, int]], policy: DataPolicy) -> str:
+def _fingerprint(listing: dict[str, Stamp], policy: DataPolicy) -> str:
     # Every launch lists and stats every file (`list_files`, concurrent stats); nothing of the
     # listing is cached across launches. A cache keyed by folder mtimes would skip the stats, but a
     # file rewritten in place (same name) leaves its folder's mtime unchanged, and the old manifest
     # (old durations, a file now corrupt) would be reused silently. One stat per file is the price
     # of noticing that; the stats are reused by the check, which never stats a file again.
     h = hashlib.blake2b(json.dumps(asdict(policy), sort_keys=True).encode(), digest_size=8)
-    for path, (size, mtime_ns) in listing.items():
-        h.update(f"{path}\0{size}\0{mtime_ns}\n".encode())
+    for path, (size, mtime_ns, ctime_ns) in listing.items():
+        h.update(f"{path}\0{size}\0{mtime_ns}\0{ctime_ns}\n".encode())
     return h.hexdigest()
 
 
@@ -264,7 +264,8 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
                      splits: str | None = None, is_main_process: bool = True,
                      workers: int | None = None) -> datasets.Dataset:
     """Validated manifest of a LibriSpeech split (`splits` given) or an LJSpeech folder (`splits`
-    None), as a `datasets.Dataset` with columns id, path, text, speaker, duration, sample_rate.
+    None), as a `datasets.Dataset` with columns id, path, text, speaker, duration, sample_rate,
+    digest (`common.datacheck.content_digest`).
 
     Every rank calls it (no collective): one validates, with `workers` processes (None: every
     core this process may use), the others wait for its result.
@@ -305,12 +306,52 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
 
 def manifest_summary(manifest: datasets.Dataset) -> dict:
     """What a checkpoint records about its training data, to refuse resuming on other data:
-    utterance count, hours, and a fingerprint of (id, duration, text) over the sorted rows."""
+    utterance count, hours, a fingerprint of (id, duration, text) over the sorted rows, and
+    `contents`, one of the files' content digests (`common.datacheck.content_digest`): a file
+    replaced by other audio of the same length changes it."""
+    # Plain lists through Arrow: iterating a Dataset column item by item took 5 s per 50 k rows.
+    cols = manifest.select_columns([c for c in ("id", "duration", "text", "digest") if c in manifest.column_names]).to_dict()
     h = hashlib.blake2b(digest_size=8)
-    texts = manifest["text"] if "text" in manifest.column_names else [""] * len(manifest)
-    for utt_id, duration, text in zip(manifest["id"], manifest["duration"], texts):
+    for utt_id, duration, text in zip(cols["id"], cols["duration"], cols.get("text", [""] * len(manifest))):
         h.update(f"{utt_id}\0{duration!r}\0{text}\n".encode())
-    return {"utterances": len(manifest), "hours": sum(manifest["duration"]) / 3600, "fingerprint": h.hexdigest()}
+    summary = {"utterances": len(manifest), "hours": sum(cols["duration"]) / 3600, "fingerprint": h.hexdigest()}
+    if "digest" in cols:
+        summary["contents"] = _contents(cols["id"], cols["digest"])
+    return summary
+
+
+def _contents(ids: list[str], digests: list[str]) -> str:
+    h = hashlib.blake2b(digest_size=8)
+    for utt_id, digest in zip(ids, digests):
+        h.update(f"{utt_id}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
+def data_change(was: dict, now: dict, manifests: Path) -> str | None:
+    """Why training data summarized by `now` (`manifest_summary`) is not the data `was`, or None
+    when it is the same. Keys only one side has are not compared (a checkpoint from before the
+    content fingerprint still resumes). `manifests` (`<output_dir>/data`) holds the manifests of
+    earlier launches: when both are still there, the changed files are counted and one is named."""
+    if not was or not now or all(was[k] == now[k] for k in was.keys() & now.keys()):
+        return None
+    if was["fingerprint"] != now["fingerprint"] or was["utterances"] != now["utterances"]:
+        return (f"training data changed: checkpoint {was['utterances']} utterances ({was['hours']:.4f} h, "
+                f"fingerprint {was['fingerprint']}) != now {now['utterances']} ({now['hours']:.4f} h, "
+                f"fingerprint {now['fingerprint']})")
+    # Same ids, durations and transcripts: some files hold other audio. Which ones is found in the
+    # manifests of the two launches (read only here, on the refusal path).
+    rows = {}
+    for m in sorted(manifests.glob("*/manifest.jsonl")):
+        lines = [json.loads(line) for line in m.read_text().splitlines()]
+        if lines and "digest" in lines[0]:
+            rows.setdefault(_contents([r["id"] for r in lines], [r["digest"] for r in lines]), lines)
+    fingerprints = f"content fingerprint {was['contents']} != now {now['contents']}"
+    if was["contents"] not in rows or now["contents"] not in rows:
+        return f"training data changed: the audio files' contents changed ({fingerprints})"
+    old = {r["id"]: r["digest"] for r in rows[was["contents"]]}
+    changed = [r["path"] for r in rows[now["contents"]] if old.get(r["id"]) != r["digest"]]
+    return (f"training data changed: {len(changed)} files' contents changed, e.g. {changed[0]} "
+            f"(same ids, durations and transcripts; {fingerprints})")
 
 
 # ---------------------------------------------------------------------------------------------

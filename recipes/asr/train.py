@@ -198,8 +198,8 @@ def main(cfg: Config) -> None:
     if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None and not stats_loaded:
         stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         logmel = LogMel(cfg.sample_rate, cfg.n_mels)
-        set_feature_stats(accelerator, model, lambda: feature_stats(
-            [logmel(load_wav(train_set[i], cfg.sample_rate)) for i in range(0, len(train_set), stride)]))
+        set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
+            (row["id"], logmel(load_wav(row, cfg.sample_rate))) for row in train_set.select(range(0, len(train_set), stride))))
     if accelerator.is_main_process:
         save_config(cfg, out / "config.yaml")
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)

@@ -158,8 +158,8 @@ def main(cfg: Config) -> None:
     state = TrainState.for_run(cfg, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
     if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None:
         stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
-        set_feature_stats(accelerator, model, lambda: feature_stats(
-            [train_ds[i][1] for i in range(0, len(train_ds), stride)]))
+        set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
+            train_ds[i] for i in range(0, len(train_ds), stride)))
     if accelerator.is_main_process:
         save_config(cfg, out / "config.yaml")
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)

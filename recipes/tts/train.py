@@ -215,8 +215,8 @@ def main(cfg: Config) -> None:
     state = TrainState.for_run(cfg, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
     if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None:
         stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced over the sorted ids
-        set_feature_stats(accelerator, model, lambda: feature_stats(
-            [train_ds[i][2] for i in range(0, len(train_ds), stride)]))
+        set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
+            (utt_id, mel) for utt_id, _, mel in (train_ds[i] for i in range(0, len(train_ds), stride))))
     if accelerator.is_main_process:
         save_config(cfg, out / "config.yaml")
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)

@@ -1,13 +1,16 @@
+import contextlib
 import os
 import shutil
+import signal
+import time
 
 import numpy as np
 import pytest
 import soundfile as sf
 
 from common import datacheck
-from common.datacheck import DataCheckError, audio_facts, check_files, list_files, read_cache
-from common.manifest import DataPolicy, prepare_manifest
+from common.datacheck import DataCheckError, audio_facts, check_files, content_digest, list_files, read_cache
+from common.manifest import DataError, DataPolicy, prepare_manifest
 
 CHAP = "train/999/9990/999-9990-{:04d}.flac"
 
@@ -28,8 +31,10 @@ def test_what_each_mode_finds(bad_corpus, tmp_path):
     for mode in ("header", "full"):
         assert audio_facts(truncated, mode)["error"] == "unreadable audio"
         assert audio_facts(str(tmp_path / "absent.flac"), mode) == {"error": "missing file"}
-    assert audio_facts(silent, "header") == {"frames": 32000, "sample_rate": 16000, "channels": 1}
-    assert audio_facts(silent, "full") == {"frames": 32000, "sample_rate": 16000, "channels": 1, "silent": True}
+    digest = audio_facts(silent, "header")["digest"]
+    assert audio_facts(silent, "header") == {"frames": 32000, "sample_rate": 16000, "channels": 1, "digest": digest}
+    assert audio_facts(silent, "full") == {"frames": 32000, "sample_rate": 16000, "channels": 1, "silent": True,
+                                           "digest": digest}
     assert "error" not in audio_facts(str(damaged), "header")
     assert audio_facts(str(damaged), "full")["error"] == "unreadable audio"
 
@@ -133,3 +138,65 @@ def test_header_mode_finds_a_file_cut_anywhere(tmp_path, cut):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2 if cut == "half" else len(data) - cut])
     assert audio_facts(str(path), "header")["error"] == "unreadable audio"
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """Turn a hang into a failure (opening a FIFO for reading blocks until a writer comes)."""
+    def expire(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_non_regular_file_is_refused_without_reading_it(corpus, tmp_path, kind):
+    """A FIFO in place of an audio file used to hang the check (opening it waits for a writer)."""
+    victim = sorted(corpus.glob("train/*/*/*.flac"))[3]
+    victim.unlink()
+    if kind == "fifo":
+        os.mkfifo(victim)
+    elif kind == "directory":
+        victim.mkdir()
+    else:
+        victim.symlink_to("/dev/zero")
+    detail = {"fifo": "a FIFO", "directory": "a directory", "device": "a character device"}[kind]
+    out = tmp_path / "out"
+    with deadline(30):  # in this process (workers=1): a hang is interrupted, not left in a pool worker
+        for mode in ("header", "full"):
+            assert audio_facts(str(victim), mode) == {"error": "not a regular file", "detail": detail}
+        with pytest.raises(DataError, match="1 not a regular file") as refused:
+            prepare_manifest(out, "train", corpus, DataPolicy(16000), "train", workers=1)
+        assert f".trans.txt:4: not a regular file ({detail})" in str(refused.value)
+        skipped = prepare_manifest(out, "train", corpus, DataPolicy(16000, on_bad_data="skip"), "train", workers=1)
+    assert len(skipped) == 47 and victim.stem not in skipped["id"]
+
+
+def test_the_content_digest_sees_other_audio_of_the_same_length(tmp_path):
+    """Same size, same duration, same mtime, other samples: the digest differs; a copy keeps it."""
+    a, b = tmp_path / "a.flac", tmp_path / "b.flac"
+    sf.write(a, tone(2.0), 16000)
+    sf.write(b, tone(2.0)[::-1].copy(), 16000)  # the same samples, reversed: another FLAC of the same length
+    assert sf.info(a).frames == sf.info(b).frames
+    shutil.copy(a, tmp_path / "copy.flac")
+    assert content_digest(str(a)) == content_digest(str(tmp_path / "copy.flac")) != content_digest(str(b))
+
+
+def test_a_replaced_file_with_the_old_size_and_mtime_is_read_again(tmp_path):
+    """The cache key holds the ctime: a file swapped for other audio of the same size with its
+    mtime copied over (cp -p, rsync -t, touch -r) is not answered from the cache."""
+    path, cache = tmp_path / "a.wav", tmp_path / "facts.jsonl"
+    sf.write(path, tone(2.0), 16000)
+    (before,), n_read, _ = check_files([str(path)], "header", cache=cache, workers=1)
+    st = os.stat(path)
+    time.sleep(0.01)  # a ctime tick apart
+    sf.write(path, tone(2.0)[::-1].copy(), 16000)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    (after,), n_read, _ = check_files([str(path)], "header", cache=cache, workers=1)
+    assert n_read == 1 and after["frames"] == before["frames"] and after["digest"] != before["digest"]

@@ -1,7 +1,9 @@
 import math
 
+import pytest
 import torch
 
+from common.faults import RunError
 from common.features import LogMel, feature_stats
 
 
@@ -17,7 +19,15 @@ def test_logmel_shape_and_determinism():
 
 def test_feature_stats_match_torch():
     feats = [torch.randn(n, 5) * 3 + 1 for n in (10, 20, 7)]
-    mean, std = feature_stats(feats)
+    mean, std = feature_stats((f"utt{i}", f) for i, f in enumerate(feats))
     cat = torch.cat(feats)
     assert torch.allclose(mean, cat.mean(0), atol=1e-5)
     assert torch.allclose(std, cat.std(0, unbiased=False), atol=1e-5)
+
+
+def test_feature_stats_name_an_utterance_with_non_finite_features():
+    """One NaN sample makes every statistic NaN: refused, naming the utterance and the fix."""
+    feats = [("a", torch.randn(10, 5)), ("b", torch.randn(8, 5)), ("c", torch.randn(9, 5))]
+    feats[1][1][3, 2] = float("nan")
+    with pytest.raises(RunError, match=r"in 1 of the 3 utterances .*, e\.g\. b: .*--data_check full"):
+        feature_stats(feats)

@@ -1,7 +1,13 @@
+import os
+import shutil
+import time
+
 import numpy as np
 import pytest
+import soundfile as sf
 
-from common.manifest import DataError, DataPolicy, prepare_manifest, scan_librispeech, validate
+from common.manifest import (DataError, DataPolicy, data_change, manifest_summary, prepare_manifest,
+                             scan_librispeech, validate)
 
 ENTRY = "999-9990.trans.txt:{}"
 
@@ -133,3 +139,39 @@ def test_input_that_used_to_slip_through_is_named(tmp_path):
     rows, problems = scan_ljspeech(lj)
     assert [r["id"] for r in rows] == ["LJ001"]  # the BOM is not part of the first id
     assert sorted(p["reason"] for p in problems) == ["id is a path (outside wavs/)"] * 2 + ["invalid UTF-8 in transcript"]
+
+
+def test_other_audio_of_the_same_length_changes_the_summary_and_is_named(tiny_corpus, tmp_path):
+    """A file replaced by other audio with the same size and duration (and its mtime copied back):
+    the ids, durations and transcripts are the same, the contents fingerprint is not, and the
+    change names the file. An older summary without `contents` still compares equal."""
+    root = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus / "librispeech" / "train", root / "train")
+    out = tmp_path / "out"
+    before = manifest_summary(prepare_manifest(out, "train", root, DataPolicy(16000), "train", workers=1))
+    assert data_change(before, before, out / "data") is None
+    victim = sorted(root.glob("train/*/*/*.flac"))[7]
+    replace_keeping_size(victim)
+    after = manifest_summary(prepare_manifest(out, "train", root, DataPolicy(16000), "train", workers=1))
+    assert {k: v for k, v in after.items() if k != "contents"} == {k: v for k, v in before.items() if k != "contents"}
+    assert after["contents"] != before["contents"]
+    assert data_change(before, after, out / "data") == (
+        f"training data changed: 1 files' contents changed, e.g. {victim} (same ids, durations and transcripts; "
+        f"content fingerprint {before['contents']} != now {after['contents']})")
+    # the manifests are gone: the change is still refused, without a count
+    assert "the audio files' contents changed" in data_change(before, after, tmp_path / "elsewhere")
+    old = {k: v for k, v in before.items() if k != "contents"}  # a checkpoint from before the key
+    assert data_change(old, after, out / "data") is None
+
+
+def replace_keeping_size(path):
+    """Rewrite the FLAC `path` with other audio of the same duration, padded to its old size, with
+    its old mtime (what `cp -p` of another take of the utterance does)."""
+    st = os.stat(path)
+    audio, sr = sf.read(path, dtype="int16")
+    time.sleep(0.01)
+    sf.write(path, audio // 2, sr)  # 6 dB quieter: other samples, a smaller FLAC
+    with open(path, "ab") as f:
+        f.write(bytes(st.st_size - os.path.getsize(path)))  # zeros after the last frame: the decoder ignores them
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and sf.info(path).frames == len(audio)

@@ -247,7 +247,7 @@ def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     weights = load_recipe_ctc_weights(cont / "final")
     train = read_librispeech(tiny_corpus / "librispeech", "train")
     stride = max(1, len(train) // 20)  # an evenly spaced subset of stats_utterances
-    mean, std = feature_stats([LogMel(16000, 80)(load_audio(p, 16000)) for p in train["path"][::stride]])
+    mean, std = feature_stats([(r["id"], LogMel(16000, 80)(load_audio(r["path"], 16000))) for r in train.select(range(0, len(train), stride))])
     assert torch.allclose(weights["feat_mean"], mean) and torch.allclose(weights["feat_std"], std)
 
 
