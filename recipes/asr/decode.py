@@ -29,12 +29,12 @@ import yaml
 
 from common.checkpoint import resolve_checkpoint
 from common.config import parse_config
-from common.corpus import resolve_data_dir
 from common.data import make_loader
 from common.distributed import build_accelerator
 from common.encoder import encoder_config_from
 from common.hf_export import load_recipe_ctc_weights
 from common.logs import get_logger
+from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import transcribe

@@ -103,7 +103,6 @@ from safetensors.torch import load_file  # noqa: E402
 from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
                                global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
-from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import auto_workers, keep_in_memory, make_loader  # noqa: E402
 from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
                                 set_threads)
@@ -116,6 +115,7 @@ from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, 
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
+from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from data import FeatureDataset, MaskingCollator  # noqa: E402

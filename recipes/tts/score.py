@@ -43,9 +43,9 @@ import torch
 import torchaudio
 
 from common.config import parse_config
-from common.corpus import resolve_data_dir
 from common.data import load_audio
 from common.manifest import DataPolicy, prepare_manifest
+from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
 from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png

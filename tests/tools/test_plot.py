@@ -3,7 +3,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from common.plot import main
+from tools.plot import main
 
 
 def test_metrics_become_an_svg_with_one_panel_per_key(tmp_path, capsys):

@@ -22,7 +22,7 @@ therefore load a fresh instance for every utterance (dlopen, initialize, synthes
 ~4 ms) and seed its RNG. We load a private copy of the library so that no other user of
 libespeak-ng in the process (a phonemizer, say) can keep it mapped and its state alive.
 
-Usage: python -m common.corpus --out DIR --profile tiny
+Usage: python -m tools.corpus --out DIR --profile tiny
 """
 
 from __future__ import annotations
@@ -414,7 +414,7 @@ def _to_int16(x: np.ndarray) -> np.ndarray:
 
 
 def _resample_to_16k(x: np.ndarray) -> np.ndarray:
-    import torch  # lazy: keeps `import common.corpus` (and spawned lock waiters) light
+    import torch  # lazy: keeps `import tools.corpus` (and spawned lock waiters) light
     import torchaudio.functional as AF
 
     # float64 so that rounding to int16 afterwards cannot flip with CPU-specific float32 kernels.

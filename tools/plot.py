@@ -1,6 +1,6 @@
 """Plot a run's `metrics.jsonl` as an SVG (no plotting library needed; GitHub renders SVG in READMEs).
 
-    python -m common.plot outputs/best_rq/metrics.jsonl -o curve.svg [--keys loss,eval_loss]
+    python -m tools.plot outputs/best_rq/metrics.jsonl -o curve.svg [--keys loss,eval_loss]
 
 One panel per key, x = optimizer step. Keys default to every numeric column except step/epoch/lr.
 """
