@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from common.config import parse_config
+from common.logs import check_tracker
 
 
 @dataclass
@@ -90,8 +91,11 @@ class Config:
     eval_steps: int = 250  # optimizer steps between validation passes (0 = never)
     save_steps: int = 250  # optimizer steps between checkpoints
     save_total_limit: int = 2  # complete checkpoints kept (oldest pruned after a new one is complete)
-    report_to: Literal["tensorboard", "none"] = "tensorboard"  # where metrics go besides metrics.jsonl
+    report_to: str = "tensorboard"  # tensorboard, wandb, mlflow, ... (comma-separated), all, none; + metrics.jsonl
     dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
+
+    def validate(self) -> None:  # parse time: no heavy imports
+        check_tracker(self.report_to)
 
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
@@ -109,8 +113,8 @@ from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run
 from common.encoder import encoder_config_from  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.hf_export import save_feature_extractor  # noqa: E402
-from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.hf_export import save_feature_extractor, write_model_card  # noqa: E402
+from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
@@ -128,7 +132,7 @@ def main(cfg: Config) -> None:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
+        log_with=trackers(cfg.report_to), timeout_s=cfg.ddp_timeout,
         deterministic=cfg.deterministic,
     )
     world = accelerator.num_processes
@@ -247,6 +251,17 @@ def main(cfg: Config) -> None:
             folder / "encoder", state_dict={k[len("encoder."):]: v for k, v in weights.items() if k.startswith("encoder.")})
         save_feature_extractor(folder / "encoder", n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                                sample_rate=cfg.sample_rate, mean=weights["feat_mean"], std=weights["feat_std"])
+        write_model_card(folder, recipe="best_rq", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
+                         usage="""
+            `encoder/` is a transformers folder:
+
+            ```python
+            from transformers import AutoFeatureExtractor, AutoModel
+
+            fe = AutoFeatureExtractor.from_pretrained("<this folder>/encoder", trust_remote_code=True)
+            encoder = AutoModel.from_pretrained("<this folder>/encoder")
+            hidden = encoder(**fe(samples, sampling_rate=16000, return_tensors="pt")).last_hidden_state
+            ```""")
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from common.config import parse_config
+from common.logs import check_tracker
 
 LOSSES = ("mel_loss", "dur_loss", "align_loss", "bin_loss")
 
@@ -98,10 +100,13 @@ class Config:
     eval_steps: int = 250  # optimizer steps between validation passes (0 = never)
     save_steps: int = 250  # optimizer steps between checkpoints
     save_total_limit: int = 2  # complete checkpoints kept (oldest pruned after a new one is complete)
-    report_to: Literal["tensorboard", "none"] = "tensorboard"  # where metrics go besides metrics.jsonl
+    report_to: str = "tensorboard"  # tensorboard, wandb, mlflow, ... (comma-separated), all, none; + metrics.jsonl
     num_samples: int = 2  # fixed validation sentences synthesized into TensorBoard at each validation
     griffin_lim_iters: int = 32  # Griffin-Lim iterations for those samples
     dump_batch_ids: bool = False  # write each rank's utterance ids per batch (audits DDP sharding)
+
+    def validate(self) -> None:  # parse time: no heavy imports
+        check_tracker(self.report_to)
 
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
@@ -117,7 +122,8 @@ from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run
                                 set_threads)
 from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.hf_export import write_model_card  # noqa: E402
+from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
@@ -179,7 +185,7 @@ def main(cfg: Config) -> None:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
+        log_with=trackers(cfg.report_to), timeout_s=cfg.ddp_timeout,
         deterministic=cfg.deterministic,
     )
     world = accelerator.num_processes
@@ -247,7 +253,7 @@ def main(cfg: Config) -> None:
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
     writer = vocoder = None
     start_trackers(accelerator, cfg_dict, cfg.report_to, resume_step=state.step)
-    if accelerator.is_main_process and "tensorboard" in cfg.report_to:
+    if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):
         writer = accelerator.get_tracker("tensorboard", unwrap=True)  # the SummaryWriter
         vocoder = GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length),
                              n_iter=cfg.griffin_lim_iters)
@@ -300,6 +306,22 @@ def main(cfg: Config) -> None:
     def write_extras(folder: Path) -> None:  # main process, beside model.safetensors (incl. feature stats)
         save_config(cfg, folder / "config.yaml")
         (folder / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
+        # The synthesis code, under names of its own: `model`/`audio` would collide with any other
+        # module of that name on sys.path, so final/ loads from anywhere (needs only the installed common/).
+        for name in ("model", "audio"):
+            shutil.copyfile(Path(__file__).with_name(f"{name}.py"), folder / f"tts_{name}.py")
+        write_model_card(folder, recipe="tts", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
+                         usage="""
+            ```python
+            import sys
+            sys.path.insert(0, "<this folder>")
+            from tts_audio import make_vocoder
+            from tts_model import load_tts, synthesize
+
+            model, cfg, symbols, _ = load_tts("<this folder>")
+            wav, mel, durations = synthesize(model, symbols, "a radio wrote this clever pencil",
+                                             make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
+            ```""")
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()
