@@ -490,9 +490,15 @@ def prepare_corpus(root: str | Path, profile: str = "default") -> Path:
     for path, content in text_files.items():
         path.write_text(content, encoding="utf-8")
     # A plain loop (~18 ms per utterance): fast enough, and no worker processes that would
-    # re-import the caller's script.
-    for job in jobs:
+    # re-import the caller's script. Only the building process gets here, whatever its rank: it
+    # reports progress on stderr itself (~10 lines), the others wait in prepare_once.
+    start, every = time.monotonic(), max(1, len(jobs) // 10)
+    for done, job in enumerate(jobs, 1):
         _render(job)
+        if done % every == 0 or done == len(jobs):
+            spent = time.monotonic() - start
+            print(f"building the built-in corpus ({profile}) in {root}: {done}/{len(jobs)} utterances, "
+                  f"{spent:.0f} s, ~{spent / done * (len(jobs) - done):.0f} s left", file=sys.stderr, flush=True)
     return root
 
 

@@ -194,6 +194,12 @@ def test_generation_is_byte_identical_across_processes(tiny_corpus, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert str(out) in proc.stdout and "train" in proc.stdout
     assert _tree_digest(out) == _tree_digest(tiny_corpus)
+    # the building process says how far it is (every tenth of the utterances), up to the last one
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("building the built-in corpus (tiny)")]
+    tiny = corpus.PROFILES["tiny"]
+    total = (tiny["train_speakers"] * (tiny["train_utts"] + tiny["validation_utts"])
+             + tiny["test_speakers"] * tiny["test_utts"] + tiny["ljspeech_utts"])
+    assert len(progress) >= 10 and progress[-1].split(": ")[1].startswith(f"{total}/{total} utterances"), proc.stderr
 
 
 def test_common_never_imports_tools():
