@@ -139,6 +139,9 @@ def write_model_card(folder: str | Path, *, recipe: str, state, data_dir: str, m
     (launcher options are not visible here; the process count is given beside it); `usage` is a
     short Markdown snippet on loading the folder (dedented)."""
     last, last_eval = _last_rows(Path(metrics_path))
+    script = Path(sys.argv[0]).resolve()
+    if script.is_relative_to(Path.cwd()):  # as typed from the checkout: recipes/<recipe>/train.py
+        script = script.relative_to(Path.cwd())
     data = state.data or {}
     fmt = lambda row: json.dumps(row, sort_keys=False) if row else "(none logged)"  # noqa: E731
     lines = [
@@ -149,7 +152,8 @@ def write_model_card(folder: str | Path, *, recipe: str, state, data_dir: str, m
         "",
         "## How it was made",
         "",
-        f"- command: `accelerate launch {shlex.join(sys.argv)}` ({state.world_size} process(es))",
+        f"- command: `accelerate launch {shlex.join([str(script), *sys.argv[1:]])}` ({state.world_size} process(es), "
+        f"in `{Path.cwd()}`)",
         f"- finished: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
         f"- versions: {_versions()}",
         "- config: `config.yaml` in this folder (every setting, resolved)",

@@ -128,7 +128,8 @@ def test_model_card_says_how_the_model_was_made(tmp_path, monkeypatch):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5, "eval_loss": 1.7}\n'
                        '{"step": 3, "loss": 1.25}\n{"step": 4, "lo')  # a torn last line
-    monkeypatch.setattr(sys, "argv", ["recipes/asr/train.py", "--max_steps", "3", "--output_dir", "out dir"])
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "recipes/asr/train.py"), "--max_steps", "3", "--output_dir", "out dir"])
     state = SimpleNamespace(step=3, world_size=2, gradient_accumulation_steps=1,
                             data={"utterances": 48, "hours": 0.0312, "fingerprint": "abc123"})
     write_model_card(tmp_path, recipe="asr", state=state, data_dir="/data/ls", metrics_path=metrics,
@@ -137,7 +138,7 @@ def test_model_card_says_how_the_model_was_made(tmp_path, monkeypatch):
         x = 1
         ```""")
     card = (tmp_path / "README.md").read_text()
-    assert "`accelerate launch recipes/asr/train.py --max_steps 3 --output_dir 'out dir'` (2 process(es))" in card
+    assert f"`accelerate launch recipes/asr/train.py --max_steps 3 --output_dir 'out dir'` (2 process(es), in `{ROOT}`)" in card
     assert "48 utterances, 0.031 h, fingerprint `abc123`" in card and "`/data/ls`" in card
     assert '{"step": 3, "loss": 1.25}' in card and '{"step": 2, "loss": 1.5, "eval_loss": 1.7}' in card
     assert "torch " in card and "accelerate " in card and "UTC" in card and "\n```python\nx = 1\n```" in card
