@@ -37,7 +37,7 @@ def _modules(recipe: str, *names: str):
 
 def load_recipe(recipe: str, overrides: list[str] = ()) -> SimpleNamespace:
     from common.config import parse_config
-    from common.corpus import resolve_data_dir
+    from tools.corpus import resolve_data_dir
     from common.encoder import encoder_config_from
     from common.manifest import read_librispeech
 

@@ -113,12 +113,31 @@ class _ResumeSafe(Rule):
         return "may change on resume"
 
 
+@dataclasses.dataclass(frozen=True)
+class _Trackers(Rule):
+    """`--report_to`: trackers accelerate knows and this environment has (common.logs.trackers;
+    importing it is light: it looks modules up without importing them)."""
+
+    def __str__(self) -> str:
+        return "installed trackers, comma-separated, or all/none"
+
+    def check(self, value: Any) -> str | None:
+        from common.logs import trackers
+
+        try:
+            trackers(value)
+        except ValueError as e:
+            return str(e).split(": ", 1)[-1]
+        return None
+
+
 Count = Range(1)  # how many of something: ≥ 1
 NonNegative = Range(0)
 Positive = Range(0, lo_open=True)
 Fraction = Range(0, 1)  # a probability or a share
 ExistingPath = _ExistingPath()
 ResumeSafe = _ResumeSafe()
+Trackers = _Trackers()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +190,7 @@ class RunConfig:
     eval_steps: Annotated[int, NonNegative, ResumeSafe] = 250  # optimizer steps between validation passes (0 = never)
     save_steps: Annotated[int, Count, ResumeSafe] = 250  # optimizer steps between checkpoints
     save_total_limit: Annotated[int, NonNegative, ResumeSafe] = 2  # complete checkpoints kept (oldest pruned after a new one is complete; 0 = all)
-    report_to: Annotated[Literal["tensorboard", "none"], ResumeSafe] = "tensorboard"  # where metrics go besides metrics.jsonl
+    report_to: Annotated[str, Trackers, ResumeSafe] = "tensorboard"  # trackers besides metrics.jsonl: tensorboard, wandb, mlflow, ... (comma-separated), all, none
     dump_batch_ids: Annotated[bool, ResumeSafe] = False  # write each rank's utterance ids per batch (audits DDP sharding)
 
 

@@ -7,12 +7,20 @@
   tokenizer (a `Wav2Vec2CTCTokenizer` that collapses spaces), for `pipeline("automatic-speech-recognition",
   model=folder, trust_remote_code=True)`. The recipe's weights map onto it by renaming `encoder.` → `wav2vec2_bert.`
   and `head.` → `lm_head.`; `recipe_ctc_weights` maps back.
+- `write_model_card(folder, ...)`: the `README.md` of every `final/` (recipe, command, data, metrics,
+  versions), written before the folder is sealed.
 """
 
 from __future__ import annotations
 
 import json
+import platform
+import shlex
 import shutil
+import sys
+import textwrap
+import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -95,3 +103,75 @@ def load_recipe_ctc_weights(folder: str | Path) -> dict[str, torch.Tensor]:
         return weights
     fe = json.loads((folder / "preprocessor_config.json").read_text())
     return recipe_ctc_weights(weights, torch.tensor(fe["mean"]), torch.tensor(fe["std"]))
+
+
+def _versions(packages=("torch", "torchaudio", "accelerate", "transformers", "datasets")) -> str:
+    def one(name):
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} (not installed)"
+
+    return ", ".join([f"python {platform.python_version()}", *map(one, packages)])
+
+
+def _last_rows(metrics_path: Path) -> tuple[dict | None, dict | None]:
+    """The last logged row of `metrics.jsonl`, and the last one with validation values (`eval_*`)."""
+    last = last_eval = None
+    for line in metrics_path.read_text().splitlines() if metrics_path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        last = row
+        if any(k.startswith("eval_") for k in row):
+            last_eval = row
+    return last, last_eval
+
+
+def write_model_card(folder: str | Path, *, recipe: str, state, data_dir: str, metrics_path: str | Path,
+                     usage: str) -> None:
+    """`<folder>/README.md`: what this model is and how it was made. Called from a recipe's
+    `write_extras`, so the card is sealed with the weights (the `COMPLETE` digests cover it).
+
+    `state` is the run's `TrainState` (step, processes, accumulation, `data` = manifest_summary of the
+    training set); the command is this process's `sys.argv` as `accelerate launch` received it
+    (launcher options are not visible here; the process count is given beside it); `usage` is a
+    short Markdown snippet on loading the folder (dedented)."""
+    last, last_eval = _last_rows(Path(metrics_path))
+    script = Path(sys.argv[0]).resolve()
+    if script.is_relative_to(Path.cwd()):  # as typed from the checkout: recipes/<recipe>/train.py
+        script = script.relative_to(Path.cwd())
+    data = state.data or {}
+    fmt = lambda row: json.dumps(row, sort_keys=False) if row else "(none logged)"  # noqa: E731
+    lines = [
+        f"# {recipe} model (speech-recipes)",
+        "",
+        f"Trained by `recipes/{recipe}/train.py` of speech-recipes for {state.step} optimizer steps on "
+        f"{state.world_size} process(es) × accumulation {state.gradient_accumulation_steps}.",
+        "",
+        "## How it was made",
+        "",
+        f"- command: `accelerate launch {shlex.join([str(script), *sys.argv[1:]])}` ({state.world_size} process(es), "
+        f"in `{Path.cwd()}`)",
+        f"- finished: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+        f"- versions: {_versions()}",
+        "- config: `config.yaml` in this folder (every setting, resolved)",
+        "",
+        "## Data",
+        "",
+        f"- data_dir: `{data_dir}`",
+        f"- training set: {data.get('utterances', '?')} utterances, {data.get('hours', 0.0):.3f} h, "
+        f"fingerprint `{data.get('fingerprint', '?')}` (id, duration, text of every utterance)",
+        "",
+        "## Metrics at the end",
+        "",
+        f"- last logged step: `{fmt(last)}`",
+        f"- last validation: `{fmt(last_eval)}`",
+        "",
+        "## Use",
+        "",
+        textwrap.dedent(usage).strip(),
+        "",
+    ]
+    (Path(folder) / "README.md").write_text("\n".join(lines))

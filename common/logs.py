@@ -1,23 +1,63 @@
-"""Main-process-only logging: a text logger, `metrics.jsonl`, and a tqdm bar (or, when the output
-goes to a file, a plain line per logged step).
+"""Main-process-only logging: a text logger, `metrics.jsonl`, a tqdm bar (or, when the output
+goes to a file, a plain line per logged step), and the experiment trackers of `--report_to`.
 
 `metrics.jsonl` holds one JSON object per logged optimizer step. A re-launched run first trims
 the lines written after its checkpoint (and any line a kill cut in half), so every step appears
 exactly once, with the same values an uninterrupted run would have written.
+
+Importing this module is light (accelerate and tqdm are imported where used): `--report_to`
+is checked (`trackers`) while the command line is parsed, before any heavy import.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
-from pathlib import Path
-
 import sys
 import time
+from pathlib import Path
 
-from accelerate import PartialState
-from tqdm.auto import tqdm
+# The trackers accelerate 1.15 knows (`accelerate.tracking.LOGGER_TYPE_TO_CLASS`; a test keeps this
+# list equal to it): the module(s) whose presence makes one usable, and the pip package to install.
+TRACKERS = {
+    "tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
+    "wandb": (("wandb",), "wandb"),
+    "mlflow": (("mlflow",), "mlflow"),
+    "comet_ml": (("comet_ml",), "comet-ml"),
+    "aim": (("aim",), "aim"),
+    "clearml": (("clearml",), "clearml"),
+    "dvclive": (("dvclive",), "dvclive"),
+    "swanlab": (("swanlab",), "swanlab"),
+    "trackio": (("trackio",), "trackio"),
+}
+
+
+def _installed(name: str) -> bool:
+    return any(importlib.util.find_spec(m) is not None for m in TRACKERS[name][0])  # no import: fast
+
+
+def trackers(report_to: str) -> list[str]:
+    """`--report_to` as Hugging Face takes it: one tracker, a comma-separated list, `all` (every
+    installed one) or `none` → the names for `Accelerator(log_with=...)`. Raises ValueError (one
+    line, naming the pip package) for an unknown or uninstalled tracker."""
+    names = [n.strip() for n in report_to.split(",") if n.strip()]
+    if names in (["none"], ["all"]):
+        return [] if names == ["none"] else [n for n in TRACKERS if _installed(n)]
+    choices = ", ".join([*TRACKERS, "all", "none"])
+    if len(names) > 1 and {"all", "none"} & set(names):
+        raise ValueError(f"--report_to {report_to}: 'all' and 'none' stand alone, not in a list")
+    for name in names:
+        if name not in TRACKERS:
+            raise ValueError(f"--report_to {report_to}: {name!r} is not a tracker; choose from {choices} "
+                             f"(several: comma-separated)")
+        if not _installed(name):
+            raise ValueError(f"--report_to {report_to}: the {name} tracker is not installed here: "
+                             f"pip install {TRACKERS[name][1]} (or --report_to none)")
+    if not names:
+        raise ValueError(f"--report_to: empty; choose from {choices}")
+    return names
 
 
 class _TqdmHandler(logging.StreamHandler):
@@ -25,6 +65,8 @@ class _TqdmHandler(logging.StreamHandler):
 
     def emit(self, record):
         try:
+            from tqdm.auto import tqdm
+
             tqdm.write(self.format(record), file=sys.stderr)
         except Exception:  # noqa: BLE001 — logging must never raise
             self.handleError(record)
@@ -34,6 +76,8 @@ class _MainProcessLogger(logging.LoggerAdapter):
     """Emits on the main process only; every rank may call it (no rank prefix is added)."""
 
     def log(self, level, msg, *args, **kwargs):
+        from accelerate import PartialState
+
         state = PartialState._shared_state
         if not state or state.get("process_index", 0) == 0:
             self.logger.log(level, msg, *args, **kwargs)
@@ -75,6 +119,8 @@ class PlainProgress:
 
 def progress_bar(accelerator, total: int, initial: int = 0):
     """A tqdm bar on a terminal; plain log lines when stderr goes to a file. Main process only."""
+    from tqdm.auto import tqdm
+
     if accelerator.is_main_process and not sys.stderr.isatty():
         return PlainProgress(total, initial)
     return tqdm(total=total, initial=initial, disable=not accelerator.is_main_process,
@@ -136,11 +182,18 @@ class MetricsLog:
 
 def start_trackers(accelerator, config: dict, report_to: str, resume_step: int) -> None:
     """`accelerator.init_trackers` with the config as hyper-parameters (main process only inside).
+    The accelerator was built with `log_with=trackers(report_to)`.
 
-    After a resume, TensorBoard purges the events of the steps after the checkpoint (`purge_step`:
-    written by the interrupted run, about to be written again), so every step appears once."""
-    if report_to == "none":
+    The project (wandb, mlflow, ... ) is named after the output folder (`outputs/asr` → `asr`);
+    TensorBoard writes into `<output_dir>/tensorboard/<that name>/`. After a resume, TensorBoard
+    purges the events of the steps after the checkpoint (`purge_step`: written by the interrupted
+    run, about to be written again), so every step appears once."""
+    names = trackers(report_to)
+    if not names:
         return
     hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in config.items()}
-    init_kwargs = {"tensorboard": {"purge_step": resume_step + 1}} if resume_step and "tensorboard" in report_to else {}
-    accelerator.init_trackers("tensorboard", config=hparams, init_kwargs=init_kwargs)
+    init_kwargs = {"tensorboard": {"purge_step": resume_step + 1}} if resume_step and "tensorboard" in names else {}
+    # TensorBoard's folder is <logging_dir>/<project>: the project name must mean something to every
+    # tracker, so TensorBoard's events go one level down, all under <output_dir>/tensorboard.
+    accelerator.project_configuration.logging_dir = os.path.join(accelerator.project_dir, "tensorboard")
+    accelerator.init_trackers(Path(config["output_dir"]).name, config=hparams, init_kwargs=init_kwargs)

@@ -196,7 +196,7 @@ def main() -> None:
     if not SB_PYTHON.is_file() or not (SB_RECIPE / "train.py").is_file():
         refuse("SpeechBrain's environment or recipe is missing; run: bash benchmarks/speechbrain/setup.sh")
 
-    from common.corpus import resolve_data_dir  # our toolbox: after --help and the checks above
+    from tools.corpus import resolve_data_dir  # our toolbox: after --help and the checks above
     sys.path.insert(0, str(HERE))
     from bridge import write_speechbrain_csv
 

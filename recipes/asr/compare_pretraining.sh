@@ -34,7 +34,7 @@ python - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-cer = {run: json.loads((out / run / "final" / "decode" / "test-greedy.json").read_text()) for run in ("scratch", "best_rq")}
+cer = {run: json.loads((out / run / "decode" / "final" / "test-greedy.json").read_text()) for run in ("scratch", "best_rq")}
 for run, s in cer.items():
     print(f"{run:>8}: test CER {100 * s['cer']:.2f}%  WER {100 * s['wer']:.2f}%  ({s['utterances']} utterances)")
 rel = 1 - cer["best_rq"]["cer"] / cer["scratch"]["cer"]

@@ -12,7 +12,8 @@
 checkpoints/step_XXXXXXXX/ folder. Data settings (data_dir, built-in corpus, front end) come from the
 checkpoint's config.yaml unless given here. Writes <output>/<split>-<decoding>.jsonl, one
 {"id", "ref", "hyp"} per utterance sorted by id, and <output>/<split>-<decoding>.json with the
-scores; prints WER and CER. In N processes each process decodes its share and the main process
+scores; <output> defaults to <output_dir>/decode/<checkpoint name>/ (e.g. outputs/asr/decode/final/):
+beside the checkpoint, never inside it (final/ and step folders are sealed by their digests); prints WER and CER. In N processes each process decodes its share and the main process
 scores the gathered results, each utterance exactly once.
 """
 
@@ -29,12 +30,13 @@ import yaml
 
 from common.checkpoint import resolve_checkpoint
 from common.config import Count, ExistingPath, NonNegative, Positive, parse_config
-from common.corpus import resolve_data_dir
+from tools.corpus import resolve_data_dir
 from common.data import make_loader
 from common.distributed import build_accelerator
 from common.encoder import encoder_config_from
 from common.hf_export import load_recipe_ctc_weights
 from common.logs import get_logger
+from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import transcribe
@@ -54,7 +56,7 @@ class EvalConfig:
     split: str = "test"  # subfolder(s) of data_dir, comma-separated
     data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
-    output: str | None = None  # folder for hypotheses and scores; None = <checkpoint folder>/decode
+    output: str | None = None  # folder for hypotheses and scores; None = <output_dir>/decode/<checkpoint name>
     decoding: Literal["greedy", "beam"] = "greedy"  # beam: CTC prefix beam search
     beam_size: Annotated[int, Count] = 8  # prefixes kept by beam search
     max_batch_seconds: Annotated[float, Positive] = 120.0  # padded seconds of audio per batch, per process
@@ -95,7 +97,9 @@ def main():
         summary = {"checkpoint": str(folder), "split": args.split, "data_dir": data_dir, "decoding": args.decoding,
                    "beam_size": args.beam_size if args.decoding == "beam" else None, "utterances": len(results),
                    **scores, "processes": world, "decode_seconds": round(time.monotonic() - start, 2)}
-        out = Path(args.output) if args.output else folder / "decode"
+        # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
+        run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
+        out = Path(args.output) if args.output else run_dir / "decode" / folder.name
         out.mkdir(parents=True, exist_ok=True)
         name = f"{args.split.replace(',', '+')}-{args.decoding}"
         with open(out / f"{name}.jsonl", "w") as f:

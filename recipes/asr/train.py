@@ -84,19 +84,20 @@ from safetensors.torch import load_file  # noqa: E402
 from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
                                global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
-from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import auto_workers, keep_in_memory, make_loader  # noqa: E402
 from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
                                 set_threads)
 from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
 from common.faults import Preemption, RunError, run_main  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
-from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.hf_export import write_model_card  # noqa: E402
+from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
+from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import evaluate  # noqa: E402
@@ -112,7 +113,7 @@ def main(cfg: Config) -> None:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
+        log_with=trackers(cfg.report_to), timeout_s=cfg.ddp_timeout,
         deterministic=cfg.deterministic,
     )
     world = accelerator.num_processes
@@ -238,7 +239,7 @@ def main(cfg: Config) -> None:
         if cfg.eval_steps and state.step % cfg.eval_steps == 0:
             row, decoded = evaluate(model, valid_loader, accelerator, tokenizer, scorer)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()))
-            if accelerator.is_main_process and cfg.report_to == "tensorboard":  # a few hypotheses beside references
+            if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):  # hypotheses beside references
                 accelerator.get_tracker("tensorboard", unwrap=True).add_text("eval/decoded", "\n\n".join(
                     f"`{i}`  \nref: {ref}  \nhyp: {hyp}" for i, hyp, ref in decoded[:4]), state.step)
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
@@ -259,6 +260,14 @@ def main(cfg: Config) -> None:
         save_config(cfg, folder / "config.yaml")
         shutil.copytree(tok_dir, folder / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
         export_hf(folder, load_file(folder / "model.safetensors"), cfg, tokenizer)
+        write_model_card(folder, recipe="asr", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
+                         usage="""
+            ```python
+            from transformers import pipeline
+
+            asr = pipeline("automatic-speech-recognition", model="<this folder>", trust_remote_code=True)
+            asr({"raw": samples, "sampling_rate": 16000})["text"]  # config.yaml: sample_rate
+            ```""")
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

@@ -70,19 +70,19 @@ from safetensors.torch import load_file  # noqa: E402
 from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
                                global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
-from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import auto_workers, keep_in_memory, make_loader  # noqa: E402
 from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
                                 set_threads)
 from common.encoder import encoder_config_from  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.hf_export import save_feature_extractor  # noqa: E402
-from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.hf_export import save_feature_extractor, write_model_card  # noqa: E402
+from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
+from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from data import FeatureDataset, MaskingCollator  # noqa: E402
@@ -95,7 +95,7 @@ def main(cfg: Config) -> None:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
+        log_with=trackers(cfg.report_to), timeout_s=cfg.ddp_timeout,
         deterministic=cfg.deterministic,
     )
     world = accelerator.num_processes
@@ -214,6 +214,17 @@ def main(cfg: Config) -> None:
             folder / "encoder", state_dict={k[len("encoder."):]: v for k, v in weights.items() if k.startswith("encoder.")})
         save_feature_extractor(folder / "encoder", n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                                sample_rate=cfg.sample_rate, mean=weights["feat_mean"], std=weights["feat_std"])
+        write_model_card(folder, recipe="best_rq", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
+                         usage="""
+            `encoder/` is a transformers folder:
+
+            ```python
+            from transformers import AutoFeatureExtractor, AutoModel
+
+            fe = AutoFeatureExtractor.from_pretrained("<this folder>/encoder", trust_remote_code=True)
+            encoder = AutoModel.from_pretrained("<this folder>/encoder")
+            hidden = encoder(**fe(samples, sampling_rate=16000, return_tensors="pt")).last_hidden_state
+            ```""")
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

@@ -1,11 +1,9 @@
-"""Audio side of the TTS recipe: the log-mel front end, a Griffin-Lim vocoder, mel-cepstral
-distortion with DTW, and a tiny PNG writer for spectrogram pictures (no matplotlib)."""
+"""Audio side of the TTS recipe: the log-mel front end, a Griffin-Lim vocoder (torchaudio's), mel-cepstral
+distortion with DTW, and spectrogram pictures (PNG files through Pillow)."""
 
 from __future__ import annotations
 
 import math
-import struct
-import zlib
 
 import numpy as np
 import torch
@@ -122,16 +120,12 @@ def stack_images(images: list[np.ndarray], gap: int = 2) -> np.ndarray:
 
 
 def write_png(path, image: np.ndarray) -> None:
-    """Write an (H, W) uint8 grayscale image as a PNG (zlib + struct, nothing else)."""
-    h, w = image.shape
-    raw = b"".join(b"\x00" + image[r].tobytes() for r in range(h))  # filter type 0 per row
+    """Write an (H, W) uint8 grayscale image as a PNG."""
+    from PIL import Image  # lazy: only score.py writes pictures
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
-                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    if image.ndim != 2 or image.dtype != np.uint8:
+        raise ValueError(f"write_png wants an (H, W) uint8 image, got {image.shape} {image.dtype}")
+    Image.fromarray(image).save(path, format="PNG")
 
 
 def make_vocoder(cfg, n_iter: int, power: float = 1.0) -> "GriffinLim":

@@ -25,6 +25,8 @@ and the ASR recipe's evaluator is run on them as a subprocess; its WER/CER are r
 Writes <output>/<split>.json (summary), <output>/<split>.jsonl (per utterance), wavs/, and a
 spectrogram picture <output>/<first id>.png (synthesized above, recording below) and its
 alignment <output>/<first id>_alignment.png (soft above, hard below; symbols up, frames right).
+<output> defaults to <output_dir>/eval/<checkpoint name>/ (e.g. outputs/tts/eval/final/): beside the
+checkpoint, never inside it (final/ and step folders are sealed by their digests).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ import torch
 import torchaudio
 
 from common.config import Count, ExistingPath, parse_config
-from common.corpus import resolve_data_dir
+from tools.corpus import resolve_data_dir
 from common.data import load_audio
 from common.manifest import DataPolicy, prepare_manifest
+from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
 from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
@@ -63,7 +66,7 @@ class EvalConfig:
     split: Literal["test", "validation"] = "test"  # the checkpoint's deterministic split
     data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
-    output: str | None = None  # None = <checkpoint folder>/eval
+    output: str | None = None  # None = <output_dir>/eval/<checkpoint name> (beside it, never inside)
     griffin_lim_iters: Annotated[int, Count] = 60
     asr_checkpoint: Annotated[str | None, ExistingPath] = None  # ASR recipe output_dir: also measure intelligibility (WER/CER)
     asr_sample_rate: Annotated[int, Count] = 16000  # Hz of the audio handed to the ASR evaluator
@@ -101,7 +104,9 @@ def main():
     args = parse_config(EvalConfig)
     torch.set_grad_enabled(False)
     model, cfg, symbols, folder = load_tts(args.checkpoint)
-    out = Path(args.output) if args.output else folder / "eval"
+    # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
+    run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
+    out = Path(args.output) if args.output else run_dir / "eval" / folder.name
     out.mkdir(parents=True, exist_ok=True)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "ljspeech")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -87,17 +88,18 @@ import torch  # noqa: E402
 from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
                                global_batch_plan, resume_from_checkpoint)
 from common.config import config_to_dict, save_config  # noqa: E402
-from common.corpus import resolve_data_dir  # noqa: E402
 from common.data import auto_workers, keep_in_memory, load_audio, make_loader  # noqa: E402
 from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
                                 set_threads)
 from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.hf_export import write_model_card  # noqa: E402
+from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
 from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
                          train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
+from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
@@ -154,7 +156,7 @@ def main(cfg: Config) -> None:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=None if cfg.report_to == "none" else cfg.report_to, timeout_s=cfg.ddp_timeout,
+        log_with=trackers(cfg.report_to), timeout_s=cfg.ddp_timeout,
         deterministic=cfg.deterministic,
     )
     world = accelerator.num_processes
@@ -222,7 +224,7 @@ def main(cfg: Config) -> None:
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
     writer = vocoder = None
     start_trackers(accelerator, cfg_dict, cfg.report_to, resume_step=state.step)
-    if accelerator.is_main_process and "tensorboard" in cfg.report_to:
+    if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):
         writer = accelerator.get_tracker("tensorboard", unwrap=True)  # the SummaryWriter
         vocoder = GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length),
                              n_iter=cfg.griffin_lim_iters)
@@ -275,6 +277,22 @@ def main(cfg: Config) -> None:
     def write_extras(folder: Path) -> None:  # main process, beside model.safetensors (incl. feature stats)
         save_config(cfg, folder / "config.yaml")
         (folder / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
+        # The synthesis code, under names of its own: `model`/`audio` would collide with any other
+        # module of that name on sys.path, so final/ loads from anywhere (needs only the installed common/).
+        for name in ("model", "audio"):
+            shutil.copyfile(Path(__file__).with_name(f"{name}.py"), folder / f"tts_{name}.py")
+        write_model_card(folder, recipe="tts", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
+                         usage="""
+            ```python
+            import sys
+            sys.path.insert(0, "<this folder>")
+            from tts_audio import make_vocoder
+            from tts_model import load_tts, synthesize
+
+            model, cfg, symbols, _ = load_tts("<this folder>")
+            wav, mel, durations = synthesize(model, symbols, "a radio wrote this clever pencil",
+                                             make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
+            ```""")
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

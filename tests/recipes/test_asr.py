@@ -305,9 +305,9 @@ def test_init_from_best_rq_freeze_and_evaluate(tiny_corpus, tmp_path):
     assert ev.returncode == 0, ev.stdout[-3000:]
     assert re.search(r"WER \d+\.\d\d%  CER \d+\.\d\d%", ev.stdout)
     test_ids = read_librispeech(tiny_corpus / "librispeech", "test")["id"]
-    rows = [json.loads(line) for line in (asr_out / "final" / "decode" / "test-beam.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (asr_out / "decode" / "final" / "test-beam.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == sorted(test_ids)  # each test utterance exactly once
-    summary = json.loads((asr_out / "final" / "decode" / "test-beam.json").read_text())
+    summary = json.loads((asr_out / "decode" / "final" / "test-beam.json").read_text())
     assert summary["utterances"] == len(test_ids) and summary["processes"] == 2
     hyps, refs = [r["hyp"] for r in rows], [r["ref"] for r in rows]
     assert summary["cer"] == pytest.approx(jiwer.cer(refs, hyps))

@@ -1,10 +1,16 @@
-"""Trained models leave the repository: transformers loads them and computes what the recipes do."""
+"""Trained models leave the repository: transformers loads them and computes what the recipes do; the
+TTS export loads from anywhere; every final/ carries a model card; tools never write into a sealed folder."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,11 +20,12 @@ from transformers import AutoFeatureExtractor, AutoModel, AutoModelForCTC, pipel
 
 from common.encoder import encoder_config
 from common.features import LogMel
-from common.hf_export import load_recipe_ctc_weights, save_feature_extractor
+from common.hf_export import load_recipe_ctc_weights, save_feature_extractor, write_model_card
 from common.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import command, run
+from tests.recipes.harness import ROOT, command, run
 from tests.recipes.test_asr import args_for
+from tests.recipes.test_tts import args_for as tts_args_for
 
 asr = recipe_modules("asr", "text", "model", "ctc_decode")
 CFG = encoder_config(input_dim=320, hidden_size=32, num_layers=2, num_heads=2, ffn_dim=64, conv_kernel=7, dropout=0.1)
@@ -87,14 +94,22 @@ def test_best_rq_encoder_export_gives_the_recipe_hidden_states(tmp_path):
 @pytest.mark.slow
 def test_pipeline_agrees_with_the_recipe_on_the_test_split(tiny_corpus, tmp_path):
     """A short training run; then transformers' pipeline on final/ and decode.py (greedy) on the test
-    split give the same text for every utterance."""
+    split give the same text for every utterance. decode.py writes beside final/, which stays as sealed;
+    final/ carries its model card, covered by the COMPLETE digests."""
     out = tmp_path / "asr"
     run("asr", 1, args_for(tiny_corpus, out, "--max_steps", "30", "--learning_rate", "3e-3", "--eval_steps", "0",
                            "--save_steps", "30"))
     decode = [a.replace("train.py", "decode.py") if a.endswith("train.py") else a for a in
               command("asr", 1, ["--checkpoint", str(out), "--split", "test", "--data_dir", str(tiny_corpus / "librispeech")])]
+    sealed = tree_digest(out / "final")
     subprocess.run(decode, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    ours = {r["id"]: r["hyp"] for r in map(json.loads, (out / "final" / "decode" / "test-greedy.jsonl").read_text().splitlines())}
+    assert tree_digest(out / "final") == sealed  # nothing written into the sealed folder
+    ours = {r["id"]: r["hyp"] for r in map(json.loads, (out / "decode" / "final" / "test-greedy.jsonl").read_text().splitlines())}
+    card = (out / "final" / "README.md").read_text()
+    assert "README.md" in json.loads((out / "final" / "COMPLETE").read_text())["files"]
+    assert "accelerate launch " in card and "train.py" in card and "--max_steps 30" in card
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert json.dumps(last) in card and str(tiny_corpus / "librispeech") in card
     asr_pipe = pipeline("automatic-speech-recognition", model=str(out / "final"), trust_remote_code=True)
     test = read_librispeech(tiny_corpus / "librispeech", "test")
     theirs = {row["id"]: asr_pipe({"raw": sf.read(row["path"], dtype="float32")[0], "sampling_rate": 16000})["text"]
@@ -102,3 +117,67 @@ def test_pipeline_agrees_with_the_recipe_on_the_test_split(tiny_corpus, tmp_path
     agree = sum(theirs[k] == ours[k] for k in ours)
     print(f"pipeline == decode.py greedy on {agree} of {len(ours)} test utterances")
     assert len(ours) == len(test) and agree == len(ours), {k: (ours[k], theirs[k]) for k in ours if ours[k] != theirs[k]}
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_model_card_says_how_the_model_was_made(tmp_path, monkeypatch):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5, "eval_loss": 1.7}\n'
+                       '{"step": 3, "loss": 1.25}\n{"step": 4, "lo')  # a torn last line
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "recipes/asr/train.py"), "--max_steps", "3", "--output_dir", "out dir"])
+    state = SimpleNamespace(step=3, world_size=2, gradient_accumulation_steps=1,
+                            data={"utterances": 48, "hours": 0.0312, "fingerprint": "abc123"})
+    write_model_card(tmp_path, recipe="asr", state=state, data_dir="/data/ls", metrics_path=metrics,
+                     usage="""
+        ```python
+        x = 1
+        ```""")
+    card = (tmp_path / "README.md").read_text()
+    assert f"`accelerate launch recipes/asr/train.py --max_steps 3 --output_dir 'out dir'` (2 process(es), in `{ROOT}`)" in card
+    assert "48 utterances, 0.031 h, fingerprint `abc123`" in card and "`/data/ls`" in card
+    assert '{"step": 3, "loss": 1.25}' in card and '{"step": 2, "loss": 1.5, "eval_loss": 1.7}' in card
+    assert "torch " in card and "accelerate " in card and "UTC" in card and "\n```python\nx = 1\n```" in card
+
+
+@pytest.mark.slow
+def test_tts_export_loads_from_anywhere_and_score_writes_beside_it(tiny_corpus, tmp_path):
+    """final/ copied elsewhere synthesizes in a process whose sys.path holds only that folder and
+    site-packages (no repository, no recipe folder), the same samples as synthesize.py; score.py
+    writes beside final/, which stays as sealed."""
+    out = tmp_path / "run"
+    run("tts", 1, tts_args_for(tiny_corpus, out, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"))
+    assert (out / "final" / "README.md").is_file()
+    text = "she could not believe the farmer"
+    subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "synthesize.py"), "--checkpoint", str(out),
+                    "--text", text, "--output", str(tmp_path / "repo.wav"), "--griffin_lim_iters", "2"],
+                   check=True, cwd=ROOT)
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(out / "final", elsewhere / "my_tts")
+    script = f"""
+import sys
+assert not any("recipes" in p or p == {str(ROOT)!r} for p in sys.path), sys.path
+sys.path.insert(0, "my_tts")
+import soundfile as sf
+from tts_audio import make_vocoder
+from tts_model import load_tts, synthesize
+model, cfg, symbols, _ = load_tts("my_tts")
+wav, _, _ = synthesize(model, symbols, {text!r}, make_vocoder(cfg, n_iter=2))
+sf.write("out.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=elsewhere, env=env)
+    ours, sr = sf.read(tmp_path / "repo.wav", dtype="int16")
+    theirs, sr2 = sf.read(elsewhere / "out.wav", dtype="int16")
+    assert sr == sr2 == 22050 and np.array_equal(ours, theirs)
+
+    sealed = tree_digest(out / "final")
+    subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "score.py"), "--checkpoint", str(out),
+                    "--griffin_lim_iters", "2", "--asr_recordings", "false"], check=True, cwd=ROOT)
+    assert tree_digest(out / "final") == sealed
+    assert json.loads((out / "eval" / "final" / "test.json").read_text())["utterances"] == 2

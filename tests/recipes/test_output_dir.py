@@ -57,7 +57,7 @@ def test_a_kill_during_the_export_leaves_no_final(tiny_corpus, tmp_path):
                          "--init_from", str(out)], expect_rc=1)
     assert f"[rank 0] error: --init_from {out}: the export of this run did not finish" in log
     run("best_rq", 1, args)  # the same command finishes the export
-    assert sorted(p.name for p in (out / "final").iterdir()) == ["COMPLETE", "config.yaml", "encoder",
+    assert sorted(p.name for p in (out / "final").iterdir()) == ["COMPLETE", "README.md", "config.yaml", "encoder",
                                                                  "model.safetensors"]
     assert not (out / ".final.tmp").exists()
 
@@ -162,8 +162,9 @@ def test_tensorboard_holds_every_step_once_after_a_resume(tiny_corpus, tmp_path)
     run("best_rq", 1, args, when=lambda o: checkpoint_exists(3)(o) and any(r["step"] >= 5 for r in metrics(o)),
         then=kill_tree, expect_rc=None)
     run("best_rq", 1, args)
-    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one file per launch
-    acc = EventAccumulator(str(out / "tensorboard"))
+    events = out / "tensorboard" / "run"  # <output_dir>/tensorboard/<project: the output folder's name>
+    assert len(list(events.glob("events.out.tfevents.*"))) == 2  # one file per launch
+    acc = EventAccumulator(str(events))
     acc.Reload()  # reads both files in order, applying the resumed run's purge
     steps = [e.step for e in acc.Scalars("loss")]
     assert steps == list(range(1, 10)), steps

@@ -1,4 +1,4 @@
-"""Tests for the built-in espeak-ng corpus and the build-once cache helper (common/corpus.py)."""
+"""Tests for the built-in espeak-ng corpus and the build-once cache helper (tools/corpus.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from common import corpus
-from common.corpus import (
+from tools import corpus
+from tools.corpus import (
     CORPUS_VERSION,
     PROFILES,
     builtin_corpus_dir,
@@ -51,7 +51,7 @@ def test_synthesize_is_deterministic_and_speech_like():
 
 def test_synthesize_is_identical_in_a_fresh_process():
     code = (
-        "import hashlib; from common.corpus import synthesize; "
+        "import hashlib; from tools.corpus import synthesize; "
         f"print(hashlib.sha256(synthesize({TEXT!r}, 'en-029+m5', 160, 40).tobytes()).hexdigest())"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
@@ -188,9 +188,29 @@ def _tree_digest(root: Path) -> dict[str, str]:
 def test_generation_is_byte_identical_across_processes(tiny_corpus, tmp_path):
     out = tmp_path / "again"
     proc = subprocess.run(
-        [sys.executable, "-m", "common.corpus", "--out", str(out), "--profile", "tiny"],
+        [sys.executable, "-m", "tools.corpus", "--out", str(out), "--profile", "tiny"],
         cwd=REPO_ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert str(out) in proc.stdout and "train" in proc.stdout
     assert _tree_digest(out) == _tree_digest(tiny_corpus)
+    # the building process says how far it is (every tenth of the utterances), up to the last one
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("building the built-in corpus (tiny)")]
+    tiny = corpus.PROFILES["tiny"]
+    total = (tiny["train_speakers"] * (tiny["train_utts"] + tiny["validation_utts"])
+             + tiny["test_speakers"] * tiny["test_utts"] + tiny["ljspeech_utts"])
+    assert len(progress) >= 10 and progress[-1].split(": ")[1].startswith(f"{total}/{total} utterances"), proc.stderr
+
+
+def test_common_never_imports_tools():
+    """Imports run one way (recipes → tools → common): the training toolbox stands without tools/."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "common"
+    offenders = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names if n == "tools" or n.startswith("tools.")]
+    assert not offenders, offenders

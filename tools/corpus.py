@@ -22,7 +22,7 @@ therefore load a fresh instance for every utterance (dlopen, initialize, synthes
 ~4 ms) and seed its RNG. We load a private copy of the library so that no other user of
 libespeak-ng in the process (a phonemizer, say) can keep it mapped and its state alive.
 
-Usage: python -m common.corpus --out DIR --profile tiny
+Usage: python -m tools.corpus --out DIR --profile tiny
 """
 
 from __future__ import annotations
@@ -414,7 +414,7 @@ def _to_int16(x: np.ndarray) -> np.ndarray:
 
 
 def _resample_to_16k(x: np.ndarray) -> np.ndarray:
-    import torch  # lazy: keeps `import common.corpus` (and spawned lock waiters) light
+    import torch  # lazy: keeps `import tools.corpus` (and spawned lock waiters) light
     import torchaudio.functional as AF
 
     # float64 so that rounding to int16 afterwards cannot flip with CPU-specific float32 kernels.
@@ -490,9 +490,15 @@ def prepare_corpus(root: str | Path, profile: str = "default") -> Path:
     for path, content in text_files.items():
         path.write_text(content, encoding="utf-8")
     # A plain loop (~18 ms per utterance): fast enough, and no worker processes that would
-    # re-import the caller's script.
-    for job in jobs:
+    # re-import the caller's script. Only the building process gets here, whatever its rank: it
+    # reports progress on stderr itself (~10 lines), the others wait in prepare_once.
+    start, every = time.monotonic(), max(1, len(jobs) // 10)
+    for done, job in enumerate(jobs, 1):
         _render(job)
+        if done % every == 0 or done == len(jobs):
+            spent = time.monotonic() - start
+            print(f"building the built-in corpus ({profile}) in {root}: {done}/{len(jobs)} utterances, "
+                  f"{spent:.0f} s, ~{spent / done * (len(jobs) - done):.0f} s left", file=sys.stderr, flush=True)
     return root
 
 
