@@ -1,0 +1,1 @@
+"""Command-line tools around the recipes (corpus builders, plots)."""
