@@ -102,3 +102,26 @@ def test_phoneme_model_keeps_its_derived_table(tiny_corpus, tmp_path):
                         str(checkpoint), "--text", "the farmer wrote", "--output", str(tmp_path / "x.wav"),
                         "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
         assert (tmp_path / "x.wav").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_train_refuses_a_test_symbol_absent_from_training(tiny_corpus, tmp_path):
+    import os
+    import shutil
+
+    from tests.recipes.harness import command
+
+    corpus = tmp_path / "ljspeech"
+    shutil.copytree(tiny_corpus / "ljspeech", corpus)
+    lines = (corpus / "metadata.csv").read_text().splitlines()
+    utt_id, *texts = lines[-1].split("|")  # the last id: a test utterance
+    lines[-1] = "|".join([utt_id, *(t + " straße" for t in texts)])
+    (corpus / "metadata.csv").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run(command("tts", 1, ["--data_dir", str(corpus), "--output_dir", str(tmp_path / "out"), *TINY,
+                                             "--max_steps", "1", "--symbols", "auto"]),
+                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stdout.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"'ß' (U+00DF) in 1 text(s), e.g. {utt_id}" in errors[0], proc.stdout[-3000:]
+    assert "ValueError" not in proc.stdout and not (tmp_path / "out" / "checkpoints").exists()
