@@ -14,7 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL_NAMES = ("audio", "ctc_decode", "data", "model", "scoring", "text", "train", "decode", "synthesize", "score")
+LOCAL_NAMES = ("audio", "ctc_decode", "data", "frontend", "model", "scoring", "text", "train", "decode", "synthesize",
+               "score")
 
 
 def recipe_modules(recipe: str, *names: str) -> SimpleNamespace:

@@ -145,7 +145,7 @@ class SpeechDataset(torch.utils.data.Dataset):
         if factor != 1.0:  # played `factor` times faster: fewer samples
             sr = self.cfg.sample_rate
             wav = torchaudio.functional.resample(wav, round(sr * factor), sr)
-        return row["id"], self.logmel(wav), self.tokenizer.encode(row["text"]), normalize_text(row["text"])
+        return row["id"], self.logmel(wav), self.tokenizer.encode(row["text"]), self.tokenizer.normalize(row["text"])
 
 
 class SpecAugmentCollator:

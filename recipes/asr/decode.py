@@ -43,7 +43,7 @@ from ctc_decode import transcribe
 from data import SpecAugmentCollator, SpeechDataset, read_split
 from model import ConformerCTC
 from scoring import Scorer, gather_results
-from text import load_tokenizer
+from text import check_transcripts, load_tokenizer
 
 logger = get_logger(__name__)
 
@@ -76,6 +76,11 @@ def main():
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "librispeech")
     manifest = read_split(data_dir, args.split)
+    # characters the model cannot emit: refused unless the run said --unknown_chars drop
+    try:
+        check_transcripts(manifest["id"], manifest["text"], tokenizer, args.split, getattr(cfg, "unknown_chars", "error"))
+    except ValueError as e:
+        raise SystemExit(f"decode.py: {e}") from None
     loader, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"],
                             SpecAugmentCollator(cfg, augment=False), max_batch_seconds=args.max_batch_seconds,
                             num_buckets=cfg.num_buckets, seed=cfg.seed, multiple_of=world, shuffle=False,

@@ -50,8 +50,10 @@ class Config(RunConfig):
     train_fraction: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
     n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
     # --- output tokens ---
-    token_type: Literal["char", "bpe"] = "char"  # char: a-z, ', space; bpe: SentencePiece trained on the training transcripts
+    token_type: Literal["char", "bpe"] = "char"  # char: a-z, ', space + the training transcripts' other characters; bpe: SentencePiece trained on them
     bpe_vocab_size: Annotated[int, Count] = 256  # SentencePiece pieces (an upper bound: a small corpus may give fewer)
+    char_map: Annotated[str | None, ExistingPath] = None  # file of "<character> <replacement>" lines applied to every normalized transcript (text.py)
+    unknown_chars: Literal["error", "drop"] = "error"  # a validation/test character absent from training: refuse, or remove it from target and reference
     # --- augmentation (a pure function of (seed, epoch, utterance id)) ---
     speed_perturb: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # speed factor drawn from {1-x, 1, 1+x} per utterance and epoch (0 = off)
     freq_masks: Annotated[int, NonNegative] = 2  # SpecAugment frequency masks per utterance
@@ -104,7 +106,7 @@ from ctc_decode import evaluate  # noqa: E402
 from data import SpecAugmentCollator, SpeechDataset, labelled_subset, load_wav, read_split  # noqa: E402
 from model import ConformerCTC, ctc_loss, export_hf  # noqa: E402
 from scoring import Scorer  # noqa: E402
-from text import build_tokenizer, load_tokenizer  # noqa: E402
+from text import build_tokenizer, check_transcripts, load_tokenizer, read_char_map  # noqa: E402
 
 logger = get_logger(__name__)
 
@@ -155,14 +157,23 @@ def main(cfg: Config) -> None:
                 f"{len(valid_set)} validation, {world} process(es)")
 
     # ---- tokenizer: built once into <output_dir>/tokenizer/ by one process, the others wait ----
+    # Its symbols come from the training transcripts; validation characters it cannot emit are refused.
+    try:
+        char_map = read_char_map(cfg.char_map) if cfg.char_map else None
+    except (OSError, ValueError) as e:
+        raise RunError(f"--char_map: {e}") from None
     tok_info = {"token_type": cfg.token_type, "bpe_vocab_size": cfg.bpe_vocab_size, "train_split": cfg.train_split,
-                "train_fraction": cfg.train_fraction, "data_dir": cfg.data_dir}
+                "train_fraction": cfg.train_fraction, "data_dir": cfg.data_dir, **({"char_map": char_map} if char_map else {})}
     tok_dir = prepare_once(out / "tokenizer", lambda tmp: build_tokenizer(
-        cfg.token_type, list(train_set["text"]), tmp, cfg.bpe_vocab_size), info=tok_info)
+        cfg.token_type, list(train_set["text"]), tmp, cfg.bpe_vocab_size, char_map), info=tok_info)
     built = json.loads((tok_dir / ".complete").read_text())
     if any(built.get(k) != v for k, v in tok_info.items()):
         raise RuntimeError(f"{tok_dir} was built with other settings ({built}); use a new --output_dir")
     tokenizer = load_tokenizer(tok_dir)
+    try:
+        check_transcripts(valid_set["id"], valid_set["text"], tokenizer, cfg.valid_split, cfg.unknown_chars)
+    except ValueError as e:
+        raise RunError(str(e)) from None
     logger.info(f"tokens: {cfg.token_type}, {tokenizer.vocab_size} CTC classes (blank included)")
 
     train_ds = SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb)

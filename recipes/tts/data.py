@@ -7,7 +7,8 @@ import torch
 
 from common.data import load_audio
 from audio import mel_frontend
-from model import NEG, Symbols, beta_binomial_prior
+from frontend import Symbols
+from model import NEG, beta_binomial_prior
 
 
 def split_manifest(manifest, num_valid: int, num_test: int):
@@ -26,7 +27,8 @@ class TTSDataset(torch.utils.data.Dataset):
 
     def __init__(self, manifest, cfg):
         self.manifest = manifest
-        self.symbols = Symbols(cfg.symbols)
+        self.symbols = Symbols.from_config(cfg)
+        self.tokens = [self.symbols.encode(t) for t in manifest["text"]]  # once: phonemizing is not free
         self.sample_rate = cfg.sample_rate
         self.logmel = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
 
@@ -35,7 +37,7 @@ class TTSDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         row = self.manifest[i]
-        tokens = torch.tensor(self.symbols.encode(row["text"]))
+        tokens = torch.tensor(self.tokens[i])
         mel = self.logmel(load_audio(row["path"], self.sample_rate))
         if mel.shape[0] < len(tokens):
             raise ValueError(f"{row['id']}: {mel.shape[0]} frames cannot hold {len(tokens)} symbols")

@@ -31,43 +31,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from common.checkpoint import resolve_checkpoint
+from frontend import Symbols  # noqa: F401  (Symbols is part of this module's interface: load_tts, synthesize)
 
 NEG = -1e4  # "minus infinity" that keeps softmax/CTC gradients finite
-
-
-# ---------------------------------------------------------------------------------------------
-# Symbols
-# ---------------------------------------------------------------------------------------------
-
-
-class Symbols:
-    """Characters → ids. 0 is padding; symbol i of `chars` is id i + 1. Text is lowercased and
-    whitespace-collapsed first; a character outside the table is an error (never silently dropped)."""
-
-    def __init__(self, chars: str):
-        if len(set(chars)) != len(chars):
-            raise ValueError(f"symbol table has duplicates: {chars!r}")
-        self.chars = chars
-        self.index = {c: i + 1 for i, c in enumerate(chars)}
-
-    def __len__(self) -> int:
-        return len(self.chars) + 1  # with padding
-
-    @staticmethod
-    def normalize(text: str) -> str:
-        return " ".join(text.lower().split())
-
-    def encode(self, text: str) -> list[int]:
-        text = self.normalize(text)
-        outside = sorted(set(text) - set(self.index))
-        if outside:
-            raise ValueError(f"characters outside the symbol table: {''.join(outside)!r} in {text!r}")
-        if not text:
-            raise ValueError("empty text")
-        return [self.index[c] for c in text]
-
-    def decode(self, ids) -> str:
-        return "".join(self.chars[i - 1] for i in ids if i > 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,7 +250,7 @@ class AlignedFastSpeech(nn.Module):
 def build_model(cfg) -> "AlignedFastSpeech":
     """The model described by a TTS config (the dataclass, or a namespace read from a config.yaml)."""
     return AlignedFastSpeech(
-        n_symbols=len(Symbols(cfg.symbols)), n_mels=cfg.n_mels, dim=cfg.dim, encoder_layers=cfg.encoder_layers,
+        n_symbols=len(cfg.symbols) + 1, n_mels=cfg.n_mels, dim=cfg.dim, encoder_layers=cfg.encoder_layers,
         decoder_layers=cfg.decoder_layers, heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, kernel=cfg.conv_kernel,
         dropout=cfg.dropout, duration_channels=cfg.duration_channels, attention_dim=cfg.attention_dim,
         attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob)
@@ -294,11 +260,11 @@ def load_tts(checkpoint: str | Path):
     """(model in eval mode, its training config as a namespace, Symbols, folder) for a checkpoint."""
     folder = resolve_checkpoint(checkpoint)
     cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
-    if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml
+    if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml (derived ones too)
         cfg.symbols = json.loads((folder / "symbols.json").read_text())["symbols"]
     model = build_model(cfg)
     model.load_state_dict(load_file(folder / "model.safetensors"))  # weights and feature statistics
-    return model.eval(), cfg, Symbols(cfg.symbols), folder
+    return model.eval(), cfg, Symbols.from_config(cfg), folder
 
 
 @torch.no_grad()

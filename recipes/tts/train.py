@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -53,7 +53,10 @@ class Config(RunConfig):
     # --- data ---
     num_valid: Annotated[int, NonNegative] = 20  # utterances for validation: the num_valid ids just before the test ids
     num_test: Annotated[int, NonNegative] = 20  # held-out utterances for score.py: the last num_test ids (sorted)
-    symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # characters; text is lowercased first
+    symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # the symbol table (text is NFKC-normalized and lowercased first); "auto": every symbol of the training transcripts (frontend.py)
+    text_frontend: Literal["characters", "phonemes"] = "characters"  # model input: characters, or espeak-ng IPA phonemes of phonemizer_language (needs --symbols auto)
+    phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ...
+    unknown_chars: Literal["error", "drop"] = "error"  # a validation/test symbol outside the table: refuse, or leave it out of that text
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
     win_length: Annotated[int, Count] = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
     hop_length: Annotated[int, Count] = 256  # samples (11.6 ms per frame)
@@ -91,7 +94,7 @@ from common.config import config_to_dict, save_config  # noqa: E402
 from common.data import auto_workers, keep_in_memory, load_audio, make_loader  # noqa: E402
 from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
                                 set_threads)
-from common.faults import Preemption, run_main  # noqa: E402
+from common.faults import Preemption, RunError, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import write_model_card  # noqa: E402
 from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
@@ -104,7 +107,8 @@ from tools.corpus import resolve_data_dir  # noqa: E402
 # recipe-local modules (this folder is on sys.path)
 from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
 from data import Collator, TTSDataset, split_manifest  # noqa: E402
-from model import Symbols, build_model  # noqa: E402
+from frontend import AUTO, Symbols  # noqa: E402
+from model import build_model  # noqa: E402
 
 logger = get_logger(__name__)
 
@@ -166,7 +170,6 @@ def main(cfg: Config) -> None:
     seed_everything(cfg.seed)  # model init: identical on every rank
     cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
     cfg_dict = config_to_dict(cfg)
-    symbols = Symbols(cfg.symbols)
 
     # ---- where to resume (chosen first: the checkpoint's global batch sizes the data batches) --
     ckpt = choose_checkpoint(accelerator, out)  # the newest intact checkpoint, or None (collective)
@@ -182,12 +185,23 @@ def main(cfg: Config) -> None:
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
     # the data check runs once per output_dir: bad audio, and characters outside the symbol table.
     data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
+    fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data,
-                        data_check=cfg.data_check)
+                        charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None,
+                        on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
     manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
     splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
     train_set, valid_set = splits["train"], splits["validation"]
+    # The symbol table: --symbols, or derived from the training transcripts and written into the
+    # run's config (checkpoints, final/), so that resume and synthesis read the same table.
+    try:
+        symbols = Symbols.derived(cfg, train_set["text"])
+        for split in ("validation", "test"):
+            symbols.check(splits[split]["id"], splits[split]["text"], split)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    cfg = dataclasses.replace(cfg, symbols=symbols.chars)
+    cfg_dict = config_to_dict(cfg)
     logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
                 f"{len(valid_set)} validation, {len(splits['test'])} test, {world} process(es)")
     train_ds = keep_in_memory(TTSDataset(train_set, cfg), cfg.memory_cache_mb, num_workers, "training")
@@ -279,8 +293,12 @@ def main(cfg: Config) -> None:
         (folder / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
         # The synthesis code, under names of its own: `model`/`audio` would collide with any other
         # module of that name on sys.path, so final/ loads from anywhere (needs only the installed common/).
-        for name in ("model", "audio"):
-            shutil.copyfile(Path(__file__).with_name(f"{name}.py"), folder / f"tts_{name}.py")
+        local = ("model", "audio", "frontend")  # each imports the others by these names: renamed too
+        for name in local:
+            code = Path(__file__).with_name(f"{name}.py").read_text()
+            for other in local:
+                code = re.sub(rf"^from {other} import", f"from tts_{other} import", code, flags=re.M)
+            (folder / f"tts_{name}.py").write_text(code)
         write_model_card(folder, recipe="tts", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             ```python

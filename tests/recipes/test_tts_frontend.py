@@ -1,0 +1,127 @@
+"""TTS text front end (recipes/tts/frontend.py): characters or espeak-ng phonemes in any language,
+symbol tables derived from the training transcripts, refusal or removal of unseen symbols; and
+through train.py + synthesize.py, a phoneme model whose derived table travels with its checkpoints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import unicodedata
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from common.manifest import read_ljspeech
+from tests.recipe_import import recipe_modules
+from tests.recipes.harness import ROOT, run
+
+tts = recipe_modules("tts", "frontend", "train")
+frontend = tts.frontend
+DEFAULT = tts.train.Config()
+
+FRENCH = ["Composez votre numéro d'agent, suivi du dièse.", "Échec à l’ouverture de session.",
+          "Le cœur de la conférence"]
+
+
+def cfg(**kw):
+    return SimpleNamespace(**{"symbols": "auto", "text_frontend": "characters", "phonemizer_language": None,
+                              "unknown_chars": "error", **kw})
+
+
+def test_english_characters_are_unchanged(tiny_corpus):
+    """The default table gives the ids it gave before the front end existed: lowercased, whitespace collapsed."""
+    symbols = frontend.Symbols.derived(DEFAULT, [])
+    assert symbols.chars == DEFAULT.symbols
+    for text in read_ljspeech(tiny_corpus / "ljspeech")["text"]:
+        old = [DEFAULT.symbols.index(c) + 1 for c in " ".join(text.lower().split())]
+        assert symbols.encode(text) == old
+
+
+def test_french_characters_derive_their_table_and_nfd_equals_nfc():
+    symbols = frontend.Symbols.derived(cfg(), FRENCH)
+    assert symbols.chars == " ',.acdefghilmnoprstuvzàèéœ"  # code-point order, lowercased, ’ → '
+    for text in FRENCH:
+        nfd, nfc = unicodedata.normalize("NFD", text), unicodedata.normalize("NFC", text)
+        assert nfd != nfc and symbols.encode(nfd) == symbols.encode(nfc)
+
+
+def test_unseen_symbols_are_refused_in_one_line_or_dropped():
+    symbols = frontend.Symbols.derived(cfg(), FRENCH)
+    with pytest.raises(ValueError) as e:
+        symbols.check(["u1", "u2"], ["ça va", "tout"], "test")
+    assert "\n" not in str(e.value) and "'ç' (U+00E7) in 1 text(s), e.g. u1" in str(e.value)
+    assert "--unknown_chars drop" in str(e.value)
+    with pytest.raises(ValueError, match="outside the symbol table"):
+        symbols.encode("ça")
+    dropping = frontend.Symbols.derived(cfg(unknown_chars="drop"), FRENCH)
+    dropping.check(["u1"], ["ça va"], "test")  # allowed
+    assert dropping.decode(dropping.encode("ça va")) == "a va"
+
+
+@pytest.mark.parametrize("language,text", [("fr", "Composez votre numéro"), ("es", "Por favor ingrese su contraseña"),
+                                           ("it", "Quell'operatore è già loggato"), ("ru", "Введите номер оператора")])
+def test_espeak_phonemes_of_each_language(language, text):
+    symbols = frontend.Symbols.derived(cfg(text_frontend="phonemes", phonemizer_language=language), [text])
+    ipa = symbols.units(text)
+    assert ipa and "ˈ" in ipa and ipa != frontend.normalize(text)  # IPA with stress marks, not the letters
+    other = frontend.Symbols.derived(cfg(text_frontend="phonemes", phonemizer_language="en-us"), ["hello"])
+    other.units("a radio wrote this")  # another language in between changes nothing
+    assert symbols.units(text) == ipa and symbols.units(unicodedata.normalize("NFD", text)) == ipa
+    assert symbols.decode(symbols.encode(text)) == ipa
+
+
+def test_phonemes_need_a_derived_table_and_a_known_language():
+    with pytest.raises(ValueError, match="--symbols auto"):
+        frontend.Symbols.derived(cfg(symbols="abc", text_frontend="phonemes", phonemizer_language="fr"), FRENCH)
+    with pytest.raises(ValueError, match="needs --phonemizer_language"):
+        frontend.Symbols.derived(cfg(text_frontend="phonemes"), FRENCH)
+    with pytest.raises(ValueError, match="no such voice"):
+        frontend.Symbols.derived(cfg(text_frontend="phonemes", phonemizer_language="xx-nowhere"), FRENCH)
+
+
+TINY = ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32", "--num_heads", "2",
+        "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--num_valid", "2", "--num_test", "2",
+        "--max_batch_seconds", "16", "--stats_utterances", "20", "--save_steps", "2", "--eval_steps", "0"]
+
+
+@pytest.mark.slow
+def test_phoneme_model_keeps_its_derived_table(tiny_corpus, tmp_path):
+    """--symbols auto --text_frontend phonemes: the derived table is in every checkpoint's config and in
+    final/, and synthesize.py reads text through it from either."""
+    out = tmp_path / "run"
+    run("tts", 1, ["--data_dir", str(tiny_corpus / "ljspeech"), "--output_dir", str(out), *TINY, "--max_steps", "2",
+                   "--symbols", "auto", "--text_frontend", "phonemes", "--phonemizer_language", "en-us"])
+    texts = read_ljspeech(tiny_corpus / "ljspeech")["text"][:-4]  # the training split: all but the last 4 ids
+    expected = frontend.Symbols.derived(cfg(text_frontend="phonemes", phonemizer_language="en-us"), texts).chars
+    assert "ˈ" in expected and ("ð" in expected or "θ" in expected)  # phonemes, not letters
+    for folder in (out / "checkpoints" / "step_00000002", out / "final"):
+        assert yaml.safe_load((folder / "config.yaml").read_text())["symbols"] == expected
+    for checkpoint in (out / "checkpoints" / "step_00000002", out):
+        subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "synthesize.py"), "--checkpoint",
+                        str(checkpoint), "--text", "the farmer wrote", "--output", str(tmp_path / "x.wav"),
+                        "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
+        assert (tmp_path / "x.wav").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_train_refuses_a_test_symbol_absent_from_training(tiny_corpus, tmp_path):
+    import os
+    import shutil
+
+    from tests.recipes.harness import command
+
+    corpus = tmp_path / "ljspeech"
+    shutil.copytree(tiny_corpus / "ljspeech", corpus)
+    lines = (corpus / "metadata.csv").read_text().splitlines()
+    utt_id, *texts = lines[-1].split("|")  # the last id: a test utterance
+    lines[-1] = "|".join([utt_id, *(t + " straße" for t in texts)])
+    (corpus / "metadata.csv").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run(command("tts", 1, ["--data_dir", str(corpus), "--output_dir", str(tmp_path / "out"), *TINY,
+                                             "--max_steps", "1", "--symbols", "auto"]),
+                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stdout.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"'ß' (U+00DF) in 1 text(s), e.g. {utt_id}" in errors[0], proc.stdout[-3000:]
+    assert "ValueError" not in proc.stdout and not (tmp_path / "out" / "checkpoints").exists()
