@@ -47,11 +47,26 @@ logger = logging.getLogger(__name__)
 REPORT_GRACE_S = 60.0  # a non-main rank waits this long for the main process to print the data report
 
 LIBRISPEECH_ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
+# The folder layouts --data_dir may hold, as the refusals name them.
+LIBRISPEECH_LAYOUT = ("LibriSpeech layout: <data_dir>/<split>/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac "
+                      "and <speaker>-<chapter>.trans.txt lines '<speaker>-<chapter>-<n> TEXT'")
+LJSPEECH_LAYOUT = "LJSpeech layout: <data_dir>/metadata.csv lines 'id|text|normalized text' and <data_dir>/wavs/<id>.wav"
 
 
 class DataError(RunError):
     """The corpus has entries the policy does not accept; the message lists every one (printed by
     `run_main` without a traceback: the report is the whole story)."""
+
+
+def _layout_error(root: Path, missing: Path, layout: str) -> DataError:
+    """One line: what is missing, the layout expected, what the folder holds instead."""
+    try:
+        found = sorted(p.name + ("/" if p.is_dir() else "") for p in Path(root).iterdir())
+    except OSError:
+        found = []
+    holds = f"it holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}" if found else "it is empty"
+    return DataError(f"--data_dir {root}: {missing.name} not found ({holds}); expected the {layout}. "
+                     f"Other layouts (audiofolder, datasets shards) are not read: convert them to this one")
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,7 @@ def scan_librispeech(root: str | Path, splits: str) -> tuple[list[dict], list[di
     for split in splits.split(","):
         split_dir = Path(root) / split
         if not split_dir.is_dir():
-            raise FileNotFoundError(f"LibriSpeech split folder not found: {split_dir}")
+            raise _layout_error(Path(root), split_dir, LIBRISPEECH_LAYOUT + " (<split>: --train_split, --valid_split)")
         listed = set()
         # Strings, not Path objects: at 281 k files pathlib's joins and comparisons were the bulk of
         # a cached re-check. Sorted by path components, hidden files included, as Path.glob gives them.
@@ -141,6 +156,8 @@ def scan_ljspeech(root: str | Path) -> tuple[list[dict], list[dict]]:
     `<root>/wavs/<id>.wav`. A byte-order mark is accepted; an id that is a path is refused."""
     rows, problems = [], []
     metadata = Path(root) / "metadata.csv"
+    if not metadata.is_file():
+        raise _layout_error(Path(root), metadata, LJSPEECH_LAYOUT)
     for n, line, raw in _lines(metadata, encoding="utf-8-sig"):
         where = f"{metadata}:{n}"
         if line is None:
@@ -300,7 +317,8 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
                        + ", ".join(f"{n} {reason}" for reason, n in counts.most_common())
                        + f" (list in {final / 'problems.jsonl'})")
     if not rows:
-        raise DataError(f"no usable entries in {source}")
+        raise DataError(f"no usable entries in {source}: expected the "
+                        f"{LJSPEECH_LAYOUT if not splits else LIBRISPEECH_LAYOUT}")
     return datasets.Dataset.from_list(rows)
 
 

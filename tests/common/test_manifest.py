@@ -175,3 +175,18 @@ def replace_keeping_size(path):
         f.write(bytes(st.st_size - os.path.getsize(path)))  # zeros after the last frame: the decoder ignores them
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert os.stat(path).st_size == st.st_size and sf.info(path).frames == len(audio)
+
+
+def test_a_folder_in_another_layout_is_refused_naming_the_expected_one(tmp_path):
+    """An empty --data_dir or an audiofolder-style one: one line saying what was expected and what
+    the folder holds (was a FileNotFoundError traceback / 'no usable entries')."""
+    from common.manifest import DataError, scan_librispeech, scan_ljspeech
+
+    with pytest.raises(DataError, match=r"train not found \(it is empty\); expected the LibriSpeech layout"):
+        scan_librispeech(tmp_path, "train")
+    (tmp_path / "a.wav").write_bytes(b"")
+    (tmp_path / "metadata.jsonl").write_text("{}\n")
+    with pytest.raises(DataError) as e:
+        scan_ljspeech(tmp_path)
+    assert "metadata.csv not found (it holds a.wav, metadata.jsonl); expected the LJSpeech layout" in str(e.value)
+    assert "\n" not in str(e.value)
