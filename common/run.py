@@ -13,11 +13,11 @@ from typing import Any
 from accelerate import Accelerator
 
 from common.checkpoint import checkpoint_threads, choose_checkpoint, global_batch_plan
-from common.config import config_to_dict
+from common.config import config_to_dict, save_config
 from common.data import auto_workers
 from common.distributed import build_accelerator, describe_run, seed_everything, set_threads
 from common.faults import Preemption
-from common.logs import get_logger
+from common.logs import MetricsLog, get_logger, start_trackers
 from common.rundir import claim_output_dir
 
 logger = get_logger(__name__)
@@ -72,3 +72,15 @@ def start_run(cfg, recipe: str) -> Run:
     num_workers = auto_workers(cfg.num_workers, cuda=accelerator.device.type == "cuda")
     logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation, threads_why, num_workers))
     return Run(accelerator, out, preemption, cfg, config_to_dict(cfg), ckpt, accumulation, global_batch, num_workers)
+
+
+def start_logging(run: Run, state) -> MetricsLog:
+    """Once the run has resumed or started (`state.step` known): the config as it runs beside the run
+    (<output_dir>/config.yaml, main process), metrics.jsonl trimmed to the resumed step, and the
+    trackers (TensorBoard drops the events after that step). Returns the metrics log."""
+    if run.accelerator.is_main_process:
+        save_config(run.cfg, run.out / "config.yaml")
+    metrics = MetricsLog(run.accelerator, run.out / "metrics.jsonl", resume_step=state.step)
+    start_trackers(run.accelerator, run.cfg_dict, run.cfg.report_to, resume_step=state.step)
+    return metrics
+

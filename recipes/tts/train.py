@@ -115,11 +115,11 @@ from common.data import RecipeData, build_loaders, load_audio  # noqa: E402
 from common.distributed import check_fsdp_wrap  # noqa: E402
 from common.faults import run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.logs import MetricsLog, Throughput, WindowMeans, get_logger, progress_bar, start_trackers  # noqa: E402
+from common.logs import Throughput, WindowMeans, get_logger, progress_bar  # noqa: E402
 from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless, optimizer_step,  # noqa: E402
                          save_or_preempt, train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
-from common.run import start_run  # noqa: E402
+from common.run import start_logging, start_run  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
@@ -220,21 +220,18 @@ def main(cfg: Config) -> None:
     optimizer, scheduler = build_optimizer(cfg, model)
     # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
-    model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader,
-                                                                       data.valid_loader)
+    model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
-    state = TrainState.for_run(run.cfg_dict, accelerator.num_processes, accumulation,
-                               data=manifest_summary(train_set))  # resume refuses other data
+    # What the run is made of: a resume refuses another config (but for the fields that may change on
+    # resume) or other training data.
+    state = TrainState.for_run(run.cfg_dict, accelerator.num_processes, accumulation, data=manifest_summary(train_set))
     if resume_from_checkpoint(accelerator, run.ckpt, state, scheduler) is None:
         stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced over the sorted ids
         set_feature_stats(accelerator, model, lambda: feature_stats(
             [data.train_items[i][2] for i in range(0, len(train_set), stride)]))
-    if accelerator.is_main_process:
-        save_config(cfg, out / "config.yaml")
-    metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
+    metrics = start_logging(run, state)  # config.yaml, metrics.jsonl and trackers from state.step on
     writer = vocoder = None
-    start_trackers(accelerator, run.cfg_dict, cfg.report_to, resume_step=state.step)
     if accelerator.is_main_process and "tensorboard" in cfg.report_to:
         writer = accelerator.get_tracker("tensorboard", unwrap=True)  # the SummaryWriter
         vocoder = GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length),
