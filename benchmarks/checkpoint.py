@@ -33,19 +33,23 @@ def build(recipe: str, root: str | None = None):
     from benchmarks.recipe import load_recipe
     from common.checkpoint import TrainState
     from common.config import config_to_dict
+    from common.distributed import build_accelerator
     from common.loop import inverse_sqrt_schedule
 
     if root:  # that checkout's recipe too (its Config and model, as it was)
         import benchmarks.recipe
 
         benchmarks.recipe.ROOT = Path(root)
-    r = load_recipe(recipe, data=False)
+    try:
+        r = load_recipe(recipe, data=False)
+    except TypeError:  # an older checkout's benchmarks/recipe.py, which builds the data too
+        r = load_recipe(recipe)
     try:
         from common.distributed import set_threads
     except ImportError:  # an older checkout: torch's default, which is also one thread per core
         set_threads = lambda n: None  # noqa: E731
     set_threads(0)
-    accelerator = r.accelerator
+    accelerator = getattr(r, "accelerator", None) or build_accelerator()
     model = r.build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(10))

@@ -18,7 +18,8 @@ Outputs: <output_dir>/final/ (a transformers Wav2Vec2BertForCTC + feature extrac
 config.yaml, tokenizer/), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), freezing, what is logged and
-evaluated are yours to change. The lines marked `# keep` carry the exact-resume and DDP guarantees
+evaluated are yours to change; the seams above `main` (build_data, build_model, build_optimizer,
+compute_loss) are what the benchmarks and tests build the recipe with. The lines marked `# keep` carry the exact-resume and DDP guarantees
 (common/loop.py, docs/resume.md): keep them when you edit the loop.
 """
 

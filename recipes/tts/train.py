@@ -16,7 +16,8 @@ and ends bit-identical to a run that was never interrupted (on CPU; see README "
 Outputs: <output_dir>/final/{model.safetensors, config.yaml, symbols.json}, <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model (model.py), the losses and their weights, what is logged
-and evaluated are yours to change. The lines marked `# keep` carry the exact-resume and DDP
+and evaluated are yours to change; the seams above `main` (build_data, model.build_model,
+build_optimizer, compute_loss) are what the benchmarks and tests build the recipe with. The lines marked `# keep` carry the exact-resume and DDP
 guarantees (common/loop.py, docs/resume.md): keep them when you edit the loop.
 """
 
