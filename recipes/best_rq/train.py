@@ -135,7 +135,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     is_main = accelerator.is_main_process
     train_set = prepare_manifest(out, "train", data_dir, policy, cfg.train_split, is_main_process=is_main)
     valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=is_main)
-    collator = MaskingCollator(cfg)  # the same masking rule for validation: eval loss is the training loss
+    collator = MaskingCollator(cfg)  # training and validation: the same masking rule
     return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
                          train=(train_set, FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), collator),
                          valid=(valid_set, FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), collator))
