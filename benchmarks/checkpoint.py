@@ -39,13 +39,16 @@ def build(recipe: str, root: str | None = None):
         import benchmarks.recipe
 
         benchmarks.recipe.ROOT = Path(root)
-    r = load_recipe(recipe)
+    try:
+        r = load_recipe(recipe, data=False)
+    except TypeError:  # an older checkout's benchmarks/recipe.py, which builds the data too
+        r = load_recipe(recipe)
     try:
         from common.distributed import set_threads
     except ImportError:  # an older checkout: torch's default, which is also one thread per core
         set_threads = lambda n: None  # noqa: E731
     set_threads(0)
-    accelerator = build_accelerator()
+    accelerator = getattr(r, "accelerator", None) or build_accelerator()
     model = r.build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(10))
@@ -60,7 +63,7 @@ def build(recipe: str, root: str | None = None):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="best_rq", choices=["best_rq", "asr"])
+    ap.add_argument("--recipe", default="best_rq", choices=["best_rq", "asr", "tts"])
     ap.add_argument("--repeats", type=int, default=7, help="interleaved repetitions of each measurement")
     ap.add_argument("--root", help="measure the save_checkpoint of this checkout instead (its common/); "
                                    "the breakdown is skipped")

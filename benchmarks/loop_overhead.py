@@ -75,14 +75,13 @@ def main() -> None:
     import torch
 
     from benchmarks.recipe import load_recipe
-    from common.data import DurationBatchSampler, load_audio
+    from common.data import load_audio
     from common.distributed import set_threads
 
     threads, _ = set_threads(args.threads)
     r = load_recipe(args.recipe, overrides)
     cfg = r.cfg
-    sampler = DurationBatchSampler(r.train_set["duration"], cfg.max_batch_seconds, num_buckets=cfg.num_buckets,
-                                   shuffle=True, seed=cfg.seed, multiple_of=1)
+    sampler = r.data.train_sampler  # the recipe's, 1 process: a multiple of 1 batch per epoch
     sampler.set_epoch(0)
     epoch0 = len(sampler)  # optimizer steps in epoch 0 (1 process, no accumulation)
     if args.steps > epoch0:

@@ -1,8 +1,9 @@
 """Resume cost: time to the first batch when a run resumes late in an epoch vs early.
 
-    python benchmarks/resume.py [--recipe best_rq|asr] [--repeats 5]
+    python benchmarks/resume.py [--recipe best_rq|asr|tts] [--repeats 5]
 
-Builds the recipe's training loader exactly as `train.py` does (`make_loader` + `accelerate.prepare`)
+Builds the recipe's training loader with its own `build_data` (as `train.py` does, RAM cache off, so
+that every read decodes) and `accelerator.prepare`,
 and times `common.loop.train_batches` from its call to the first batch it yields, with the state
 positioned after 1 batch (early) and before the last batch (late) of epoch 0; and, for each, reading
 that same batch directly (the batches differ in size, so their reading time differs). Interleaved.
@@ -24,23 +25,19 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="best_rq", choices=["best_rq", "asr"])
+    ap.add_argument("--recipe", default="best_rq", choices=["best_rq", "asr", "tts"])
     ap.add_argument("--repeats", type=int, default=5, help="interleaved repetitions")
     args = ap.parse_args()
 
     from benchmarks.recipe import load_recipe
     from common.checkpoint import TrainState
-    from common.data import make_loader
-    from common.distributed import build_accelerator, set_threads
+    from common.distributed import set_threads
     from common.loop import train_batches
 
     set_threads(0)
-    r = load_recipe(args.recipe)
-    cfg = r.cfg
-    accelerator = build_accelerator()
-    loader, sampler = make_loader(r.dataset, r.train_set["duration"], r.collator, max_batch_seconds=cfg.max_batch_seconds,
-                                  num_buckets=cfg.num_buckets, seed=cfg.seed, multiple_of=1, shuffle=True)
-    loader = accelerator.prepare(loader)
+    r = load_recipe(args.recipe, ["--memory_cache_mb", "0"])
+    cfg, accelerator, sampler = r.cfg, r.accelerator, r.data.train_sampler
+    loader = accelerator.prepare(r.data.train_loader)
     sampler.set_epoch(0)
     n = len(loader)
 

@@ -15,6 +15,8 @@ Data contract that makes resume exact and DDP honest:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -215,3 +217,41 @@ def make_loader(dataset, durations, collate_fn, *, max_batch_seconds: float, num
                         generator=torch.Generator().manual_seed(seed), persistent_workers=False,
                         pin_memory=pin_memory)
     return loader, sampler
+
+
+@dataclass
+class RecipeData:
+    """What a recipe's `build_data` returns: its train.py, the benchmarks and the tests read the same."""
+
+    train_set: Any  # the checked training manifest (datasets.Dataset: id, path, duration in s, ...)
+    valid_set: Any
+    train_items: Any  # the training dataset, before the RAM cache: item i as the collator takes it
+    valid_items: Any
+    collate: Any  # the training collator
+    train_loader: DataLoader  # for accelerator.prepare; its batches: a multiple of the global batch per epoch
+    train_sampler: DurationBatchSampler
+    valid_loader: DataLoader  # every validation utterance once, over all processes
+    data_dir: Any = None  # the corpus folder these were read from (the model card names it)
+
+
+def build_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, train: tuple, valid: tuple,
+                  data_dir=None) -> RecipeData:
+    """Duration-bucketed loaders over `train` and `valid`, each (manifest, dataset, collator), with the
+    items kept in RAM after their first read (`keep_in_memory`). The training batches per epoch are a
+    multiple of `global_batch` micro-batches (the resume plan's, `common.run.start_run`), the
+    validation batches a multiple of the processes. Reads the shared Config fields max_batch_seconds,
+    num_buckets, seed and memory_cache_mb."""
+    (train_set, train_items, collate), (valid_set, valid_items, valid_collate) = train, valid
+    world = accelerator.num_processes
+    logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
+                f"{len(valid_set)} validation, {world} process(es)")
+    batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
+                    num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
+    train_loader, train_sampler = make_loader(
+        keep_in_memory(train_items, cfg.memory_cache_mb, num_workers, "training"), train_set["duration"], collate,
+        shuffle=True, multiple_of=global_batch, **batching)
+    valid_loader, _ = make_loader(
+        keep_in_memory(valid_items, cfg.memory_cache_mb, num_workers, "validation"), valid_set["duration"],
+        valid_collate, shuffle=False, multiple_of=world, **batching)
+    return RecipeData(train_set, valid_set, train_items, valid_items, collate, train_loader, train_sampler,
+                      valid_loader, data_dir)

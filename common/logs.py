@@ -151,10 +151,31 @@ class Throughput:
         return rate
 
 
+class WindowMeans:
+    """The values a recipe's `compute_loss` reports (name → scalar tensor), each averaged over the
+    batches of one accumulation window on this process; `zero()` after every optimizer step."""
+
+    def __init__(self):
+        self.sums: dict = {}  # name → float32 scalar on the batch's device
+
+    def add(self, stats: dict, window_len: int) -> None:
+        import torch
+
+        for name, value in stats.items():
+            if name not in self.sums:
+                self.sums[name] = torch.zeros((), device=value.device)
+            self.sums[name] += value.detach() / window_len
+
+    def zero(self) -> None:
+        for total in self.sums.values():
+            total.zero_()
+
+
 class MetricsLog:
     """Append-only `metrics.jsonl`; writes happen on the main process only."""
 
     def __init__(self, accelerator, path: str | Path, resume_step: int = 0):
+        self.accelerator = accelerator
         self.path = Path(path)
         self.enabled = accelerator.is_main_process
         if self.enabled and self.path.exists():
@@ -178,6 +199,22 @@ class MetricsLog:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+    def log_step(self, state, window: WindowMeans, throughput: Throughput, *, lr: float, grad_norm,
+                 extra: dict) -> dict:
+        """Collective (two all-reduces): call on every rank. The row of the optimizer step just taken:
+        step, epoch, the window's means over all processes, `lr`, `grad_norm` (a tensor), skipped
+        updates, audio seconds per second, then `extra` (evaluation results); written to metrics.jsonl
+        and the trackers by the main process, and returned (for the progress bar)."""
+        import torch
+
+        means = self.accelerator.reduce(torch.stack(list(window.sums.values())), "mean").tolist()
+        row = {"step": state.step, "epoch": state.epoch, **dict(zip(window.sums, means)), "lr": lr,
+               "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates,
+               "audio_s_per_s": throughput.rate(), **extra}
+        self.log(row)
+        self.accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
+        return row
 
 
 def start_trackers(accelerator, config: dict, report_to: str, resume_step: int) -> None:

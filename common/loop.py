@@ -231,3 +231,12 @@ def inverse_sqrt_schedule(warmup_steps: int):
         step = max(step, 1)
         return min(step / warmup_steps, math.sqrt(warmup_steps / step))
     return f
+
+
+def decay_groups(module: torch.nn.Module, weight_decay: float, **options) -> list[dict]:
+    """Two optimizer parameter groups of `module`: matrices with `weight_decay`, biases and norm gains
+    (fewer than 2 dimensions) without; `options` (e.g. lr) go into both."""
+    params = list(module.parameters())
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay, **options},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, **options}]
+

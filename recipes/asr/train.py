@@ -18,13 +18,13 @@ Outputs: <output_dir>/final/ (a transformers Wav2Vec2BertForCTC + feature extrac
 config.yaml, tokenizer/), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), freezing, what is logged and
-evaluated are yours to change. The lines marked `# keep` carry the exact-resume and DDP guarantees
+evaluated are yours to change; the seams above `main` (build_data, build_model, build_optimizer,
+compute_loss) are what the benchmarks and tests build the recipe with. The lines marked `# keep` carry the exact-resume and DDP guarantees
 (common/loop.py, docs/resume.md): keep them when you edit the loop.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from dataclasses import dataclass
@@ -83,22 +83,20 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
-                               global_batch_plan, resume_from_checkpoint)
-from common.config import config_to_dict, save_config  # noqa: E402
-from common.data import auto_workers, keep_in_memory, make_loader  # noqa: E402
-from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
-                                set_threads)
+from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.config import save_config  # noqa: E402
+from common.data import build_loaders  # noqa: E402
+from common.distributed import check_fsdp_wrap  # noqa: E402
 from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
-from common.faults import Preemption, RunError, run_main  # noqa: E402
+from common.faults import RunError, run_main  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import write_model_card  # noqa: E402
-from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
-from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
-                         train_batches)
+from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
+from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless, optimizer_step,  # noqa: E402
+                         save_or_preempt, train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
-from common.rundir import claim_output_dir  # noqa: E402
+from common.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -111,36 +109,11 @@ from text import build_tokenizer, check_transcripts, load_tokenizer, read_char_m
 logger = get_logger(__name__)
 
 
-def main(cfg: Config) -> None:
-    out = Path(cfg.output_dir)
-    accelerator = build_accelerator(
-        mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=trackers(cfg.report_to), timeout_s=cfg.ddp_timeout,
-        deterministic=cfg.deterministic,
-    )
-    world = accelerator.num_processes
-    # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
-    claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
-    preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
-    if cfg.deterministic and accelerator.device.type == "cuda":
-        raise RunError("--deterministic on a GPU: CUDA's CTC loss backward has no deterministic implementation, "
-                       "so this recipe cannot be bit-exact there; drop --deterministic (resume stays exact in "
-                       "position and state)")
-    seed_everything(cfg.seed)  # model init: identical on every rank
-    cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
-    cfg_dict = config_to_dict(cfg)
+# ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 
-    # ---- where to resume (chosen first: the checkpoint's global batch sizes the data batches) --
-    ckpt = choose_checkpoint(accelerator, out)  # the newest intact checkpoint, or None (collective)
-    # Micro-batches per optimizer step are fixed at the first launch; a re-launch on another number
-    # of processes changes the accumulation to keep them (or is refused, naming what works).
-    accumulation, global_batch = global_batch_plan(ckpt, world, cfg.gradient_accumulation_steps,
-                                                   accelerator.is_main_process)
-    _, threads_why = set_threads(cfg.num_threads, checkpoint_threads(ckpt))  # every core busy; a resume keeps its count
-    num_workers = auto_workers(cfg.num_workers, cuda=accelerator.device.type == "cuda")
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation, threads_why, num_workers))
-
-    # ---- data ------------------------------------------------------------------------------
+def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int):
+    """(the checked manifests, items, SpecAugment collators and duration-bucketed loaders; the tokenizer,
+    built once into <out>/tokenizer/)."""
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
     # LibriSpeech-layout data is checked once per output_dir (--data_check: missing, corrupt, empty, too
     # short/long, multi-channel audio, duplicate ids, malformed lines).
@@ -153,11 +126,9 @@ def main(cfg: Config) -> None:
 
     train_set = labelled_subset(read_split(data_dir, cfg.train_split, checked), cfg.train_fraction)
     valid_set = read_split(data_dir, cfg.valid_split, checked)
-    logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
-                f"{len(valid_set)} validation, {world} process(es)")
 
-    # ---- tokenizer: built once into <output_dir>/tokenizer/ by one process, the others wait ----
-    # Its symbols come from the training transcripts; validation characters it cannot emit are refused.
+    # The tokenizer: built once into <output_dir>/tokenizer/ by one process, the others wait. Its
+    # symbols come from the training transcripts; validation characters it cannot emit are refused.
     try:
         char_map = read_char_map(cfg.char_map) if cfg.char_map else None
     except (OSError, ValueError) as e:
@@ -176,46 +147,72 @@ def main(cfg: Config) -> None:
         raise RunError(str(e)) from None
     logger.info(f"tokens: {cfg.token_type}, {tokenizer.vocab_size} CTC classes (blank included)")
 
-    train_ds = SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb)
-    train_collator = SpecAugmentCollator(cfg, augment=True)  # the training set only is augmented
-    batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
-                    num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
-    train_loader, train_sampler = make_loader(
-        keep_in_memory(train_ds, cfg.memory_cache_mb, num_workers, "training"),  # per (utterance, speed factor)
-        train_set["duration"], train_collator, shuffle=True, multiple_of=global_batch, **batching)
-    valid_ds = keep_in_memory(SpeechDataset(valid_set, cfg, tokenizer), cfg.memory_cache_mb, num_workers, "validation")
-    valid_loader, _ = make_loader(valid_ds, valid_set["duration"], SpecAugmentCollator(cfg, augment=False),
-                                  shuffle=False, multiple_of=world, **batching)
+    # Training items are kept per (utterance, speed factor); the training set only is augmented.
+    data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                         train=(train_set, SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb),
+                                SpecAugmentCollator(cfg, augment=True)),
+                         valid=(valid_set, SpeechDataset(valid_set, cfg, tokenizer),
+                                SpecAugmentCollator(cfg, augment=False)),
+                         data_dir=data_dir)
+    return data, tokenizer
 
-    # ---- model, optimizer, schedule (sized in optimizer steps) -------------------------------
-    model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                         vocab_size=tokenizer.vocab_size)
-    stats_loaded = load_pretrained_encoder(model, cfg.init_from, cfg_dict) if cfg.init_from else False  # every rank
+
+def build_model(cfg: Config, vocab_size: int) -> ConformerCTC:
+    return ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                        vocab_size=vocab_size)
+
+
+def build_optimizer(cfg: Config, model: ConformerCTC):
+    """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps. The head's
+    groups first, so that the logged "lr" is the head's; the encoder at encoder_lr_scale × that."""
+    groups = (decay_groups(model.head, cfg.weight_decay, lr=cfg.learning_rate)
+              + decay_groups(model.encoder, cfg.weight_decay, lr=cfg.learning_rate * cfg.encoder_lr_scale))
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+
+
+def compute_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
+    """(loss to back-propagate, values to log): the CTC loss of the batch (SpecAugment masks applied)."""
+    log_probs, out_lens = model(batch["feats"], batch["feat_lens"], batch["time_mask"], batch["freq_mask"])
+    loss = ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"])
+    return loss, {"loss": loss}
+
+
+def main(cfg: Config) -> None:
+    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/run.py) ----
+    # The checkpoint is chosen before the data: its global batch sizes the training batches
+    # (run.global_batch), and resume_from_checkpoint restores it after accelerator.prepare.
+    run = start_run(cfg, recipe=Path(__file__).parent.name)
+    accelerator, out, cfg, accumulation, preemption = run.accelerator, run.out, run.cfg, run.accumulation, run.preemption
+    if cfg.deterministic and accelerator.device.type == "cuda":
+        raise RunError("--deterministic on a GPU: CUDA's CTC loss backward has no deterministic implementation, "
+                       "so this recipe cannot be bit-exact there; drop --deterministic (resume stays exact in "
+                       "position and state)")
+
+    # ---- data, tokenizer, model, optimizer (the seams above) -----------------------------------
+    data, tokenizer = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
+    train_set, train_ds, train_sampler, train_collator = data.train_set, data.train_items, data.train_sampler, data.collate
+    tok_dir = out / "tokenizer"  # built by build_data; exported with the model
+    model = build_model(cfg, tokenizer.vocab_size)
+    stats_loaded = load_pretrained_encoder(model, cfg.init_from, run.cfg_dict) if cfg.init_from else False  # every rank
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters"
                 + (f", initialized from {cfg.init_from}" if cfg.init_from else ", from scratch"))
-    # The head first, so that logged "lr" is the head's; the encoder at encoder_lr_scale × that.
-    groups = []
-    for part, lr in ((model.head, cfg.learning_rate), (model.encoder, cfg.learning_rate * cfg.encoder_lr_scale)):
-        groups.append({"params": [p for p in part.parameters() if p.ndim >= 2], "weight_decay": cfg.weight_decay, "lr": lr})
-        groups.append({"params": [p for p in part.parameters() if p.ndim < 2], "weight_decay": 0.0, "lr": lr})
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+    optimizer, scheduler = build_optimizer(cfg, model)
     encoder_params = list(model.encoder.parameters())
     # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
-    model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
+    model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --
-    state = TrainState.for_run(cfg, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
-    if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None and not stats_loaded:
+    # What the run is made of: a resume refuses another config (but for the fields that may change on
+    # resume) or other training data.
+    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(train_set))
+    if resume_from_checkpoint(accelerator, run.ckpt, state, scheduler) is None and not stats_loaded:
         stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         logmel = LogMel(cfg.sample_rate, cfg.n_mels)
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
             (row["id"], logmel(load_wav(row, cfg.sample_rate))) for row in train_set.select(range(0, len(train_set), stride))))
-    if accelerator.is_main_process:
-        save_config(cfg, out / "config.yaml")
-    metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
-    start_trackers(accelerator, cfg_dict, cfg.report_to, resume_step=state.step)
+    metrics = start_logging(run, state)  # config.yaml, metrics.jsonl and trackers from state.step on
     scorer = Scorer()
 
     # ---- training loop ----------------------------------------------------------------------
@@ -223,16 +220,15 @@ def main(cfg: Config) -> None:
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
-    window_loss = torch.zeros((), device=accelerator.device)  # mean CTC loss over the accumulation window
+    window = WindowMeans()  # mean CTC loss over the accumulation window
     for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler, train_collator, train_ds),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):  # keep
-            log_probs, out_lens = model(batch["feats"], batch["feat_lens"], batch["time_mask"], batch["freq_mask"])
-            loss = ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"])
+            loss, stats = compute_loss(model, batch)
             accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
-        window_loss += loss.detach() / micro.window_len
+        window.add(stats, micro.window_len)
         throughput.add(batch["ids"])
         if not micro.sync:  # keep
             continue
@@ -254,14 +250,10 @@ def main(cfg: Config) -> None:
                 accelerator.get_tracker("tensorboard", unwrap=True).add_text("eval/decoded", "\n\n".join(
                     f"`{i}`  \nref: {ref}  \nhyp: {hyp}" for i, hyp, ref in decoded[:4]), state.step)
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
-            loss_mean = accelerator.reduce(window_loss, "mean").item()  # collective: mean over processes
-            row = {"step": state.step, "epoch": state.epoch, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],
-                   "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates,
-                   "audio_s_per_s": throughput.rate(), **row}  # rate(): collective
-            metrics.log(row)  # one line per logged step, main process only
-            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
+            row = metrics.log_step(state, window, throughput, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
+                                   extra=row)  # collective
             bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}")
-        window_loss.zero_()
+        window.zero()
         save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
     bar.close()
@@ -271,7 +263,7 @@ def main(cfg: Config) -> None:
         save_config(cfg, folder / "config.yaml")
         shutil.copytree(tok_dir, folder / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
         export_hf(folder, load_file(folder / "model.safetensors"), cfg, tokenizer)
-        write_model_card(folder, recipe="asr", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
+        write_model_card(folder, recipe="asr", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             ```python
             from transformers import pipeline

@@ -14,13 +14,13 @@ Outputs: <output_dir>/final/{model.safetensors, config.yaml, encoder/} (encoder/
 AutoModel + AutoFeatureExtractor), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), what is logged and evaluated are
-yours to change. The lines marked `# keep` carry the exact-resume and DDP guarantees (common/loop.py,
+yours to change; the seams above `main` (build_data, build_model, build_optimizer, compute_loss) are
+what the benchmarks and tests build the recipe with. The lines marked `# keep` carry the exact-resume and DDP guarantees (common/loop.py,
 docs/resume.md): keep them when you edit the loop.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,21 +67,19 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
-                               global_batch_plan, resume_from_checkpoint)
-from common.config import config_to_dict, save_config  # noqa: E402
-from common.data import auto_workers, keep_in_memory, make_loader  # noqa: E402
-from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
-                                set_threads)
+from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.config import save_config  # noqa: E402
+from common.data import RecipeData, build_loaders  # noqa: E402
+from common.distributed import check_fsdp_wrap  # noqa: E402
 from common.encoder import encoder_config_from  # noqa: E402
-from common.faults import Preemption, run_main  # noqa: E402
+from common.faults import run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import save_feature_extractor, write_model_card  # noqa: E402
-from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
-from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
-                         train_batches)
+from common.logs import Throughput, WindowMeans, get_logger, progress_bar  # noqa: E402
+from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless, optimizer_step,  # noqa: E402
+                         save_or_preempt, train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
-from common.rundir import claim_output_dir  # noqa: E402
+from common.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -91,32 +89,10 @@ from model import BestRQ, evaluate  # noqa: E402
 logger = get_logger(__name__)
 
 
-def main(cfg: Config) -> None:
-    out = Path(cfg.output_dir)
-    accelerator = build_accelerator(
-        mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=trackers(cfg.report_to), timeout_s=cfg.ddp_timeout,
-        deterministic=cfg.deterministic,
-    )
-    world = accelerator.num_processes
-    # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
-    claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
-    preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
-    seed_everything(cfg.seed)  # model init: identical on every rank
-    cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
-    cfg_dict = config_to_dict(cfg)
+# ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 
-    # ---- where to resume (chosen first: the checkpoint's global batch sizes the data batches) --
-    ckpt = choose_checkpoint(accelerator, out)  # the newest intact checkpoint, or None (collective)
-    # Micro-batches per optimizer step are fixed at the first launch; a re-launch on another number
-    # of processes changes the accumulation to keep them (or is refused, naming what works).
-    accumulation, global_batch = global_batch_plan(ckpt, world, cfg.gradient_accumulation_steps,
-                                                   accelerator.is_main_process)
-    _, threads_why = set_threads(cfg.num_threads, checkpoint_threads(ckpt))  # every core busy; a resume keeps its count
-    num_workers = auto_workers(cfg.num_workers, cuda=accelerator.device.type == "cuda")
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation, threads_why, num_workers))
-
-    # ---- data ------------------------------------------------------------------------------
+def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
+    """The checked manifests, log-mel items, masking collator and duration-bucketed loaders."""
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
     # the data check runs once per output_dir (missing, corrupt, empty, too short/long,
     # multi-channel, wrong-rate audio, duplicate ids, malformed lines).
@@ -126,44 +102,58 @@ def main(cfg: Config) -> None:
     is_main = accelerator.is_main_process
     train_set = prepare_manifest(out, "train", data_dir, policy, cfg.train_split, is_main_process=is_main)
     valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=is_main)
-    logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
-                f"{len(valid_set)} validation, {world} process(es)")
-    train_ds = keep_in_memory(FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), cfg.memory_cache_mb,
-                              num_workers, "training")
-    collator = MaskingCollator(cfg)
-    batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
-                    num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
-    train_loader, train_sampler = make_loader(train_ds, train_set["duration"], collator, shuffle=True,
-                                              multiple_of=global_batch, **batching)
-    valid_ds = keep_in_memory(FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), cfg.memory_cache_mb,
-                              num_workers, "validation")
-    valid_loader, _ = make_loader(valid_ds, valid_set["duration"], collator, shuffle=False, multiple_of=world,
-                                  **batching)
+    collator = MaskingCollator(cfg)  # training and validation: the same masking rule
+    return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                         train=(train_set, FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), collator),
+                         valid=(valid_set, FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), collator),
+                         data_dir=data_dir)
 
-    # ---- model, optimizer, schedule (sized in optimizer steps) -------------------------------
-    model = BestRQ(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                   codebook_size=cfg.codebook_size, code_dim=cfg.code_dim, quantizer_seed=cfg.quantizer_seed)
+
+def build_model(cfg: Config) -> BestRQ:
+    return BestRQ(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                  codebook_size=cfg.codebook_size, code_dim=cfg.code_dim, quantizer_seed=cfg.quantizer_seed)
+
+
+def build_optimizer(cfg: Config, model: BestRQ):
+    """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps."""
+    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                                  betas=(cfg.adam_beta1, cfg.adam_beta2))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+
+
+def compute_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
+    """(loss to back-propagate, values to log): cross-entropy of the masked positions' labels, and
+    the accuracy there."""
+    loss, acc, _, _ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
+    return loss, {"loss": loss, "acc": acc}
+
+
+def main(cfg: Config) -> None:
+    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/run.py) ----
+    # The checkpoint is chosen before the data: its global batch sizes the training batches
+    # (run.global_batch), and resume_from_checkpoint restores it after accelerator.prepare.
+    run = start_run(cfg, recipe=Path(__file__).parent.name)
+    accelerator, out, cfg, accumulation, preemption = run.accelerator, run.out, run.cfg, run.accumulation, run.preemption
+
+    # ---- data, model, optimizer (the seams above) ---------------------------------------------
+    data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
+    train_set, train_sampler, collator = data.train_set, data.train_sampler, data.collate
+    model = build_model(cfg)
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters")
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+    optimizer, scheduler = build_optimizer(cfg, model)
     # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
-    model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
+    model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
-    state = TrainState.for_run(cfg, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
-    if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None:
-        stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
+    # What the run is made of: a resume refuses another config (but for the fields that may change on
+    # resume) or other training data.
+    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(train_set))
+    if resume_from_checkpoint(accelerator, run.ckpt, state, scheduler) is None:
+        stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
-            train_ds[i] for i in range(0, len(train_ds), stride)))
-    if accelerator.is_main_process:
-        save_config(cfg, out / "config.yaml")
-    metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
-    start_trackers(accelerator, cfg_dict, cfg.report_to, resume_step=state.step)
+            data.train_items[i] for i in range(0, len(train_set), stride)))
+    metrics = start_logging(run, state)  # config.yaml, metrics.jsonl and trackers from state.step on
 
     # ---- training loop ----------------------------------------------------------------------
     logger.info(f"chance level: ln({cfg.codebook_size}) = {math.log(cfg.codebook_size):.3f}")
@@ -171,15 +161,15 @@ def main(cfg: Config) -> None:
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
-    window = torch.zeros(2, device=accelerator.device)  # loss, accuracy: means over the accumulation window
+    window = WindowMeans()  # loss, accuracy: means over the accumulation window
     for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler, collator),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):  # keep
-            loss, acc, _, _ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
+            loss, stats = compute_loss(model, batch)
             accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
-        window += torch.stack([loss.detach(), acc.detach()]) / micro.window_len
+        window.add(stats, micro.window_len)
         throughput.add(batch["ids"])
         if not micro.sync:  # keep
             continue
@@ -192,15 +182,10 @@ def main(cfg: Config) -> None:
             row = evaluate(model, valid_loader, accelerator)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
-            loss_acc = accelerator.reduce(window, "mean").tolist()  # collective: mean over processes
-            row = {"step": state.step, "epoch": state.epoch, "loss": loss_acc[0], "acc": loss_acc[1],
-                   "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm.item(),
-                   "skipped_updates": state.skipped_updates,
-                   "audio_s_per_s": throughput.rate(), **row}  # rate(): collective
-            metrics.log(row)  # one line per logged step, main process only
-            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
+            row = metrics.log_step(state, window, throughput, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
+                                   extra=row)  # collective
             bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}", acc=f"{row['acc']:.3f}")
-        window.zero_()
+        window.zero()
         save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
     bar.close()
@@ -214,7 +199,7 @@ def main(cfg: Config) -> None:
             folder / "encoder", state_dict={k[len("encoder."):]: v for k, v in weights.items() if k.startswith("encoder.")})
         save_feature_extractor(folder / "encoder", n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                                sample_rate=cfg.sample_rate, mean=weights["feat_mean"], std=weights["feat_std"])
-        write_model_card(folder, recipe="best_rq", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
+        write_model_card(folder, recipe="best_rq", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             `encoder/` is a transformers folder:
 

@@ -16,7 +16,8 @@ and ends bit-identical to a run that was never interrupted (on CPU; see README "
 Outputs: <output_dir>/final/{model.safetensors, config.yaml, symbols.json}, <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model (model.py), the losses and their weights, what is logged
-and evaluated are yours to change. The lines marked `# keep` carry the exact-resume and DDP
+and evaluated are yours to change; the seams above `main` (build_data, model.build_model,
+build_optimizer, compute_loss) are what the benchmarks and tests build the recipe with. The lines marked `# keep` carry the exact-resume and DDP
 guarantees (common/loop.py, docs/resume.md): keep them when you edit the loop.
 """
 
@@ -88,20 +89,18 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
-from common.checkpoint import (TrainState, checkpoint_threads, choose_checkpoint, export_final,  # noqa: E402
-                               global_batch_plan, resume_from_checkpoint)
+from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
-from common.data import auto_workers, keep_in_memory, load_audio, make_loader  # noqa: E402
-from common.distributed import (build_accelerator, check_fsdp_wrap, describe_run, seed_everything,  # noqa: E402
-                                set_threads)
-from common.faults import Preemption, RunError, run_main  # noqa: E402
+from common.data import RecipeData, build_loaders, load_audio  # noqa: E402
+from common.distributed import check_fsdp_wrap  # noqa: E402
+from common.faults import RunError, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import write_model_card  # noqa: E402
-from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers, trackers  # noqa: E402
-from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
-                         train_batches)
+from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
+from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless, optimizer_step,  # noqa: E402
+                         save_or_preempt, train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
-from common.rundir import claim_output_dir  # noqa: E402
+from common.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -113,9 +112,55 @@ from model import build_model  # noqa: E402
 logger = get_logger(__name__)
 
 
-def total_loss(out: dict, cfg: Config, binarize: bool) -> torch.Tensor:
+# ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
+# (and model.build_model(cfg))
+
+def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int
+               ) -> tuple[RecipeData, Config]:
+    """The checked manifest split into training/validation/test, its items (symbols, log-mels),
+    collators and duration-bucketed loaders; and `cfg` with the symbol table the items were encoded
+    with (`--symbols auto`: derived from the training transcripts)."""
+    # The built-in corpus is generated once per cache folder (one process builds, the others wait);
+    # the data check runs once per output_dir: bad audio, and characters outside the symbol table.
+    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
+    fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
+    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
+                        charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None,
+                        on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
+    manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
+    splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
+    # The symbol table: --symbols, or derived from the training transcripts and written into the
+    # run's config (checkpoints, final/), so that resume and synthesis read the same table.
+    try:
+        symbols = Symbols.derived(cfg, splits["train"]["text"])
+        for split in ("validation", "test"):
+            symbols.check(splits[split]["id"], splits[split]["text"], split)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    cfg = dataclasses.replace(cfg, symbols=symbols.chars)
+    logger.info(f"{len(splits['test'])} test utterances held out (score.py)")
+    data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                         train=(splits["train"], TTSDataset(splits["train"], cfg), Collator(cfg)),
+                         valid=(splits["validation"], TTSDataset(splits["validation"], cfg), Collator(cfg)),
+                         data_dir=data_dir)
+    return data, cfg
+
+
+def build_optimizer(cfg: Config, model):
+    """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps."""
+    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                                  betas=(cfg.adam_beta1, cfg.adam_beta2))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+
+
+def compute_loss(model, batch: dict, cfg: Config, binarize: bool) -> tuple[torch.Tensor, dict]:
+    """(loss to back-propagate, values to log): the weighted sum of the mel, duration, alignment and,
+    from binarization_start_steps on (`binarize`), binarization losses; and each of them."""
+    out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], binarize)
     loss = out["mel_loss"] + cfg.duration_loss_weight * out["dur_loss"] + cfg.align_loss_weight * out["align_loss"]
-    return loss + cfg.binarization_loss_weight * out["bin_loss"] if binarize else loss
+    if binarize:
+        loss = loss + cfg.binarization_loss_weight * out["bin_loss"]
+    return loss, {"loss": loss, **{k: out[k] for k in LOSSES}}
 
 
 @torch.no_grad()
@@ -157,87 +202,34 @@ def log_samples(model, dataset, cfg: Config, writer, vocoder, step: int) -> None
 
 
 def main(cfg: Config) -> None:
-    out = Path(cfg.output_dir)
-    accelerator = build_accelerator(
-        mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=trackers(cfg.report_to), timeout_s=cfg.ddp_timeout,
-        deterministic=cfg.deterministic,
-    )
-    world = accelerator.num_processes
-    # One run per output_dir, and only a run of this recipe (a user's own folder is refused).
-    claim_output_dir(accelerator, out, Path(__file__).parent.name, cfg.overwrite_output_dir)
-    preemption = Preemption(accelerator)  # a signal now: clean exit (75); in the loop: save, then exit 75
-    seed_everything(cfg.seed)  # model init: identical on every rank
-    cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)  # what runs: profile's or flag's
-    cfg_dict = config_to_dict(cfg)
+    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/run.py) ----
+    # The checkpoint is chosen before the data: its global batch sizes the training batches
+    # (run.global_batch), and resume_from_checkpoint restores it after accelerator.prepare.
+    run = start_run(cfg, recipe=Path(__file__).parent.name)
+    accelerator, out, cfg, accumulation, preemption = run.accelerator, run.out, run.cfg, run.accumulation, run.preemption
 
-    # ---- where to resume (chosen first: the checkpoint's global batch sizes the data batches) --
-    ckpt = choose_checkpoint(accelerator, out)  # the newest intact checkpoint, or None (collective)
-    # Micro-batches per optimizer step are fixed at the first launch; a re-launch on another number
-    # of processes changes the accumulation to keep them (or is refused, naming what works).
-    accumulation, global_batch = global_batch_plan(ckpt, world, cfg.gradient_accumulation_steps,
-                                                   accelerator.is_main_process)
-    _, threads_why = set_threads(cfg.num_threads, checkpoint_threads(ckpt))  # every core busy; a resume keeps its count
-    num_workers = auto_workers(cfg.num_workers, cuda=accelerator.device.type == "cuda")
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation, threads_why, num_workers))
-
-    # ---- data ------------------------------------------------------------------------------
-    # The built-in corpus is generated once per cache folder (one process builds, the others wait);
-    # the data check runs once per output_dir: bad audio, and characters outside the symbol table.
-    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
-    fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
-    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None,
-                        on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
-    manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
-    splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
-    train_set, valid_set = splits["train"], splits["validation"]
-    # The symbol table: --symbols, or derived from the training transcripts and written into the
-    # run's config (checkpoints, final/), so that resume and synthesis read the same table.
-    try:
-        symbols = Symbols.derived(cfg, train_set["text"])
-        for split in ("validation", "test"):
-            symbols.check(splits[split]["id"], splits[split]["text"], split)
-    except ValueError as e:
-        raise RunError(str(e)) from None
-    cfg = dataclasses.replace(cfg, symbols=symbols.chars)
-    cfg_dict = config_to_dict(cfg)
-    logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
-                f"{len(valid_set)} validation, {len(splits['test'])} test, {world} process(es)")
-    train_ds = keep_in_memory(TTSDataset(train_set, cfg), cfg.memory_cache_mb, num_workers, "training")
-    valid_ds = keep_in_memory(TTSDataset(valid_set, cfg), cfg.memory_cache_mb, num_workers, "validation")
-    batching = dict(max_batch_seconds=cfg.max_batch_seconds, num_buckets=cfg.num_buckets, seed=cfg.seed,
-                    num_workers=num_workers, pin_memory=accelerator.device.type == "cuda")
-    train_loader, train_sampler = make_loader(train_ds, train_set["duration"], Collator(cfg), shuffle=True,
-                                              multiple_of=global_batch, **batching)
-    valid_loader, _ = make_loader(valid_ds, valid_set["duration"], Collator(cfg), shuffle=False, multiple_of=world,
-                                  **batching)
-
-    # ---- model, optimizer, schedule (sized in optimizer steps) -------------------------------
+    # ---- data, model, optimizer (the seams above) ---------------------------------------------
+    data, cfg = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
+    run = dataclasses.replace(run, cfg=cfg, cfg_dict=config_to_dict(cfg))  # the symbol table read: recorded with the run
+    train_set, train_sampler = data.train_set, data.train_sampler
     model = build_model(cfg)
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
-                f"{len(symbols) - 1} symbols")
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+                f"{len(Symbols(cfg.symbols)) - 1} symbols")
+    optimizer, scheduler = build_optimizer(cfg, model)
     # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
-    model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
+    model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
-    state = TrainState.for_run(cfg, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
-    if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None:
-        stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced over the sorted ids
+    # What the run is made of: a resume refuses another config (but for the fields that may change on
+    # resume) or other training data.
+    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(train_set))
+    if resume_from_checkpoint(accelerator, run.ckpt, state, scheduler) is None:
+        stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced over the sorted ids
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
-            (utt_id, mel) for utt_id, _, mel in (train_ds[i] for i in range(0, len(train_ds), stride))))
-    if accelerator.is_main_process:
-        save_config(cfg, out / "config.yaml")
-    metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
+            (utt_id, mel) for utt_id, _, mel in (data.train_items[i] for i in range(0, len(train_set), stride))))
+    metrics = start_logging(run, state)  # config.yaml, metrics.jsonl and trackers from state.step on
     writer = vocoder = None
-    start_trackers(accelerator, cfg_dict, cfg.report_to, resume_step=state.step)
     if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):
         writer = accelerator.get_tracker("tensorboard", unwrap=True)  # the SummaryWriter
         vocoder = GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length),
@@ -248,18 +240,16 @@ def main(cfg: Config) -> None:
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
-    window = torch.zeros(len(LOSSES) + 1, device=accelerator.device)  # loss, mel, dur, align, bin: window means
+    window = WindowMeans()  # loss, mel, dur, align, bin: means over the accumulation window
     for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler,),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         binarize = state.step >= cfg.binarization_start_steps  # same on every rank
         with no_sync_unless(accelerator, model, micro.sync):  # keep
-            out_ = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"],
-                         batch["log_prior"], binarize)
-            loss = total_loss(out_, cfg, binarize)
+            loss, stats = compute_loss(model, batch, cfg, binarize)
             accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
-        window += torch.stack([loss.detach()] + [out_[k].detach() for k in LOSSES]) / micro.window_len
+        window.add(stats, micro.window_len)
         throughput.add(batch["ids"])
         if not micro.sync:  # keep
             continue
@@ -272,17 +262,12 @@ def main(cfg: Config) -> None:
             row = evaluate(model, valid_loader, accelerator)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
             if writer is not None:  # main process only; no collectives inside
-                log_samples(accelerator.unwrap_model(model), valid_ds, cfg, writer, vocoder, state.step)
+                log_samples(accelerator.unwrap_model(model), data.valid_items, cfg, writer, vocoder, state.step)
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
-            means = accelerator.reduce(window, "mean").tolist()  # collective: mean over processes
-            row = {"step": state.step, "epoch": state.epoch, "loss": means[0],
-                   **{k: means[j + 1] for j, k in enumerate(LOSSES)}, "lr": scheduler.get_last_lr()[0],
-                   "grad_norm": grad_norm.item(), "skipped_updates": state.skipped_updates,
-                   "audio_s_per_s": throughput.rate(), **row}  # rate(): collective
-            metrics.log(row)  # one line per logged step, main process only
-            accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
+            row = metrics.log_step(state, window, throughput, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
+                                   extra=row)  # collective
             bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}", mel=f"{row['mel_loss']:.3f}")
-        window.zero_()
+        window.zero()
         save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
     bar.close()
@@ -299,7 +284,7 @@ def main(cfg: Config) -> None:
             for other in local:
                 code = re.sub(rf"^from {other} import", f"from tts_{other} import", code, flags=re.M)
             (folder / f"tts_{name}.py").write_text(code)
-        write_model_card(folder, recipe="tts", state=state, data_dir=data_dir, metrics_path=out / "metrics.jsonl",
+        write_model_card(folder, recipe="tts", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             ```python
             import sys
