@@ -18,8 +18,10 @@ Outputs: <output_dir>/final/ (a transformers Wav2Vec2BertForCTC + feature extrac
 config.yaml, tokenizer/), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), freezing, what is logged and
-evaluated are yours to change. The lines marked `# keep` carry the exact-resume and DDP guarantees
-(common/loop.py, docs/resume.md): keep them when you edit the loop.
+evaluated are yours to change. The loop's calls into common/loop.py carry the exact-resume and DDP
+guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the run
+with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe
+calls them.
 """
 
 from __future__ import annotations
@@ -124,8 +126,8 @@ from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa:
 from common.faults import Preemption, RunError, run_main  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
-from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
-                         train_batches)
+from common.loop import (end_step, inverse_sqrt_schedule, no_sync_unless, optimizer_update,  # noqa: E402
+                         save_or_preempt, train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
@@ -221,13 +223,14 @@ def main(cfg: Config) -> None:
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
     encoder_params = list(model.encoder.parameters())
-    # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
+    # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --
+    parts = dict(models=model, optimizers=optimizer, schedulers=scheduler)  # what a checkpoint holds
     state = TrainState.for_run(cfg_dict, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
-    if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None and not stats_loaded:
+    if resume_from_checkpoint(accelerator, ckpt, state, **parts) is None and not stats_loaded:
         stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         logmel = LogMel(cfg.sample_rate, cfg.n_mels)
         set_feature_stats(accelerator, model, lambda: feature_stats(
@@ -239,22 +242,22 @@ def main(cfg: Config) -> None:
     scorer = Scorer()
 
     # ---- training loop ----------------------------------------------------------------------
-    preemption.defer()  # keep: from here on a signal means: save at the next step boundary, exit 75
+    preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
     window_loss = torch.zeros((), device=accelerator.device)  # mean CTC loss over the accumulation window
-    for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
+    for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler, train_collator, train_ds),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
-        with no_sync_unless(accelerator, model, micro.sync):  # keep
+        with no_sync_unless(accelerator, model, micro.sync):
             log_probs, out_lens = model(batch["feats"], batch["feat_lens"], batch["time_mask"], batch["freq_mask"])
             loss = ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"])
-            accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
+            accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
         window_loss += loss.detach() / micro.window_len
         throughput.add(batch["ids"])
-        if not micro.sync:  # keep
+        if not micro.sync:
             continue
         # Frozen encoder: every parameter still gets its (DDP-reduced) gradient, so the DDP reducer
         # sees the same graph every step; we drop the encoder's before the update, and AdamW skips
@@ -262,8 +265,9 @@ def main(cfg: Config) -> None:
         if state.step < cfg.freeze_encoder_steps:
             for p in encoder_params:
                 p.grad = None
-        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, max_grad_norm=cfg.max_grad_norm,
-                                   max_nonfinite_updates=cfg.max_nonfinite_updates)  # keep
+        grad_norm = optimizer_update(accelerator, model, optimizer, state, max_grad_norm=cfg.max_grad_norm,
+                                     max_nonfinite_updates=cfg.max_nonfinite_updates)
+        end_step(state, scheduler)
         bar.update(1)
 
         row = {}
@@ -282,8 +286,8 @@ def main(cfg: Config) -> None:
             accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
             bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}")
         window_loss.zero_()
-        save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
-                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
+        save_or_preempt(accelerator, out, state, preemption, **parts, save_steps=cfg.save_steps,
+                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # collective
     bar.close()
 
     # ---- export: everything needed to transcribe; final/ appears complete or not at all ------

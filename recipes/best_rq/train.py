@@ -14,8 +14,9 @@ Outputs: <output_dir>/final/{model.safetensors, config.yaml, encoder/} (encoder/
 AutoModel + AutoFeatureExtractor), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), what is logged and evaluated are
-yours to change. The lines marked `# keep` carry the exact-resume and DDP guarantees (common/loop.py,
-docs/resume.md): keep them when you edit the loop.
+yours to change. The loop's calls into common/loop.py carry the exact-resume and DDP guarantees
+(docs/resume.md); they check their own order (a bypassed or misplaced one stops the run with a
+ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ from common.faults import Preemption, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import save_feature_extractor  # noqa: E402
 from common.logs import MetricsLog, Throughput, get_logger, progress_bar, start_trackers  # noqa: E402
-from common.loop import (inverse_sqrt_schedule, no_sync_unless, optimizer_step, save_or_preempt,  # noqa: E402
-                         train_batches)
+from common.loop import (end_step, inverse_sqrt_schedule, no_sync_unless, optimizer_update,  # noqa: E402
+                         save_or_preempt, train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.rundir import claim_output_dir  # noqa: E402
 
@@ -183,13 +184,14 @@ def main(cfg: Config) -> None:
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
-    # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
+    # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, train_loader, valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
+    parts = dict(models=model, optimizers=optimizer, schedulers=scheduler)  # what a checkpoint holds
     state = TrainState.for_run(cfg_dict, world, accumulation, data=manifest_summary(train_set))  # resume refuses other data
-    if resume_from_checkpoint(accelerator, ckpt, state, scheduler) is None:
+    if resume_from_checkpoint(accelerator, ckpt, state, **parts) is None:
         stride = max(1, len(train_ds) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(
             [train_ds[i][1] for i in range(0, len(train_ds), stride)]))
@@ -200,24 +202,25 @@ def main(cfg: Config) -> None:
 
     # ---- training loop ----------------------------------------------------------------------
     logger.info(f"chance level: ln({cfg.codebook_size}) = {math.log(cfg.codebook_size):.3f}")
-    preemption.defer()  # keep: from here on a signal means: save at the next step boundary, exit 75
+    preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
     window = torch.zeros(2, device=accelerator.device)  # loss, accuracy: means over the accumulation window
-    for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
+    for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler, collator),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
-        with no_sync_unless(accelerator, model, micro.sync):  # keep
+        with no_sync_unless(accelerator, model, micro.sync):
             loss, acc, _, _ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
-            accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
+            accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
         window += torch.stack([loss.detach(), acc.detach()]) / micro.window_len
         throughput.add(batch["ids"])
-        if not micro.sync:  # keep
+        if not micro.sync:
             continue
-        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, max_grad_norm=cfg.max_grad_norm,
-                                   max_nonfinite_updates=cfg.max_nonfinite_updates)  # keep
+        grad_norm = optimizer_update(accelerator, model, optimizer, state, max_grad_norm=cfg.max_grad_norm,
+                                     max_nonfinite_updates=cfg.max_nonfinite_updates)
+        end_step(state, scheduler)
         bar.update(1)
 
         row = {}
@@ -234,8 +237,8 @@ def main(cfg: Config) -> None:
             accelerator.log({k: v for k, v in row.items() if k != "step"}, step=state.step)
             bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}", acc=f"{row['acc']:.3f}")
         window.zero_()
-        save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
-                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
+        save_or_preempt(accelerator, out, state, preemption, **parts, save_steps=cfg.save_steps,
+                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # collective
     bar.close()
 
     # ---- export: final/ appears complete or not at all -------------------------------------
