@@ -369,16 +369,18 @@ def _parts(accelerator, models, optimizers, schedulers) -> tuple[dict, dict, dic
     """The named models, optimizers and schedulers; models and optimizers in prepare order (the order
     in which `save_state` / `load_state` write and read them). Every prepared one must be named."""
     ordered = []
-    for kind, given, prepared in (("model", named(models, "model"), accelerator._models),
-                                  ("optimizer", named(optimizers, "optimizer"), accelerator._optimizers)):
-        index = {id(p): i for i, p in enumerate(prepared)}
-        missing = [name for name, obj in given.items() if id(obj) not in index]
+    # accelerate lists a DDP model unwrapped (an FSDP one or a DeepSpeed engine as prepare returned it)
+    unwrap = accelerator.unwrap_model
+    for kind, given, prepared, key in (("model", named(models, "model"), accelerator._models, lambda m: id(unwrap(m))),
+                                       ("optimizer", named(optimizers, "optimizer"), accelerator._optimizers, id)):
+        index = {key(p): i for i, p in enumerate(prepared)}
+        missing = [name for name, obj in given.items() if key(obj) not in index]
         if missing or len(given) != len(prepared):
             raise ContractError(
                 f"{len(prepared)} {kind}(s) prepared, {len(given)} named"
                 + (f" ({', '.join(missing)}: not what accelerator.prepare returned)" if missing else "")
                 + f"; accelerate saves and loads every prepared {kind}: name each one once")
-        ordered.append(dict(sorted(given.items(), key=lambda kv: index[id(kv[1])])))
+        ordered.append(dict(sorted(given.items(), key=lambda kv: index[key(kv[1])])))
     return ordered[0], ordered[1], named(schedulers, "scheduler")
 
 

@@ -388,9 +388,10 @@ def test_resume_once_and_only_from_a_chosen_checkpoint(tmp_path):
     (ckpt / "COMPLETE").unlink()  # not what choose_checkpoint returns
     with pytest.raises(ContractError, match="no COMPLETE marker; pass what choose_checkpoint returned"):
         _resume(accelerator2, ckpt, state2, **parts2)
-    assert _resume(accelerator, None, state, **parts) is None and state.stage == "boundary"
+    fresh = TrainState()
+    assert _resume(accelerator, None, fresh, **parts) is None and fresh.stage == "boundary"
     with pytest.raises(ContractError, match="resume a fresh TrainState.for_run.* once, before the loop"):
-        _resume(accelerator, None, state, **parts)
+        _resume(accelerator, None, fresh, **parts)
 
 
 def test_export_final_of_several_models_writes_one_folder_each(tmp_path):
