@@ -33,6 +33,11 @@ Loading executes no code from the checkpoint folder: weights come from safetenso
 and RNG states through accelerate's `torch.load(weights_only=True)`, and our own state from JSON.
 (accelerate would unpickle objects given to `register_for_checkpointing` with `weights_only=False`,
 so we register none: the position and the schedules are plain numbers, saved as JSON.)
+Exception: an FSDP checkpoint's `.metadata` files are read by torch.distributed.checkpoint with a
+plain `pickle.load` (torch/distributed/checkpoint/filesystem.py, `FileSystemReader.read_metadata`):
+resume FSDP runs only from checkpoints you wrote. The same holds for DeepSpeed checkpoints: its engine
+loads its `.pt` files with `torch.load(weights_only=False)` (deepspeed 0.19,
+runtime/checkpoint_engine/torch_checkpoint_engine.py).
 
 Several models (a GAN: `models={"generator": g, "discriminator": d}`, likewise `optimizers=` and
 `schedulers=`): accelerate saves and loads them by prepare order, so the checkpoint records their
@@ -40,11 +45,6 @@ names in that order and a resume whose names or order differ is refused before a
 One model, optimizer and scheduler may be passed bare (named "model", "optimizer", "scheduler"):
 the files are those of a one-model checkpoint, and checkpoints written before names were recorded
 (one model, `"scheduler"` in train_state.json) still resume.
-Exception: an FSDP checkpoint's `.metadata` files are read by torch.distributed.checkpoint with a
-plain `pickle.load` (torch/distributed/checkpoint/filesystem.py, `FileSystemReader.read_metadata`):
-resume FSDP runs only from checkpoints you wrote. The same holds for DeepSpeed checkpoints: its engine
-loads its `.pt` files with `torch.load(weights_only=False)` (deepspeed 0.19,
-runtime/checkpoint_engine/torch_checkpoint_engine.py).
 
 Every function that contains a collective says so; all ranks must call those.
 """

@@ -3,7 +3,6 @@ epoch and inside a window, the per-position reseed, the optimizer update's non-f
 contracts each helper checks (every misuse fails with a message saying what was out of order)."""
 
 import copy
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
