@@ -92,7 +92,7 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     and every window ends with `end_step`.
     """
     rank, world = accelerator.process_index, accelerator.num_processes
-    _check_start(state, world, accumulation, epoch_objects)
+    _check_start(state, world, accumulation, (_batch_sampler(loader), *epoch_objects))
     ids_file = open(ids_log, "a") if ids_log else None
     try:
         while state.step < max_steps:
@@ -127,7 +127,13 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
             ids_file.close()
 
 
-def _check_start(state: TrainState, world: int, accumulation: int, epoch_objects) -> None:
+def _batch_sampler(loader):
+    """The loader's own batch sampler (in DDP accelerate wraps it in a `BatchSamplerShard`)."""
+    sampler = getattr(loader, "batch_sampler", None)
+    return getattr(sampler, "batch_sampler", sampler)
+
+
+def _check_start(state: TrainState, world: int, accumulation: int, samplers) -> None:
     if state.stage != "boundary":
         raise ContractError(f"train_batches: the TrainState is at stage {state.stage!r}, not at a step boundary: "
                             f"call resume_from_checkpoint(accelerator, ckpt, state, ...) once before the loop "
@@ -135,7 +141,7 @@ def _check_start(state: TrainState, world: int, accumulation: int, epoch_objects
     if world * accumulation != state.global_batch:
         raise ContractError(f"train_batches: {world} process(es) × accumulation {accumulation} != the state's global "
                             f"batch {state.global_batch}: pass the accumulation global_batch_plan returned")
-    for obj in epoch_objects:
+    for obj in samplers:
         multiple_of = getattr(obj, "multiple_of", None)
         if multiple_of is not None and multiple_of != state.global_batch:
             raise ContractError(f"train_batches: the training sampler makes its batch count a multiple of "

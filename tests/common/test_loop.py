@@ -210,6 +210,12 @@ def test_train_batches_refuses_an_accumulation_or_sampler_off_the_global_batch()
     sampler = SimpleNamespace(multiple_of=2, set_epoch=lambda e: None)  # sized to the processes only
     with pytest.raises(ContractError, match="multiple of 2, not of the global batch 4: build it with multiple_of"):
         next(train_batches(acc, make_loader(4), state, max_steps=2, accumulation=2, seed=1, epoch_objects=(sampler,)))
+    from common.data import make_loader as duration_loader  # the recipes' loader: its sampler is found in it
+
+    loader, _ = duration_loader(list(range(8)), [1.0] * 8, lambda items: {"ids": items}, max_batch_seconds=2.0,
+                                num_buckets=1, seed=0, multiple_of=2, shuffle=True)
+    with pytest.raises(ContractError, match="multiple of 2, not of the global batch 4"):
+        next(train_batches(acc, loader, state, max_steps=2, accumulation=2, seed=1))
 
 
 def test_a_window_without_end_step_stops_the_loop():
