@@ -224,7 +224,7 @@ def optimizer_update(accelerator, model, optimizer, state: TrainState, *, max_gr
             state.skipped_in_step = True
             state.nonfinite_streak += 1
         logger.warning(f"step {state.step + 1}: non-finite gradient norm, update skipped "
-                       f"({state.nonfinite_streak} step(s) in a row, {state.skipped_updates} update(s) in total)")
+                       f"({state.nonfinite_streak} in a row, {state.skipped_updates} in total)")
         if state.nonfinite_streak >= max_nonfinite_updates:
             raise FloatingPointError(f"{state.nonfinite_streak} consecutive non-finite updates; "
                                      f"stopping (last good checkpoint kept). Lower --learning_rate?")
