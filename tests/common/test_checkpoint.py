@@ -404,3 +404,18 @@ def test_export_final_of_several_models_writes_one_folder_each(tmp_path):
         weights = load_file(final / name / "model.safetensors")
         assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     assert verify_checkpoint(final) is None
+
+
+def test_several_models_under_deepspeed_are_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from common.faults import RunError
+
+    g, d = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+    accelerator = SimpleNamespace(distributed_type=SimpleNamespace(value="DEEPSPEED"), _models=[g, d],
+                                  _optimizers=[og, od], unwrap_model=lambda m: m)
+    with pytest.raises(RunError, match=r"^DeepSpeed trains one model per Accelerator; this recipe has 2 "
+                                       r"\(generator, discriminator\): use a DDP or FSDP profile"):
+        _resume(accelerator, None, TrainState(), models={"generator": g, "discriminator": d},
+                optimizers={"generator": og, "discriminator": od}, schedulers={})
