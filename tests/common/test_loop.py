@@ -275,3 +275,24 @@ def test_deepspeed_outcome_is_counted_like_ours_and_an_applied_nonfinite_update_
     for engine in (FakeEngine(0.5, clipping=5.0), FakeEngine(0.5, gas=2)):  # the engine's settings must be ours
         with pytest.raises(RunError, match="these recipes need 1 .* and --max_grad_norm"):
             step(engine)
+
+
+def test_no_sync_unless_covers_every_model_given():
+    import contextlib
+
+    entered = []
+
+    @contextlib.contextmanager
+    def no_sync(model):
+        entered.append(model)
+        yield
+
+    from common.loop import no_sync_unless
+
+    accelerator = SimpleNamespace(distributed_type=SimpleNamespace(value="MULTI_CPU"), no_sync=no_sync)
+    with no_sync_unless(accelerator, ("generator", "discriminator"), False):
+        assert entered == ["generator", "discriminator"]
+    with no_sync_unless(accelerator, "model", False):
+        assert entered[-1] == "model"
+    with no_sync_unless(accelerator, ("generator", "discriminator"), True):  # a window's end: all-reduce
+        assert len(entered) == 3
