@@ -46,6 +46,7 @@ def main() -> None:
     def first_batch(done: int) -> float:
         """Seconds from resuming after `done` batches to holding batch `done`."""
         state = TrainState(batches_in_epoch=done)
+        state.stage = "boundary"  # as resume_from_checkpoint leaves it (no model here to load)
         t = time.perf_counter()
         next(train_batches(accelerator, loader, state, max_steps=10**9, accumulation=1, seed=cfg.seed,
                            epoch_objects=(sampler,)))

@@ -3,10 +3,11 @@
 Layout of `<output_dir>/checkpoints/`:
 
     step_00001200/            complete checkpoint (the name exists only once everything is written)
-        model.safetensors     weights, rank 0      ─┐
-        optimizer.bin         rank 0                │ accelerate.save_state
-        random_states_<r>.pkl every rank           ─┘
-        train_state.json      the position (TrainState) and the LR scheduler's state, as JSON (rank 0)
+        model.safetensors     weights, rank 0      ─┐ accelerate.save_state: every prepared model and
+        optimizer.bin         rank 0                │ optimizer in prepare order (a second one:
+        random_states_<r>.pkl every rank           ─┘ model_1.safetensors, optimizer_1.bin, ...)
+        train_state.json      the position (TrainState), the names of the models and optimizers in
+                              prepare order, and each LR scheduler's state by name, as JSON (rank 0)
         config.yaml           the resolved config (rank 0)
         COMPLETE              marker with every file's size and SHA-256 digest: written last,
                               then the folder is renamed into place
@@ -31,12 +32,19 @@ a warning and skipped for the one before it.
 Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer
 and RNG states through accelerate's `torch.load(weights_only=True)`, and our own state from JSON.
 (accelerate would unpickle objects given to `register_for_checkpointing` with `weights_only=False`,
-so we register none: the position and the schedule are plain numbers, saved as JSON.)
+so we register none: the position and the schedules are plain numbers, saved as JSON.)
 Exception: an FSDP checkpoint's `.metadata` files are read by torch.distributed.checkpoint with a
 plain `pickle.load` (torch/distributed/checkpoint/filesystem.py, `FileSystemReader.read_metadata`):
 resume FSDP runs only from checkpoints you wrote. The same holds for DeepSpeed checkpoints: its engine
 loads its `.pt` files with `torch.load(weights_only=False)` (deepspeed 0.19,
 runtime/checkpoint_engine/torch_checkpoint_engine.py).
+
+Several models (a GAN: `models={"generator": g, "discriminator": d}`, likewise `optimizers=` and
+`schedulers=`): accelerate saves and loads them by prepare order, so the checkpoint records their
+names in that order and a resume whose names or order differ is refused before anything is loaded.
+One model, optimizer and scheduler may be passed bare (named "model", "optimizer", "scheduler"):
+the files are those of a one-model checkpoint, and checkpoints written before names were recorded
+(one model, `"scheduler"` in train_state.json) still resume.
 
 Every function that contains a collective says so; all ranks must call those.
 """
@@ -54,7 +62,7 @@ import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import yaml
@@ -69,9 +77,28 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^step_(\d{8})$")
 MARKER = "COMPLETE"
 
+class ContractError(RuntimeError):
+    """A training loop used the helpers out of order (a bug in the recipe, not in its config)."""
+
+
+def named(objects, kind: str) -> dict[str, Any]:
+    """`objects` as a {name: object} dict: a dict as is, a bare object as {kind: object}."""
+    return dict(objects) if isinstance(objects, dict) else {kind: objects}
+
+
 @dataclasses.dataclass
 class TrainState:
-    """The training position and what it was made with; saved into every checkpoint as JSON."""
+    """The training position and what it was made with; saved into every checkpoint as JSON.
+
+    `stage` (not saved) is where the loop stands, checked by every helper that needs a predecessor:
+    "new" (made by `for_run`) → `resume_from_checkpoint` → "boundary" (a step boundary: the loop may
+    start, a checkpoint may be saved) → `train_batches` yields a micro-batch: "window" (inside an
+    accumulation window) or "window_end" (its last micro-batch: optimizers may update) →
+    `common.loop.end_step` → "boundary"."""
+
+    stage: ClassVar[str] = "new"
+    updated: ClassVar[tuple] = ()  # the optimizers updated in the current window (common.loop)
+    skipped_in_step: ClassVar[bool] = False  # an update of the current step was skipped (non-finite)
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # current epoch (0-based)
@@ -80,8 +107,9 @@ class TrainState:
     gradient_accumulation_steps: int = 1  # ... and their accumulation: world_size × this = global_batch
     global_batch: int = 1  # micro-batches per optimizer step: fixed at the first launch (elastic resume)
     threads_per_process: int = 0  # torch threads of the launch that wrote it (bit-exactness on CPU needs the same)
-    skipped_updates: int = 0  # optimizer steps whose update was skipped (non-finite gradients)
-    nonfinite_streak: int = 0  # consecutive ones, up to now
+    skipped_updates: int = 0  # optimizer updates skipped (non-finite gradients)
+    applied_updates: int = 0  # optimizer updates applied (a step may make several: a GAN's two optimizers)
+    nonfinite_streak: int = 0  # consecutive steps with a skipped update, up to now
     config_hash: str = ""  # config_hash(config, ignore=resume_safe)
     config: dict = dataclasses.field(default_factory=dict)  # the resolved config, for diffs
     # The config keys its Config marks ResumeSafe (where to write, when to stop, how often to log):
@@ -234,16 +262,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainState, scheduler,
-                    save_total_limit: int | None) -> Path:
+def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, models, optimizers, schedulers,
+                    save_total_limit: int | None = None) -> Path:
     """Save everything needed to resume at `state.step`. Collective: call on every rank.
 
-    Must be called at an optimizer-step boundary (gradients of an unfinished accumulation window
-    are not saved by anyone).
+    `models`, `optimizers`, `schedulers`: every prepared model and optimizer, and every schedule, by
+    name (a dict) or bare when there is one. Only at a step boundary (after `common.loop.end_step`):
+    gradients of an unfinished accumulation window are not saved by anyone.
     """
+    if state.stage != "boundary":
+        raise ContractError(f"save_checkpoint at step {state.step}: not at a step boundary (stage {state.stage!r}); "
+                            f"save after end_step, never inside an accumulation window or before "
+                            f"resume_from_checkpoint")
+    models, optimizers, schedulers = _parts(accelerator, models, optimizers, schedulers)
     # The training loop skips non-finite updates; this is the last line of defence.
-    if not _all_weights_finite(accelerator, model):
-        raise RuntimeError(f"refusing to save step {state.step}: the model has non-finite weights")
+    bad = _nonfinite_models(accelerator, models)
+    if bad:
+        raise RuntimeError(f"refusing to save step {state.step}: non-finite weights in {', '.join(bad)}")
     final = checkpoint_dir(output_dir, state.step)
     tmp = final.parent / f".{final.name}.tmp"
     if accelerator.is_main_process:  # saves killed or failed earlier may have left partial folders
@@ -253,13 +288,13 @@ def save_checkpoint(accelerator, model, output_dir: str | Path, state: TrainStat
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     try:
-        _write_checkpoint(accelerator, tmp, final, state, scheduler)
+        _write_checkpoint(accelerator, tmp, final, state, models, optimizers, schedulers)
     except (OSError, RuntimeError) as e:
         if not _is_disk_full(e):
             raise
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(_disk_full_message(output_dir, state.step, model,
+        raise RunError(_disk_full_message(output_dir, state.step, models.values(),
                                           master_copy=accelerator.distributed_type.value == "DEEPSPEED")) from e
     if accelerator.is_main_process and save_total_limit:
         _prune(list_checkpoints(output_dir)[:-save_total_limit])
@@ -296,8 +331,14 @@ def _wait_for_pruning() -> None:
         _pruning = None
 
 
-def _all_weights_finite(accelerator, model) -> bool:
-    """True when every weight is finite, with the same answer on every rank.
+def _all_weights_finite(accelerator, models) -> bool:
+    """True when every weight of `models` (one model, or a {name: model} dict) is finite, with the
+    same answer on every rank. Collective under FSDP (see `_nonfinite_models`)."""
+    return not _nonfinite_models(accelerator, named(models, "model"))
+
+
+def _nonfinite_models(accelerator, models: dict[str, Any]) -> list[str]:
+    """Names of the models holding a non-finite weight, the same on every rank.
 
     DDP and DeepSpeed ZeRO-2 (it shards the optimizer state and gradients, not the weights): each rank
     holds all weights, identical, so a local check agrees everywhere. FSDP: each rank
@@ -305,18 +346,40 @@ def _all_weights_finite(accelerator, model) -> bool:
     (collective: every rank calls it, and every rank raises or none does)."""
     from torch.distributed.tensor import DTensor
 
-    # One fused max-abs per parameter (NaN propagates through it, and unlike a 2-norm it cannot
-    # overflow), stacked: one host sync for the whole model.
-    params = [(p.to_local() if isinstance(p, DTensor) else p).detach() for p in model.parameters()]
-    params = [p for p in params if p.numel()]  # an FSDP rank may hold an empty shard
-    finite = not params or bool(torch.isfinite(torch.stack(torch._foreach_norm(params, float("inf")))).all())
-    if accelerator.distributed_type.value != "FSDP":
-        return finite
-    flags = accelerator.gather(torch.tensor([int(finite)], device=accelerator.device))  # (world,) 1 = finite
-    return bool(flags.min() == 1)
+    finite = []
+    for model in models.values():
+        # One fused max-abs per parameter (NaN propagates through it, and unlike a 2-norm it cannot
+        # overflow), stacked: one host sync per model.
+        params = [(p.to_local() if isinstance(p, DTensor) else p).detach() for p in model.parameters()]
+        params = [p for p in params if p.numel()]  # an FSDP rank may hold an empty shard
+        finite.append(not params or bool(torch.isfinite(torch.stack(torch._foreach_norm(params, float("inf")))).all()))
+    if accelerator.distributed_type.value == "FSDP":
+        flags = accelerator.gather(torch.tensor(finite, dtype=torch.int, device=accelerator.device))  # (world × models,)
+        finite = flags.view(-1, len(models)).min(0).values.bool().tolist()
+    return [name for name, ok in zip(models, finite) if not ok]
 
 
-def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, scheduler) -> None:
+def _parts(accelerator, models, optimizers, schedulers) -> tuple[dict, dict, dict]:
+    """The named models, optimizers and schedulers; models and optimizers in prepare order (the order
+    in which `save_state` / `load_state` write and read them). Every prepared one must be named."""
+    ordered = []
+    # accelerate lists a DDP model unwrapped (an FSDP one or a DeepSpeed engine as prepare returned it)
+    unwrap = accelerator.unwrap_model
+    for kind, given, prepared, key in (("model", named(models, "model"), accelerator._models, lambda m: id(unwrap(m))),
+                                       ("optimizer", named(optimizers, "optimizer"), accelerator._optimizers, id)):
+        index = {key(p): i for i, p in enumerate(prepared)}
+        missing = [name for name, obj in given.items() if key(obj) not in index]
+        if missing or len(given) != len(prepared):
+            raise ContractError(
+                f"{len(prepared)} {kind}(s) prepared, {len(given)} named"
+                + (f" ({', '.join(missing)}: not what accelerator.prepare returned)" if missing else "")
+                + f"; accelerate saves and loads every prepared {kind}: name each one once")
+        ordered.append(dict(sorted(given.items(), key=lambda kv: index[key(kv[1])])))
+    return ordered[0], ordered[1], named(schedulers, "scheduler")
+
+
+def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, models: dict, optimizers: dict,
+                      schedulers: dict) -> None:
     # Every rank: its RNG file. DDP: rank 0 writes model.safetensors and optimizer.bin. FSDP
     # (SHARDED_STATE_DICT): every rank writes its shards through torch.distributed.checkpoint into
     # pytorch_model_fsdp_0/ and optimizer_0/ (__<rank>_0.distcp files + .metadata by rank 0).
@@ -324,7 +387,8 @@ def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, sc
     accelerator.wait_for_everyone()  # accelerate has no barrier at the end of save_state
     if accelerator.is_main_process:
         (tmp / "train_state.json").write_text(
-            json.dumps({**state.state_dict(), "scheduler": scheduler.state_dict()}, indent=2))
+            json.dumps({**state.state_dict(), "models": list(models), "optimizers": list(optimizers),
+                        "schedulers": {name: s.state_dict() for name, s in schedulers.items()}}, indent=2))
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(state.config, f, sort_keys=False)
         files = _seal(tmp)
@@ -353,12 +417,12 @@ def _mount_point(path: Path) -> str:
     return str(path)
 
 
-def _disk_full_message(output_dir: str | Path, step: int, model, master_copy: bool = False) -> str:
+def _disk_full_message(output_dir: str | Path, step: int, models, master_copy: bool = False) -> str:
     previous = list_checkpoints(output_dir)
     if previous:  # FSDP shards, DeepSpeed's pytorch_model/: subfolders
         need = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file())
     else:  # weights + two AdamW moments (+ DeepSpeed's fp32 master copy of the weights, in its optimizer files)
-        need = (3 + master_copy) * sum(p.numel() * p.element_size() for p in model.parameters())
+        need = (3 + master_copy) * sum(p.numel() * p.element_size() for m in models for p in m.parameters())
     free = shutil.disk_usage(output_dir).free
     kept = f"step {int(previous[-1].name[5:])} is kept" if previous else "no earlier checkpoint exists"
     mb = lambda n: f"{n / 1e6:.1f}" if n < 1e7 else f"{n / 1e6:.0f}"  # noqa: E731 — small runs too
@@ -367,9 +431,12 @@ def _disk_full_message(output_dir: str | Path, step: int, model, master_copy: bo
             f"(or lower --save_total_limit) and re-run the same command to resume.")
 
 
-def export_final(accelerator, model, output_dir: str | Path, write_extras) -> Path:
-    """Write `<output_dir>/final/`: the weights (`model.safetensors`) plus whatever
-    `write_extras(folder)` writes (main process only). Collective: call on every rank.
+def export_final(accelerator, models, output_dir: str | Path, write_extras) -> Path:
+    """Write `<output_dir>/final/`: the weights plus whatever `write_extras(folder)` writes (main
+    process only). Collective: call on every rank.
+
+    One model (bare, or a one-entry dict): `final/model.safetensors`. Several (a {name: model}
+    dict): `final/<name>/model.safetensors` each.
 
     Everything goes into `.final.tmp/` first, then a `COMPLETE` marker (every file's size and
     digest), then the folder is renamed into place: a kill during the export never leaves a
@@ -379,7 +446,9 @@ def export_final(accelerator, model, output_dir: str | Path, write_extras) -> Pa
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_model(model, tmp)  # every rank (it gathers sharded weights); rank 0 writes
+    models = named(models, "model")
+    for name, model in models.items():  # every rank (it gathers sharded weights); rank 0 writes
+        accelerator.save_model(model, tmp if len(models) == 1 else tmp / name)
     if accelerator.is_main_process:
         write_extras(tmp)
         files = _seal(tmp)
@@ -482,21 +551,41 @@ def _deepspeed_problem(ckpt: Path, saved: dict, accelerator) -> str | None:
     return None
 
 
-def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, scheduler) -> Path | None:
+def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *, models, optimizers,
+                           schedulers) -> Path | None:
     """Load checkpoint `ckpt` (from `choose_checkpoint`; None: a fresh start) into the prepared
-    objects, `state` and `scheduler`.
+    `models` and `optimizers`, the `schedulers` and `state` (named as for `save_checkpoint`).
 
-    Collective: call on every rank, after `accelerator.prepare`.
-    Refuses a checkpoint whose global batch, training data or data-affecting config differs: the
-    resumed run could not reproduce the uninterrupted one.
+    The last step before the loop, and part of its contract: `choose_checkpoint` → `global_batch_plan`
+    (the accumulation and global batch given to `TrainState.for_run` and the training sampler) →
+    `accelerator.prepare` → this, once, which marks `state` ready for `train_batches`.
+    Collective: call on every rank.
+    Refuses a checkpoint whose global batch, training data, data-affecting config or models differ:
+    the resumed run could not reproduce the uninterrupted one.
     """
+    if state.stage != "new":
+        raise ContractError(f"resume_from_checkpoint: this TrainState is past its start (stage {state.stage!r}); "
+                            f"resume a fresh TrainState.for_run(...) once, before the loop")
+    models, optimizers, schedulers = _parts(accelerator, models, optimizers, schedulers)
+    if accelerator.distributed_type.value == "DEEPSPEED" and len(models) > 1:
+        raise RunError(f"DeepSpeed trains one model per Accelerator; this recipe has {len(models)} "
+                       f"({', '.join(models)}): use a DDP or FSDP profile (accelerate_configs/)")
     if ckpt is None:
+        state.stage = "boundary"
         return None
+    if not (ckpt / MARKER).is_file():
+        raise ContractError(f"resume_from_checkpoint: {ckpt} has no {MARKER} marker; pass what "
+                            f"choose_checkpoint returned (it verifies the files)")
     saved = json.loads((ckpt / "train_state.json").read_text())
-    if "scheduler" not in saved:
+    if "schedulers" not in saved and "scheduler" in saved:  # written before names were recorded: one of each
+        saved.update(models=["model"], optimizers=["optimizer"], schedulers={"scheduler": saved.pop("scheduler")})
+    if "schedulers" not in saved:
         raise RunError(f"{ckpt} was written by an older version of this repository (no scheduler state "
                        f"in train_state.json); resume it with that version, or use a new --output_dir")
     problems = [p for p in [_global_batch_problem(saved, state), _deepspeed_problem(ckpt, saved, accelerator)] if p]
+    for kind, now in (("models", models), ("optimizers", optimizers), ("schedulers", schedulers)):
+        if list(saved[kind]) != list(now):  # accelerate loads models and optimizers by prepare order
+            problems.append(f"{kind}: checkpoint {list(saved[kind])} != now {list(now)} (names, in prepare order)")
     was_data = saved.pop("data", None) or {}  # this launch's summary is kept: the same, or a change allowed below
     data_changed = data_change(was_data, state.data, ckpt.parent.parent / "data")
     if data_changed and not state.config.get("allow_data_change"):
@@ -527,16 +616,19 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, sc
         accelerate_load(ckpt / f"random_states_{accelerator.process_index}.pkl")  # weights_only: runs no code
     # (On another number of processes rank r may find no RNG file of its own: nothing is lost, the
     # loop reseeds the global RNG from the position before every micro-batch.)
-    accelerator.load_state(str(ckpt))  # model, optimizer, this rank's RNG states
-    scheduler.load_state_dict(saved.pop("scheduler"))
+    accelerator.load_state(str(ckpt))  # models, optimizers (prepare order), this rank's RNG states
+    for name, sd in saved.pop("schedulers").items():
+        schedulers[name].load_state_dict(sd)
     was_threads = saved.pop("threads_per_process", 0)
     if was_threads and was_threads != state.threads_per_process and accelerator.is_main_process:
         logger.warning(f"checkpoint trained with {was_threads} thread(s) per process, now {state.threads_per_process} "
                        f"(--num_threads): the result will not be bit-identical to an uninterrupted run "
                        f"(on CPU, float sums are split by thread); --num_threads 0 keeps the checkpoint's")
-    for key in ("config", "config_hash", "resume_safe", "world_size", "gradient_accumulation_steps"):
-        saved.pop(key, None)  # this launch's: resume-safe keys (max_steps, ...) and its own topology
+    for key in ("config", "config_hash", "resume_safe", "world_size", "gradient_accumulation_steps", "models",
+                "optimizers"):
+        saved.pop(key, None)  # this launch's: resume-safe keys (max_steps, ...), its own topology, the names checked above
     state.load_state_dict(saved)
+    state.stage = "boundary"
     if accelerator.is_main_process:
         logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "
                     f"batch {state.batches_in_epoch} of the epoch")

@@ -1,16 +1,24 @@
-"""The training-loop mechanics that carry the exact-resume promise, as four small functions.
+"""The training-loop mechanics that carry the exact-resume promise.
 
-A recipe's loop stays visible in its `train.py` and reads like this (about 30 lines):
+A recipe's loop stays visible in its `train.py` and reads like this (one model):
 
+    resume_from_checkpoint(accelerator, ckpt, state, models=model, optimizers=optimizer,
+                           schedulers=scheduler)                     # before the loop, once
     for batch, micro in train_batches(accelerator, train_loader, state, ...):   # resumes mid-epoch
         with no_sync_unless(accelerator, model, micro.sync):
             loss = model(...)
             accelerator.backward(loss / micro.window_len)
         if not micro.sync:
             continue
-        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, ...)
+        grad_norm = optimizer_update(accelerator, model, optimizer, state, ...)
+        end_step(state, scheduler)
         ... evaluate / log: the recipe's own business ...
-        save_or_preempt(accelerator, model, scheduler, output_dir, state, preemption, ...)
+        save_or_preempt(accelerator, output_dir, state, preemption, models=model, ...)
+
+Several models (a GAN) take the same calls: `no_sync_unless(accelerator, (generator, discriminator),
+micro.sync)`, one `optimizer_update` per optimizer that updates in this step (a discriminator-only
+step updates one), one `end_step(state, *schedules)`, and the `models=`/`optimizers=`/`schedulers=`
+of checkpoints as {name: object} dicts.
 
 What each function guarantees, and why (docs/resume.md has the full story):
 - `train_batches`: every object with an epoch is told the epoch (accelerate does not reach a custom
@@ -18,14 +26,21 @@ What each function guarantees, and why (docs/resume.md has the full story):
   consumed batches without loading them; the global RNG (dropout) is reseeded from the position
   before each micro-batch, so nothing random is lost on a kill; accumulation windows are explicit,
   the epoch's last one may be short; the position in `state` is always the one a checkpoint taken
-  at the next optimizer step must record.
-- `optimizer_step`: clipping, the non-finite skip (identical on every rank: gradients were
-  all-reduced first; under FSDP the sharded norm is gathered whole first), the schedule stepped once per optimizer step (never a prepared scheduler:
-  it would step num_processes times), the step counter. Under DeepSpeed (ZeRO-2) the engine itself
+  at the next step boundary must record.
+- `optimizer_update`: one optimizer's update: clipping of its model's gradients, the non-finite
+  skip (identical on every rank: gradients were all-reduced first; under FSDP the sharded norm is
+  gathered whole first), the update, zeroed gradients. Under DeepSpeed (ZeRO-2) the engine itself
   clips and steps at the window's end, inside `backward`: `no_sync_unless` tells it where windows
-  end, `optimizer_step` reads its norm and skip verdict and keeps the same counts.
-- `save_or_preempt`: checkpoints only at optimizer-step boundaries; a preemption signal on any rank
-  makes every rank save the same step and exit 75.
+  end, `optimizer_update` reads its norm and skip verdict and keeps the same counts.
+- `end_step`: the step counter and the schedules, once per window (never a prepared scheduler: it
+  would step num_processes times, accelerate #1382).
+- `save_or_preempt`: checkpoints only at step boundaries; a preemption signal on any rank makes
+  every rank save the same step and exit 75.
+
+Contracts check themselves: each helper knows its predecessor through `state.stage` (see
+`TrainState`) and raises `ContractError`, saying what was out of order, when a loop bypasses one
+(an update inside a window, a window without `end_step`, a loop on a state never resumed, a sampler
+not sized to the global batch, a save inside a window).
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ from typing import Iterator, NamedTuple
 import torch
 from accelerate import skip_first_batches
 
-from common.checkpoint import TrainState, save_checkpoint
+from common.checkpoint import ContractError, TrainState, save_checkpoint
 from common.distributed import derive_seed
 from common.faults import PREEMPTED_EXIT_CODE, RunError
 from common.logs import get_logger
@@ -72,8 +87,13 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     of the global batch at a checkpoint, so a resume may use another number of processes);
     `ids_log` (optional) receives one JSON line per micro-batch with its utterance ids.
     Raises `RunError` at the end when no update of the run was applied (every one non-finite).
+
+    Checks its contract: `state` was resumed (`resume_from_checkpoint`), `world × accumulation` is
+    the state's global batch, a sampler among `epoch_objects` makes its batch count a multiple of it,
+    and every window ends with `end_step`.
     """
     rank, world = accelerator.process_index, accelerator.num_processes
+    _check_start(state, world, accumulation, (_batch_sampler(loader), *epoch_objects))
     ids_file = open(ids_log, "a") if ids_log else None
     try:
         while state.step < max_steps:
@@ -95,10 +115,15 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
                 state.batches_in_epoch = (i + 1) * world
                 if i + 1 == n_batches:
                     state.epoch, state.batches_in_epoch = epoch + 1, 0
+                state.stage = "window_end" if micro.sync else "window"
+                state.updated = ()
                 yield batch, micro
+                if micro.sync and state.stage != "boundary":
+                    raise ContractError(f"the window ending at micro-batch {i} of epoch {epoch} was not closed: "
+                                        f"call end_step(state, *schedulers) after its optimizer updates")
                 if micro.sync and state.step >= max_steps:
                     break
-        if state.step and state.skipped_updates >= state.step:
+        if state.skipped_updates and not state.applied_updates:
             # Shorter than max_nonfinite_updates, such a run would end "done" with its initial weights.
             raise RunError(f"all {state.step} optimizer updates were skipped (non-finite gradients: the loss was "
                            f"NaN or Inf at every step), so the weights are the initial ones; stopping before the "
@@ -107,6 +132,28 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     finally:
         if ids_file:
             ids_file.close()
+
+
+def _batch_sampler(loader):
+    """The loader's own batch sampler (in DDP accelerate wraps it in a `BatchSamplerShard`)."""
+    sampler = getattr(loader, "batch_sampler", None)
+    return getattr(sampler, "batch_sampler", sampler)
+
+
+def _check_start(state: TrainState, world: int, accumulation: int, samplers) -> None:
+    if state.stage != "boundary":
+        raise ContractError(f"train_batches: the TrainState is at stage {state.stage!r}, not at a step boundary: "
+                            f"call resume_from_checkpoint(accelerator, ckpt, state, ...) once before the loop "
+                            f"(ckpt from choose_checkpoint; None starts fresh)")
+    if world * accumulation != state.global_batch:
+        raise ContractError(f"train_batches: {world} process(es) × accumulation {accumulation} != the state's global "
+                            f"batch {state.global_batch}: pass the accumulation global_batch_plan returned")
+    for obj in samplers:
+        multiple_of = getattr(obj, "multiple_of", None)
+        if multiple_of is not None and multiple_of != state.global_batch:
+            raise ContractError(f"train_batches: the training sampler makes its batch count a multiple of "
+                                f"{multiple_of}, not of the global batch {state.global_batch}: build it with "
+                                f"multiple_of=global batch (from global_batch_plan), or windows would be short")
 
 
 def global_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -126,8 +173,9 @@ def is_deepspeed(accelerator) -> bool:
     return accelerator.distributed_type.value == "DEEPSPEED"
 
 
-def no_sync_unless(accelerator, model, sync: bool):
-    """DDP all-reduces gradients only on a window's last backward pass.
+def no_sync_unless(accelerator, models, sync: bool):
+    """DDP all-reduces gradients only on a window's last backward pass. `models`: one model or a
+    tuple of them (every model whose backward runs in the block).
 
     DeepSpeed: `accelerator.backward` runs `engine.backward` and, when accelerate's `sync_gradients`
     is set, `engine.step()` too (clip, update, zero the gradients). Accelerate sets it only inside
@@ -135,7 +183,12 @@ def no_sync_unless(accelerator, model, sync: bool):
     to it directly; ZeRO-2 reduce-scatters gradients on every backward (no no_sync to skip)."""
     if is_deepspeed(accelerator):
         return _deepspeed_boundary(accelerator, sync)
-    return contextlib.nullcontext() if sync else accelerator.no_sync(model)
+    if sync:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for model in models if isinstance(models, (tuple, list)) else (models,):
+        stack.enter_context(accelerator.no_sync(model))
+    return stack
 
 
 @contextlib.contextmanager
@@ -147,35 +200,60 @@ def _deepspeed_boundary(accelerator, sync: bool):
         accelerator.gradient_state._set_sync_gradients(True)  # accelerate's default outside accumulate()
 
 
-def optimizer_step(accelerator, model, optimizer, scheduler, state: TrainState, *, max_grad_norm: float,
-                   max_nonfinite_updates: int) -> torch.Tensor:
-    """Clip, update (or skip a non-finite update), step the schedule; returns the gradient norm.
+def optimizer_update(accelerator, model, optimizer, state: TrainState, *, max_grad_norm: float,
+                     max_nonfinite_updates: int) -> torch.Tensor:
+    """Clip `model`'s gradients, update `optimizer` (or skip a non-finite update), zero its
+    gradients; returns the gradient norm. Only at a window's end (`micro.sync`), once per optimizer.
 
     Gradients were all-reduced (DDP) or reduce-scattered (FSDP: the norm is made whole on every
     rank first), so every rank sees the same norm and takes the same branch. A skipped update still
-    counts as a step (the schedule and the position move on). Collective under FSDP.
+    ends its step (`end_step`: the schedule and the position move on); `max_nonfinite_updates`
+    steps in a row with a skipped update stop the run. Collective under FSDP.
 
     DeepSpeed: the engine already stepped inside the window's last `backward` (see `no_sync_unless`);
     here its outcome is read and counted the same way (`_deepspeed_outcome`)."""
+    if state.stage != "window_end":
+        where = {"window": "inside an accumulation window (micro.sync is False): `if not micro.sync: continue` first",
+                 "boundary": "after end_step: update before ending the step"}.get(state.stage, "outside the loop")
+        raise ContractError(f"optimizer_update at step {state.step + 1}: {where}")
+    if any(o is optimizer for o in state.updated):
+        raise ContractError(f"optimizer_update at step {state.step + 1}: this optimizer was already updated in this window")
+    state.updated = (*state.updated, optimizer)
     if is_deepspeed(accelerator):
         grad_norm = _deepspeed_outcome(model, optimizer, max_grad_norm)
     else:
         grad_norm = global_tensor(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
     if torch.isfinite(grad_norm):
         optimizer.step()  # DeepSpeed: a no-op (accelerate's wrapper; the engine has stepped)
-        state.nonfinite_streak = 0
+        state.applied_updates += 1
     else:
         state.skipped_updates += 1
-        state.nonfinite_streak += 1
+        if not state.skipped_in_step:  # a step counts once in the streak, whatever its optimizers
+            state.skipped_in_step = True
+            state.nonfinite_streak += 1
         logger.warning(f"step {state.step + 1}: non-finite gradient norm, update skipped "
                        f"({state.nonfinite_streak} in a row, {state.skipped_updates} in total)")
         if state.nonfinite_streak >= max_nonfinite_updates:
             raise FloatingPointError(f"{state.nonfinite_streak} consecutive non-finite updates; "
                                      f"stopping (last good checkpoint kept). Lower --learning_rate?")
-    scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    state.step += 1
     return grad_norm
+
+
+def end_step(state: TrainState, *schedulers) -> None:
+    """End the optimizer step of this window: count it, step each of `schedulers` once. Once per
+    window, after its `optimizer_update`s (none is fine: a step may update nothing)."""
+    if state.stage != "window_end":
+        where = {"window": "inside an accumulation window (micro.sync is False)",
+                 "boundary": "twice for one window"}.get(state.stage, "outside the loop")
+        raise ContractError(f"end_step at step {state.step + 1}: {where}; call it once, at a window's end")
+    for scheduler in schedulers:
+        scheduler.step()
+    if not state.skipped_in_step:
+        state.nonfinite_streak = 0
+    state.skipped_in_step = False
+    state.step += 1
+    state.stage = "boundary"
 
 
 def _deepspeed_outcome(engine, optimizer, max_grad_norm: float) -> torch.Tensor:
@@ -208,14 +286,16 @@ def _deepspeed_outcome(engine, optimizer, max_grad_norm: float) -> torch.Tensor:
     return grad_norm
 
 
-def save_or_preempt(accelerator, model, scheduler, output_dir: str | Path, state: TrainState, preemption, *,
-                    save_steps: int, max_steps: int, save_total_limit: int | None) -> None:
+def save_or_preempt(accelerator, output_dir: str | Path, state: TrainState, preemption, *, models, optimizers,
+                    schedulers, save_steps: int, max_steps: int, save_total_limit: int | None) -> None:
     """Save every `save_steps`, at `max_steps`, and when any rank was signalled (then exit 75).
+    `models`, `optimizers`, `schedulers`: as for `common.checkpoint.save_checkpoint`.
 
-    Collective: call on every rank after each optimizer step."""
+    Collective: call on every rank after each `end_step`."""
     stop = preemption.requested()  # all ranks agree on the same step
     if stop or state.step % save_steps == 0 or state.step == max_steps:
-        save_checkpoint(accelerator, model, output_dir, state, scheduler, save_total_limit)
+        save_checkpoint(accelerator, output_dir, state, models=models, optimizers=optimizers, schedulers=schedulers,
+                        save_total_limit=save_total_limit)
     if stop:
         logger.warning(f"preempted at step {state.step}: checkpoint saved; re-run the same command to "
                        f"resume (exit code {PREEMPTED_EXIT_CODE})")

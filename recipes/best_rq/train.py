@@ -15,8 +15,9 @@ AutoModel + AutoFeatureExtractor), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), what is logged and evaluated are
 yours to change; the seams above `main` (build_data, build_model, build_optimizer, compute_loss) are
-what the benchmarks and tests build the recipe with. The lines marked `# keep` carry the exact-resume and DDP guarantees (common/loop.py,
-docs/resume.md): keep them when you edit the loop.
+what the benchmarks and tests build the recipe with. The loop's calls into common/loop.py carry the exact-resume
+and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
+run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ from common.faults import run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import save_feature_extractor, write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar  # noqa: E402
-from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless, optimizer_step,  # noqa: E402
-                         save_or_preempt, train_batches)
+from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
+                         optimizer_update, end_step, save_or_preempt, train_batches)
 from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
@@ -141,15 +142,16 @@ def main(cfg: Config) -> None:
     model = build_model(cfg)
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters")
     optimizer, scheduler = build_optimizer(cfg, model)
-    # The scheduler is not prepared: it steps once per optimizer step in optimizer_step (accelerate #1382).
+    # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
     # What the run is made of: a resume refuses another config (but for the fields that may change on
     # resume) or other training data.
+    parts = dict(models=model, optimizers=optimizer, schedulers=scheduler)  # what a checkpoint holds
     state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(train_set))
-    if resume_from_checkpoint(accelerator, run.ckpt, state, scheduler) is None:
+    if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None:
         stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
             data.train_items[i] for i in range(0, len(train_set), stride)))
@@ -157,24 +159,25 @@ def main(cfg: Config) -> None:
 
     # ---- training loop ----------------------------------------------------------------------
     logger.info(f"chance level: ln({cfg.codebook_size}) = {math.log(cfg.codebook_size):.3f}")
-    preemption.defer()  # keep: from here on a signal means: save at the next step boundary, exit 75
+    preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
     window = WindowMeans()  # loss, accuracy: means over the accumulation window
-    for batch, micro in train_batches(  # keep: resumes mid-epoch, reseeds dropout from the position
+    for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler, collator),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
-        with no_sync_unless(accelerator, model, micro.sync):  # keep
+        with no_sync_unless(accelerator, model, micro.sync):
             loss, stats = compute_loss(model, batch)
-            accelerator.backward(loss / micro.window_len)  # keep: the mean over the window's batches
+            accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
         window.add(stats, micro.window_len)
         throughput.add(batch["ids"])
-        if not micro.sync:  # keep
+        if not micro.sync:
             continue
-        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, state, max_grad_norm=cfg.max_grad_norm,
-                                   max_nonfinite_updates=cfg.max_nonfinite_updates)  # keep
+        grad_norm = optimizer_update(accelerator, model, optimizer, state, max_grad_norm=cfg.max_grad_norm,
+                                     max_nonfinite_updates=cfg.max_nonfinite_updates)
+        end_step(state, scheduler)
         bar.update(1)
 
         row = {}
@@ -186,8 +189,8 @@ def main(cfg: Config) -> None:
                                    extra=row)  # collective
             bar.set_postfix(audio_s_per_s=f"{row['audio_s_per_s']:.0f}", loss=f"{row['loss']:.3f}", acc=f"{row['acc']:.3f}")
         window.zero()
-        save_or_preempt(accelerator, model, scheduler, out, state, preemption, save_steps=cfg.save_steps,
-                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # keep: collective
+        save_or_preempt(accelerator, out, state, preemption, **parts, save_steps=cfg.save_steps,
+                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # collective
     bar.close()
 
     # ---- export: final/ appears complete or not at all -------------------------------------

@@ -6,13 +6,22 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from common.checkpoint import (TrainState, _digest, checkpoint_dir, choose_checkpoint, find_latest_checkpoint,
-                               list_checkpoints, save_checkpoint, verify_checkpoint)
+from common.checkpoint import (ContractError, TrainState, _digest, checkpoint_dir, choose_checkpoint,
+                               find_latest_checkpoint, list_checkpoints, verify_checkpoint)
 from common.checkpoint import resume_from_checkpoint as _resume
+from common.checkpoint import save_checkpoint as _save
 
 
 def resume_from_checkpoint(accelerator, out, state, sched):
-    return _resume(accelerator, choose_checkpoint(accelerator, out), state, sched)
+    model, opt = accelerator._models[0], accelerator._optimizers[0]
+    return _resume(accelerator, choose_checkpoint(accelerator, out), state, models=model, optimizers=opt,
+                   schedulers=sched)
+
+
+def save_checkpoint(accelerator, model, out, state, sched, save_total_limit):
+    state.stage = "boundary"  # as end_step leaves it
+    return _save(accelerator, out, state, models=model, optimizers=accelerator._optimizers[0], schedulers=sched,
+                 save_total_limit=save_total_limit)
 
 
 def setup(seed=0):
@@ -250,3 +259,163 @@ def test_deepspeed_checkpoints_resume_only_under_deepspeed_on_as_many_processes(
     assert "written without DeepSpeed" in _deepspeed_problem(ddp, {"world_size": 2}, accelerator("DEEPSPEED", 2))
     assert "written with DeepSpeed" in _deepspeed_problem(ds, {"world_size": 2}, accelerator("MULTI_CPU", 2))
     assert "launch with --num_processes 2" in _deepspeed_problem(ds, {"world_size": 2}, accelerator("DEEPSPEED", 1))
+
+
+# ---- several named models, optimizers and schedulers (a GAN), and the save/resume contracts ------
+
+
+def gan(seed=0, order=("generator", "discriminator")):
+    """Two models, two AdamW, two schedules, prepared in `order`."""
+    torch.manual_seed(seed)
+    accelerator = Accelerator(cpu=True)
+    nets = {"generator": torch.nn.Linear(4, 3), "discriminator": torch.nn.Linear(3, 1)}
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=0.1) for k, m in nets.items()}
+    prepared = accelerator.prepare(*(nets[k] for k in order), *(opts[k] for k in order))
+    nets = dict(zip(order, prepared[:2]))
+    opts = dict(zip(order, prepared[2:]))
+    scheds = {k: torch.optim.lr_scheduler.LambdaLR(o, lambda s, k=k: 1.0 / (s + 1 + len(k))) for k, o in opts.items()}
+    state = TrainState(config_hash="h", config={"lr": 0.1})
+    return accelerator, dict(models=nets, optimizers=opts, schedulers=scheds), state
+
+
+def gan_step(parts, d_only=False):
+    g, d = parts["models"]["generator"], parts["models"]["discriminator"]
+    x = torch.randn(2, 4)
+    d(g(x).detach()).pow(2).sum().backward()
+    parts["optimizers"]["discriminator"].step()
+    parts["schedulers"]["discriminator"].step()
+    if not d_only:
+        g.zero_grad()
+        d(g(x)).sum().backward(inputs=list(g.parameters()))
+        parts["optimizers"]["generator"].step()
+        parts["schedulers"]["generator"].step()
+    for o in parts["optimizers"].values():
+        o.zero_grad()
+
+
+def test_several_named_models_roundtrip(tmp_path):
+    """Both models and both optimizers (accelerate's prepare-order files) and both schedules come back;
+    the checkpoint names them in prepare order; the next steps are bit-identical."""
+    accelerator, parts, state = gan()
+    for step, d_only in enumerate((False, True, False), start=1):
+        gan_step(parts, d_only)
+        state.step, state.stage = step, "boundary"
+    ckpt = _save(accelerator, tmp_path, state, **parts)
+    assert {"model.safetensors", "model_1.safetensors", "optimizer.bin", "optimizer_1.bin"} <= {
+        p.name for p in ckpt.iterdir()}
+    saved = json.loads((ckpt / "train_state.json").read_text())
+    assert saved["models"] == ["generator", "discriminator"] and saved["optimizers"] == saved["models"]
+    assert set(saved["schedulers"]) == {"generator", "discriminator"}
+
+    accelerator2, parts2, state2 = gan(seed=1)
+    assert _resume(accelerator2, choose_checkpoint(accelerator2, tmp_path), state2, **parts2) == ckpt
+    for kind in ("models", "optimizers", "schedulers"):
+        for name in parts[kind]:
+            a, b = parts[kind][name].state_dict(), parts2[kind][name].state_dict()
+            assert str(a) == str(b), (kind, name)  # tensors printed in full at this size
+    for p in (parts, parts2):
+        torch.manual_seed(7)
+        gan_step(p)
+    for name in ("generator", "discriminator"):
+        for a, b in zip(parts["models"][name].parameters(), parts2["models"][name].parameters()):
+            assert torch.equal(a, b)
+
+
+def test_models_prepared_in_another_order_are_refused(tmp_path):
+    accelerator, parts, state = gan()
+    state.stage = "boundary"
+    _save(accelerator, tmp_path, state, **parts)
+    accelerator2, parts2, state2 = gan(order=("discriminator", "generator"))
+    with pytest.raises(RuntimeError, match=r"models: checkpoint \['generator', 'discriminator'\] != now "
+                                           r"\['discriminator', 'generator'\] \(names, in prepare order\)"):
+        _resume(accelerator2, choose_checkpoint(accelerator2, tmp_path), state2, **parts2)
+
+
+def test_every_prepared_model_must_be_named(tmp_path):
+    accelerator, parts, state = gan()
+    state.stage = "boundary"
+    with pytest.raises(ContractError, match=r"2 model\(s\) prepared, 1 named; accelerate saves and loads every"):
+        _save(accelerator, tmp_path, state, **{**parts, "models": {"generator": parts["models"]["generator"]}})
+    unprepared = torch.nn.Linear(4, 3)
+    with pytest.raises(ContractError, match="generator: not what accelerator.prepare returned"):
+        _resume(accelerator, None, TrainState(), **{**parts, "models": {**parts["models"], "generator": unprepared}})
+
+
+def test_non_finite_weights_name_the_model(tmp_path):
+    accelerator, parts, state = gan()
+    state.stage = "boundary"
+    with torch.no_grad():
+        parts["models"]["discriminator"].weight[0, 0] = float("inf")
+    with pytest.raises(RuntimeError, match="non-finite weights in discriminator$"):
+        _save(accelerator, tmp_path, state, **parts)
+
+
+def test_a_checkpoint_without_names_still_resumes(tmp_path):
+    """One model, one optimizer, `"scheduler"` in train_state.json: what checkpoints held before."""
+    accelerator, model, opt, sched, state = setup()
+    train_step(model, opt, sched)
+    state.step = 1
+    ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    saved = json.loads((ckpt / "train_state.json").read_text())
+    del saved["models"], saved["optimizers"]
+    saved["scheduler"] = saved.pop("schedulers")["scheduler"]
+    (ckpt / "train_state.json").write_text(json.dumps(saved))
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    marker["files"]["train_state.json"] = {"bytes": (ckpt / "train_state.json").stat().st_size,
+                                           "sha256": _digest(ckpt / "train_state.json")}
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == ckpt
+    assert sched2.get_last_lr() == sched.get_last_lr() and state2.step == 1
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+
+
+def test_save_only_at_a_step_boundary(tmp_path):
+    accelerator, model, opt, sched, state = setup()
+    for stage in ("new", "window", "window_end"):
+        state.stage = stage
+        with pytest.raises(ContractError, match=f"not at a step boundary \\(stage '{stage}'\\); save after end_step"):
+            _save(accelerator, tmp_path, state, models=model, optimizers=opt, schedulers=sched)
+    assert find_latest_checkpoint(tmp_path) is None
+
+
+def test_resume_once_and_only_from_a_chosen_checkpoint(tmp_path):
+    accelerator, model, opt, sched, state = setup()
+    ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    parts = dict(models=model, optimizers=opt, schedulers=sched)
+    accelerator2, model2, opt2, sched2, state2 = setup()
+    parts2 = dict(models=model2, optimizers=opt2, schedulers=sched2)
+    (ckpt / "COMPLETE").unlink()  # not what choose_checkpoint returns
+    with pytest.raises(ContractError, match="no COMPLETE marker; pass what choose_checkpoint returned"):
+        _resume(accelerator2, ckpt, state2, **parts2)
+    fresh = TrainState()
+    assert _resume(accelerator, None, fresh, **parts) is None and fresh.stage == "boundary"
+    with pytest.raises(ContractError, match="resume a fresh TrainState.for_run.* once, before the loop"):
+        _resume(accelerator, None, fresh, **parts)
+
+
+def test_export_final_of_several_models_writes_one_folder_each(tmp_path):
+    from common.checkpoint import export_final
+    from safetensors.torch import load_file
+
+    accelerator, parts, _ = gan()
+    final = export_final(accelerator, parts["models"], tmp_path, lambda folder: None)
+    for name, model in parts["models"].items():
+        weights = load_file(final / name / "model.safetensors")
+        assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert verify_checkpoint(final) is None
+
+
+def test_several_models_under_deepspeed_are_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from common.faults import RunError
+
+    g, d = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+    accelerator = SimpleNamespace(distributed_type=SimpleNamespace(value="DEEPSPEED"), _models=[g, d],
+                                  _optimizers=[og, od], unwrap_model=lambda m: m)
+    with pytest.raises(RunError, match=r"^DeepSpeed trains one model per Accelerator; this recipe has 2 "
+                                       r"\(generator, discriminator\): use a DDP or FSDP profile"):
+        _resume(accelerator, None, TrainState(), models={"generator": g, "discriminator": d},
+                optimizers={"generator": og, "discriminator": od}, schedulers={})

@@ -331,14 +331,16 @@ def _save_and_resume(tmp_path, saved_state, state):
     def objects():
         accelerator = Accelerator(cpu=True)
         model = torch.nn.Linear(2, 2)
-        sched = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(model.parameters(), lr=0.1), lambda s: 1.0)
-        return accelerator, accelerator.prepare(model), sched
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        return accelerator, dict(models=model, optimizers=optimizer, schedulers=sched)
 
-    accelerator, model, sched = objects()
-    saved_state.step = 1
-    save_checkpoint(accelerator, model, tmp_path, saved_state, sched, save_total_limit=None)
-    accelerator, model, sched = objects()
-    return resume_from_checkpoint(accelerator, choose_checkpoint(accelerator, tmp_path), state, sched)
+    accelerator, parts = objects()
+    saved_state.step, saved_state.stage = 1, "boundary"  # as end_step leaves it
+    save_checkpoint(accelerator, tmp_path, saved_state, **parts, save_total_limit=None)
+    accelerator, parts = objects()
+    return resume_from_checkpoint(accelerator, choose_checkpoint(accelerator, tmp_path), state, **parts)
 
 
 def test_resume_compares_by_the_fields_marks(tmp_path):

@@ -28,14 +28,16 @@ def free_port() -> int:
 
 
 def command(recipe: str, nproc: int, args: list[str], profile: str = "cpu_ddp.yaml") -> list[str]:
-    """The launch command; `profile` (an accelerate_configs/ file) is used for nproc > 1."""
+    """The launch command; `profile` (an accelerate_configs/ file) is used for nproc > 1. `recipe`: a
+    folder of recipes/, or a `train.py` path relative to the repository (a test recipe)."""
     if nproc == 1:
         launch = ACCELERATE + ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
                                "--dynamo_backend", "no"]
     else:
         launch = ACCELERATE + ["--config_file", str(ROOT / "accelerate_configs" / profile),
                                "--num_processes", str(nproc), "--main_process_port", str(free_port())]
-    return launch + [str(ROOT / "recipes" / recipe / "train.py"), *args]
+    script = ROOT / recipe if recipe.endswith(".py") else ROOT / "recipes" / recipe / "train.py"
+    return launch + [str(script), *args]
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
