@@ -94,6 +94,10 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     """
     rank, world = accelerator.process_index, accelerator.num_processes
     _check_start(state, world, accumulation, (_batch_sampler(loader), *epoch_objects))
+    if state.step > max_steps:  # the export would carry these weights under the lower count
+        raise RunError(f"--max_steps {max_steps} is below this run's step {state.step} (its newest checkpoint): "
+                       f"re-launch with --max_steps {state.step} or more (earlier weights are only in the "
+                       f"checkpoints/step_* folders the run kept)")
     ids_file = open(ids_log, "a") if ids_log else None
     try:
         while state.step < max_steps:

@@ -11,6 +11,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from common.checkpoint import ContractError, TrainState
+from common.faults import RunError
 from common.loop import MicroBatch, accumulation_window, end_step, optimizer_update, train_batches
 
 
@@ -95,6 +96,13 @@ def test_position_at_epoch_end_names_the_next_epoch():
 def test_a_finished_run_yields_nothing():
     state = started(step=5)
     assert consume(state, make_loader(4), max_steps=5, accumulation=1)[0] == []
+
+
+def test_max_steps_below_the_resumed_step_is_refused():
+    """Lowering --max_steps under a run's step would export its later weights labelled with the lower
+    count: refused in one line that says what works."""
+    with pytest.raises(RunError, match=r"--max_steps 3 is below this run's step 5 .*--max_steps 5 or more"):
+        consume(started(step=5), make_loader(4), max_steps=3, accumulation=1)
 
 
 def at_window_end(state):
