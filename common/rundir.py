@@ -181,7 +181,7 @@ def check_recipe_folder(out: Path, recipe: str, overwrite: bool) -> None:
                              f"into it (files with our names will be replaced)")
 
 
-def _claim(out: Path, recipe: str, overwrite: bool, deadline: float, announced: bool) -> str | None:
+def _claim(out: Path, recipe: str, overwrite: bool, wait_s: float, deadline: float, announced: bool) -> str | None:
     """Main process: None if `out` is this run's now, `_WAIT` to poll again, else the error line."""
     try:
         check_recipe_folder(out, recipe, overwrite)
@@ -197,17 +197,17 @@ def _claim(out: Path, recipe: str, overwrite: bool, deadline: float, announced: 
         fix = ("free some space there and re-run" if e.errno in (errno.ENOSPC, errno.EDQUOT)
                else "fix that, or use another --output_dir")
         return f"cannot write into {out}: {e.strerror or e}" + (f" ({e.filename})" if e.filename else "") + f": {fix}"
-    wait_s = deadline - time.monotonic()
+    left_s = deadline - time.monotonic()
     if holder.get("state") != "stopping":
         return (f"{out} is in use by {_describe(holder)}: one run per --output_dir. Wait for it to end, or use "
                 f"another --output_dir (a lock from another host expires {STALE_AFTER_S:.0f} s after its last "
                 f"heartbeat)")
-    if wait_s <= 0:
+    if left_s <= 0:
         return (f"{out} is in use by {_describe(holder)}, which was stopping (saving its last checkpoint) but "
-                f"has not ended in {STOPPING_WAIT_S:.0f} s: wait for it to end, or use another --output_dir")
+                f"has not ended in {wait_s:.0f} s: wait for it to end, or use another --output_dir")
     if not announced:
         logger.warning(f"{out}: the previous run is still saving (pid {holder.get('pid')} on {holder.get('host')}), "
-                       f"waiting up to {wait_s:.0f} s for it to end")
+                       f"waiting up to {left_s:.0f} s for it to end")
     time.sleep(POLL_S)
     return _WAIT
 
@@ -226,7 +226,7 @@ def claim_output_dir(accelerator, output_dir: str | Path, recipe: str, overwrite
     while True:
         verdict = None
         if accelerator.is_main_process:
-            verdict = _claim(out, recipe, overwrite, deadline, announced=polls > 0)
+            verdict = _claim(out, recipe, overwrite, wait_s, deadline, announced=polls > 0)
         if accelerator.num_processes > 1:
             message = [verdict]
             broadcast_object_list(message, from_process=0)
