@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -14,7 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.checkpoint import list_checkpoints
-from tests.recipes.harness import SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
+from tests.recipes.harness import ROOT, SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
 from tests.recipes.test_best_rq import TINY, args_for
 
 pytestmark = pytest.mark.slow
@@ -194,3 +195,38 @@ def test_a_killed_peer_is_reported_as_such(tiny_corpus, tmp_path):
               expect_rc=1, timeout=120)
     assert "[rank 0] stopping: another process stopped (killed, or failed: its error, if it could print one" in log
     assert "printed above" not in log
+
+
+def test_a_relaunch_right_after_ctrl_c_waits_for_the_save(tiny_corpus, tmp_path):
+    """Ctrl-C on `accelerate launch` returns to the shell at once while the training process still
+    saves (here a 20 s save). The same command, run at once, says so and waits for that save to
+    end instead of refusing the folder, then resumes from it."""
+    out = tmp_path / "run"
+    args = args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--save_steps", "100", "--max_steps", "60")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "SLOW_SAVE": "20",
+           "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(ROOT)])}
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command("best_rq", 1, args), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    training = None  # the training process under the launcher
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").is_file():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        training = worker(first, 0)
+        os.killpg(first.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        first.wait(15)  # the launcher is gone at once ...
+        holder = json.loads((out / ".run.lock").read_text())
+        assert holder["pid"] == training.pid and training.is_running()  # ... while its training process saves
+        log = run("best_rq", 1, args)
+    finally:
+        if first.poll() is None:
+            kill_tree(first)
+        if training is not None and training.is_running():
+            training.kill()
+    assert (f"the previous run is still saving (pid {holder['pid']} on {socket.gethostname()}), waiting up to "
+            f"300 s" in log)
+    assert "the previous run ended; continuing" in log and "resumed from" in log
+    assert "preempted at step" in (tmp_path / "first.log").read_text()
+    assert (out / "final" / "COMPLETE").is_file()
