@@ -80,16 +80,29 @@ def test_changed_data_is_refused_on_resume(tiny_corpus, tmp_path):
     assert [c.name for c in list_checkpoints(out)] == ["step_00000002"]
 
 
-def test_disk_full_during_a_save(tiny_corpus, tmp_path):
+def test_disk_full_during_a_save_or_the_export(tiny_corpus, tmp_path):
+    """The disk fills up while a checkpoint is saved (an OSError), then while the export writes its
+    safetensors file (safetensors' own SafetensorError): each time one line says how much to free
+    and which checkpoints may go, the partial folder is removed, and the same command continues."""
     out = tmp_path / "run"
     args = args_for(tiny_corpus, out, *STEPS, "--max_steps", "6")
     log = run("best_rq", 1, args, env={"PYTHONPATH": str(SUPPORT), "ENOSPC_AT_SAVE": "2"}, expect_rc=1)
     assert "[rank 0] error: no space left on" in log and "while saving step 4" in log and "step 2 is kept" in log
+    assert "re-run the same command to resume" in log
     assert "Traceback" not in log.split("[rank 0] error")[0]  # one line, no traceback (the launcher's comes after)
     assert [c.name for c in list_checkpoints(out)] == ["step_00000002"]
     assert not list((out / "checkpoints").glob(".step_*.tmp"))
-    log = run("best_rq", 1, args)  # space again: the same command resumes and finishes
-    assert "resumed from" in log and (out / "final" / "model.safetensors").is_file()
+    # space again for the checkpoints (steps 4, 6), not for the export: the third safetensors file
+    log = run("best_rq", 1, args, env={"PYTHONPATH": str(SUPPORT), "ENOSPC_AT_SAFETENSORS": "3"}, expect_rc=1)
+    error = log.split("[rank 0] error: ")[1].splitlines()[0]
+    assert error.startswith("no space left on ") and f"while exporting the final model to {out / 'final'}" in error
+    assert "the partial export was removed and step 6 is kept" in error
+    assert f"the older checkpoints in {out / 'checkpoints'}: step_00000004" in error and "keep step_00000006" in error
+    assert "re-run the same command to finish the export" in error
+    assert "Traceback" not in log.split("[rank 0] error")[0]
+    assert not (out / "final").exists() and not (out / ".final.tmp").exists()
+    log = run("best_rq", 1, args)  # space again: the same command finishes
+    assert "resumed from" in log and (out / "final" / "COMPLETE").is_file()
 
 
 def test_kill_and_sigterm_during_data_preparation(tmp_path):
