@@ -12,6 +12,7 @@ Layout of `<output_dir>/checkpoints/`:
                               then the folder is renamed into place
     .step_00001300.tmp/       a save in progress (or killed mid-save): never loaded
     .step_00001000.old/       pruned (beyond save_total_limit), being deleted in the background
+                              (what a kill leaves of these two: removed at the next launch, `remove_leftovers`)
 
 Under FSDP (accelerate_configs/fsdp.yaml, SHARDED_STATE_DICT) the weights and the optimizer are
 sharded instead: `pytorch_model_fsdp_0/` and `optimizer_0/` hold one `__<rank>_0.distcp` file per
@@ -25,8 +26,8 @@ Why not accelerate's own naming: `automatic_checkpoint_naming` never restores it
 (accelerate #1601, #3306) and `total_limit` deletes the oldest checkpoint *before* writing the new
 one, so a crash mid-save can leave nothing. Here pruning happens only after the new checkpoint is
 complete, and `find_latest_checkpoint` ignores anything without the marker. At resume, the
-newest checkpoint whose files all match the marker's digests is loaded; a damaged one is named in
-a warning and skipped for the one before it.
+newest checkpoint whose files all match the marker's digests, and whose pickles load without
+running code, is loaded; a damaged one is named in a warning and skipped for the one before it.
 
 Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer
 and RNG states through accelerate's `torch.load(weights_only=True)`, and our own state from JSON.
