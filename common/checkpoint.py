@@ -284,9 +284,9 @@ def _prune(old: list[Path]) -> None:
         _pruning.start()
 
 
-def remove_leftovers(output_dir: str | Path) -> list[Path]:
-    """Delete what kills and failures left in `output_dir`, never the only copy of anything; return
-    what was deleted. Main process only, while no save runs (at launch: `choose_checkpoint`).
+def remove_leftovers(output_dir: str | Path) -> None:
+    """Delete what kills and failures left in `output_dir`, never the only copy of anything. Main
+    process only, while no save runs (before each save, and at launch in `choose_checkpoint`).
 
     - `checkpoints/.step_N.tmp/`: a save that did not finish (never loaded);
     - `checkpoints/.step_N.old/`: a pruned checkpoint, once a newer complete one exists (`_prune`
@@ -298,14 +298,16 @@ def remove_leftovers(output_dir: str | Path) -> list[Path]:
     next export replaces it."""
     out = Path(output_dir)
     root = out / "checkpoints"
-    newest = list_checkpoints(out)[-1].name if list_checkpoints(out) else ""
-    doomed = [*root.glob(".step_*.tmp")] if root.is_dir() else []
-    doomed += [p for p in (root.glob(".step_*.old") if root.is_dir() else ()) if p.name[1:-4] < newest]
-    if (out / "final").is_dir():
-        doomed += [p for p in [out / ".final.old"] if p.exists()]
+    ckpts = list_checkpoints(out)
+    newest = ckpts[-1].name if ckpts else ""
+    doomed = []
+    if root.is_dir():
+        doomed += root.glob(".step_*.tmp")
+        doomed += [p for p in root.glob(".step_*.old") if p.name[1:-len(".old")] < newest]  # zero-padded names
+    if (out / "final").is_dir() and (out / ".final.old").exists():
+        doomed.append(out / ".final.old")
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
-    return doomed
 
 
 def _wait_for_pruning() -> None:
