@@ -13,6 +13,7 @@ Layout of `<output_dir>/checkpoints/`:
                               then the folder is renamed into place
     .step_00001300.tmp/       a save in progress (or killed mid-save): never loaded
     .step_00001000.old/       pruned (beyond save_total_limit), being deleted in the background
+                              (what a kill leaves of these two: removed at the next launch, `remove_leftovers`)
 
 Under FSDP (accelerate_configs/fsdp.yaml, SHARDED_STATE_DICT) the weights and the optimizer are
 sharded instead: `pytorch_model_fsdp_0/` and `optimizer_0/` hold one `__<rank>_0.distcp` file per
@@ -26,8 +27,8 @@ Why not accelerate's own naming: `automatic_checkpoint_naming` never restores it
 (accelerate #1601, #3306) and `total_limit` deletes the oldest checkpoint *before* writing the new
 one, so a crash mid-save can leave nothing. Here pruning happens only after the new checkpoint is
 complete, and `find_latest_checkpoint` ignores anything without the marker. At resume, the
-newest checkpoint whose files all match the marker's digests is loaded; a damaged one is named in
-a warning and skipped for the one before it.
+newest checkpoint whose files all match the marker's digests, and whose pickles load without
+running code, is loaded; a damaged one is named in a warning and skipped for the one before it.
 
 Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer
 and RNG states through accelerate's `torch.load(weights_only=True)`, and our own state from JSON.
@@ -56,10 +57,12 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import threading
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
@@ -71,6 +74,7 @@ from accelerate.utils import load as accelerate_load
 
 from common.faults import RunError
 from common.manifest import data_change
+from common.prepare import fsync_path
 
 logger = logging.getLogger(__name__)
 
@@ -215,24 +219,16 @@ def _seal(folder: Path) -> dict[str, dict]:
     are separate jobs in one thread pool (both release the GIL), so they overlap instead of queueing
     file by file: the seal costs about the larger of the two, not their sum."""
     paths = sorted(p for p in folder.rglob("*") if p.is_file())  # sharded (FSDP) states live in subfolders
-
-    def fsync(p: Path) -> None:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     with ThreadPoolExecutor(max_workers=min(8, 2 * len(paths) or 1)) as pool:
         # the biggest files first: the longest digests start at once
         by_size = sorted(paths, key=lambda p: -p.stat().st_size)
         digests = {p: pool.submit(_digest, p) for p in by_size}
-        synced = [pool.submit(fsync, p) for p in by_size]
+        synced = [pool.submit(fsync_path, p) for p in by_size]
         metas = {p: {"bytes": p.stat().st_size, "sha256": digests[p].result()} for p in paths}
         for f in synced:
             f.result()
     for d in sorted({p.parent for p in paths} | {folder}, key=lambda d: -len(d.parts)):
-        _fsync_dir(d)
+        fsync_path(d)
     return {str(p.relative_to(folder)): metas[p] for p in paths}
 
 
@@ -254,14 +250,6 @@ def verify_checkpoint(ckpt: Path) -> str | None:
     return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, models, optimizers, schedulers,
                     save_total_limit: int | None = None) -> Path:
     """Save everything needed to resume at `state.step`. Collective: call on every rank.
@@ -281,21 +269,22 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, m
         raise RuntimeError(f"refusing to save step {state.step}: non-finite weights in {', '.join(bad)}")
     final = checkpoint_dir(output_dir, state.step)
     tmp = final.parent / f".{final.name}.tmp"
-    if accelerator.is_main_process:  # saves killed or failed earlier may have left partial folders
+    if accelerator.is_main_process:
         _wait_for_pruning()  # the space of the checkpoints pruned last time is free before we write
-        for leftover in [*final.parent.glob(".step_*.tmp"), *final.parent.glob(".step_*.old")]:
-            shutil.rmtree(leftover, ignore_errors=True)
+        remove_leftovers(output_dir)  # of saves killed or failed earlier
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     try:
         _write_checkpoint(accelerator, tmp, final, state, models, optimizers, schedulers)
-    except (OSError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 — safetensors' SafetensorError is no OSError
         if not _is_disk_full(e):
             raise
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(_disk_full_message(output_dir, state.step, models.values(),
-                                          master_copy=accelerator.distributed_type.value == "DEEPSPEED")) from e
+        need = _checkpoint_bytes(output_dir, models.values(),
+                                 master_copy=accelerator.distributed_type.value == "DEEPSPEED")
+        raise RunError(_disk_full_message(output_dir, f"saving step {state.step}", need,
+                                          "the partial checkpoint was removed", "resume")) from e
     if accelerator.is_main_process and save_total_limit:
         _prune(list_checkpoints(output_dir)[:-save_total_limit])
     accelerator.wait_for_everyone()
@@ -311,7 +300,7 @@ def _prune(old: list[Path]) -> None:
     Each is renamed to `.step_N.old` first: atomic, so from that instant it is no checkpoint (a kill
     can never leave a half-deleted folder that still looks complete). Deleting the files (~0.5 ms
     per MB here) then runs in a thread, joined before the next save writes (and, not being a daemon,
-    by Python at exit); a `.old` folder left by a kill is removed by the next save."""
+    by Python at exit); a `.old` folder left by a kill is removed by `remove_leftovers`."""
     global _pruning
     moved = []
     for ckpt in old:
@@ -322,6 +311,32 @@ def _prune(old: list[Path]) -> None:
         _pruning = threading.Thread(target=lambda: [shutil.rmtree(m, ignore_errors=True) for m in moved],
                                     name="prune-checkpoints")
         _pruning.start()
+
+
+def remove_leftovers(output_dir: str | Path) -> None:
+    """Delete what kills and failures left in `output_dir`, never the only copy of anything. Main
+    process only, while no save runs (before each save, and at launch in `choose_checkpoint`).
+
+    - `checkpoints/.step_N.tmp/`: a save that did not finish (never loaded);
+    - `checkpoints/.step_N.old/`: a pruned checkpoint, once a newer complete one exists (`_prune`
+      renames only after the newer one is complete, so that one always exists unless a user
+      deleted it);
+    - `.final.old/`: the previous export, once `final/` exists (`export_final` renames the old
+      `final/` aside before the new one is in place: without `final/` it is kept).
+    `.final.tmp/` is kept: it says that an export did not finish (`unfinished_export`), and the
+    next export replaces it."""
+    out = Path(output_dir)
+    root = out / "checkpoints"
+    ckpts = list_checkpoints(out)
+    newest = ckpts[-1].name if ckpts else ""
+    doomed = []
+    if root.is_dir():
+        doomed += root.glob(".step_*.tmp")
+        doomed += [p for p in root.glob(".step_*.old") if p.name[1:-len(".old")] < newest]  # zero-padded names
+    if (out / "final").is_dir() and (out / ".final.old").exists():
+        doomed.append(out / ".final.old")
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def _wait_for_pruning() -> None:
@@ -396,18 +411,23 @@ def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, mo
             json.dump({"step": state.step, "files": files}, f, indent=2)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_path(tmp)
         if final.exists():  # the same step saved twice (e.g. final save right after a periodic one)
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_path(final.parent)
 
 
 def _is_disk_full(e: BaseException) -> bool:
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(e)  # torch's zip writer and safetensors wrap the OS error in their own
-    return any(s in text for s in ("No space left", "os error 28", "Disk quota exceeded", "unexpected pos"))
+    """A full disk or quota, also when the writer wraps the OS error in its own exception (torch's
+    zip writer: a RuntimeError "unexpected pos"; safetensors: a SafetensorError "... (os error 28)")."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(e) for s in ("No space left", "os error 28", "Disk quota exceeded", "unexpected pos")):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _mount_point(path: Path) -> str:
@@ -417,18 +437,39 @@ def _mount_point(path: Path) -> str:
     return str(path)
 
 
-def _disk_full_message(output_dir: str | Path, step: int, models, master_copy: bool = False) -> str:
+def _weight_bytes(models) -> int:
+    return sum(p.numel() * p.element_size() for m in models for p in m.parameters())
+
+
+def _checkpoint_bytes(output_dir: str | Path, models, master_copy: bool = False) -> int:
+    """The size of a checkpoint: the newest one's, else weights + two AdamW moments (+ DeepSpeed's
+    fp32 master copy of the weights, in its optimizer files)."""
     previous = list_checkpoints(output_dir)
     if previous:  # FSDP shards, DeepSpeed's pytorch_model/: subfolders
-        need = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file())
-    else:  # weights + two AdamW moments (+ DeepSpeed's fp32 master copy of the weights, in its optimizer files)
-        need = (3 + master_copy) * sum(p.numel() * p.element_size() for m in models for p in m.parameters())
-    free = shutil.disk_usage(output_dir).free
-    kept = f"step {int(previous[-1].name[5:])} is kept" if previous else "no earlier checkpoint exists"
+        return sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file())
+    return (3 + master_copy) * _weight_bytes(models)
+
+
+def _disk_full_message(output_dir: str | Path, doing: str, need: int, removed: str, then: str) -> str:
+    """One line: what filled up, what was kept, how much to free and which files may go.
+
+    Pruning (--save_total_limit) deletes older checkpoints only after a newer one is complete, so
+    on a full disk the space must be freed by hand before the re-run."""
     mb = lambda n: f"{n / 1e6:.1f}" if n < 1e7 else f"{n / 1e6:.0f}"  # noqa: E731 — small runs too
-    return (f"no space left on {_mount_point(Path(output_dir))} while saving step {step} (needs ~{mb(need)} MB, "
-            f"{mb(free)} MB free); the partial checkpoint was removed and {kept}. Free some space "
-            f"(or lower --save_total_limit) and re-run the same command to resume.")
+    mount = _mount_point(Path(output_dir))
+    free = shutil.disk_usage(output_dir).free
+    ckpts = list_checkpoints(output_dir)
+    kept = f"step {int(ckpts[-1].name[5:])} is kept" if ckpts else "no earlier checkpoint exists"
+    older = ckpts[:-1]  # the newest is the one to resume from
+    hint = ""
+    if older:
+        names = ", ".join(p.name for p in older[:3]) + (f" and {len(older) - 3} more" if len(older) > 3 else "")
+        size = sum(f.stat().st_size for c in older for f in c.rglob("*") if f.is_file())
+        hint = f" (e.g. the older checkpoints in {ckpts[-1].parent}: {names}, {mb(size)} MB; keep {ckpts[-1].name})"
+    amount = f"at least {math.ceil((need - free) / 1e5) / 10:g} MB" if need > free else "some space"  # rounded up
+    return (f"no space left on {mount} while {doing} (needs ~{mb(need)} MB, {mb(free)} MB free); {removed} and "
+            f"{kept}. Free {amount} on {mount}{hint}, then re-run the same command to {then} "
+            f"(--save_total_limit deletes older checkpoints only after a newer one is saved)")
 
 
 def export_final(accelerator, models, output_dir: str | Path, write_extras) -> Path:
@@ -443,41 +484,55 @@ def export_final(accelerator, models, output_dir: str | Path, write_extras) -> P
     `final/` that looks finished, and `final/COMPLETE` is the sign that a run is done."""
     final = Path(output_dir) / "final"
     tmp = final.with_name(".final.tmp")
+    old = final.with_name(".final.old")
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
     models = named(models, "model")
-    for name, model in models.items():  # every rank (it gathers sharded weights); rank 0 writes
-        accelerator.save_model(model, tmp if len(models) == 1 else tmp / name)
+    try:
+        for name, model in models.items():  # every rank (it gathers sharded weights); rank 0 writes
+            accelerator.save_model(model, tmp if len(models) == 1 else tmp / name)
+        if accelerator.is_main_process:
+            write_extras(tmp)
+            files = _seal(tmp)
+            with open(tmp / MARKER, "w") as f:  # what `unfinished_export` / `verify_checkpoint` check
+                json.dump({"export": True, "files": files}, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_path(tmp)
+    except Exception as e:  # noqa: BLE001 — safetensors' SafetensorError is no OSError
+        if not _is_disk_full(e):
+            raise
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise RunError(_disk_full_message(output_dir, f"exporting the final model to {final}",
+                                          2 * _weight_bytes(models.values()), "the partial export was removed",
+                                          "finish the export")) from e
     if accelerator.is_main_process:
-        write_extras(tmp)
-        files = _seal(tmp)
-        with open(tmp / MARKER, "w") as f:  # what `unfinished_export` / `verify_checkpoint` check
-            json.dump({"export": True, "files": files}, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        if final.exists():  # a finished run exported again (e.g. re-run with a larger --max_steps)
-            old = final.with_name(".final.old")
+        # Replace a previous export (a finished run re-run with a larger --max_steps): it is moved
+        # aside first, so a kill between the renames leaves it as `.final.old` beside the complete
+        # `.final.tmp`, and the next export finishes the swap.
+        if final.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        os.rename(tmp, final)
+        fsync_path(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
         logger.info(f"final model in {final}")
     accelerator.wait_for_everyone()
     return final
 
 
 def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint whose files match their digests (checked by the main process,
-    which reads each file once; the choice is broadcast). Collective: call on every rank."""
+    """The newest complete checkpoint whose files match their digests and whose pickled states load
+    without running code (checked by the main process, which reads each file once; the choice is
+    broadcast). A damaged one is named in a warning and the one before it is tried. The main process
+    first removes what kills left behind (`remove_leftovers`). Collective: call on every rank."""
     choice = [None]
     if accelerator.is_main_process:
+        remove_leftovers(output_dir)
         for ckpt in reversed(list_checkpoints(output_dir)):
-            problem = verify_checkpoint(ckpt)
+            problem = verify_checkpoint(ckpt) or _unloadable_pickle(ckpt)
             if problem is None:
                 choice = [str(ckpt)]
                 break
@@ -485,6 +540,25 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     if accelerator.num_processes > 1:
         broadcast_object_list(choice, from_process=0)
     return Path(choice[0]) if choice[0] else None
+
+
+def _unloadable_pickle(ckpt: Path) -> str | None:
+    """None if the pickled states beside the weights (`optimizer.bin`, `random_states_<r>.pkl`) load
+    the way resuming loads them (`torch.load(weights_only=True)`: no code runs), else which one does
+    not and why. A file can match its digest and still fail: written damaged, or crafted and
+    re-sealed. Memory-mapped: the pickle is parsed, the tensors' bytes are not read. (The FSDP and
+    DeepSpeed subfolders are not checked: see the module docstring.)"""
+    for path in sorted([*ckpt.glob("*.bin"), *ckpt.glob("*.pkl")]):
+        if not zipfile.is_zipfile(path):  # torch.save writes zip archives
+            return f"{path.name} is not a torch.save archive"
+        try:
+            accelerate_load(path, map_location="cpu", mmap=True)
+        except Exception as e:  # noqa: BLE001 — UnpicklingError, a zip reader's RuntimeError, ...
+            lines = [line for line in str(e).splitlines() if line.strip()] or [""]
+            # torch's weights-only refusal says what it refused in its second paragraph
+            reason = lines[1] if lines[0].startswith("Weights only load failed") and len(lines) > 1 else lines[0]
+            return f"{path.name} cannot be loaded safely ({type(e).__name__}: {reason[:200]})"
+    return None
 
 
 def global_batch_plan(ckpt: Path | None, world: int, accumulation: int,

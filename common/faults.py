@@ -20,6 +20,8 @@ import traceback
 
 import torch
 
+from common.rundir import mark_stopping
+
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the worker processes exit with it
 
 
@@ -66,6 +68,7 @@ class Preemption:
             print(f"{name} during start-up: stopping (nothing to save yet; exit code {PREEMPTED_EXIT_CODE})",
                   file=sys.stderr, flush=True)
             raise SystemExit(PREEMPTED_EXIT_CODE)
+        mark_stopping()  # the run lock says so: a re-launch meanwhile waits for this save instead of refusing
         if signum == signal.SIGINT and self.accelerator.is_main_process:
             print("\nCtrl-C: saving a checkpoint at the next step boundary, then exiting "
                   f"(exit code {PREEMPTED_EXIT_CODE}); Ctrl-C again to abort without saving",
@@ -77,6 +80,8 @@ class Preemption:
             return self.signal is not None
         flag = torch.tensor([0 if self.signal is None else 1])  # on the host: no device sync
         torch.distributed.all_reduce(flag, group=self.group)  # sum; the default group is gloo on CPU
+        if flag.item() > 0:
+            mark_stopping()  # on the main process, which holds the run lock, also when another rank was signalled
         return bool(flag.item() > 0)
 
 

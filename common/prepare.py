@@ -4,11 +4,17 @@ Data preparation (a generated corpus, manifests, a tokenizer) must happen once, 
 rank, and every node sharing the folder, waits, also when they start seconds apart or the folder
 sits on a slow NFS. A collective barrier cannot give that (it has a timeout, and node-local and
 shared caches need different ranks to work), so `prepare_once` uses the file system itself:
-`O_CREAT|O_EXCL` lock, build in a temporary sibling, `.complete` written last, atomic rename.
+an exclusive lock file (`create_lock`), build in a temporary sibling, `.complete` written last,
+atomic rename.
+
+The file-system primitives that the run folder's lock (`common/rundir.py`) and the checkpoints
+(`common/checkpoint.py`) share live here too: `fsync_path`, `process_alive`, `create_lock`,
+`break_lock`, `Heartbeat`.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import logging
@@ -20,6 +26,8 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +42,14 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a folder (its entries: a rename into it then survives a crash). Some file
+    systems (FUSE, ...) cannot fsync folders: there a folder's fsync is skipped, a file's never."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     except OSError:
-        if not path.is_dir():  # some file systems (FUSE, ...) cannot fsync folders: best effort
+        if not path.is_dir():
             raise
     finally:
         os.close(fd)
@@ -51,10 +61,83 @@ def fsync_tree(root: Path) -> int:
     n_files = 0
     for folder, _, files in os.walk(root):
         for name in files:
-            _fsync_path(Path(folder) / name)
+            fsync_path(Path(folder) / name)
             n_files += 1
-        _fsync_path(Path(folder))
+        fsync_path(Path(folder))
     return n_files
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process `pid` of this host started (seconds since the epoch), None if it does not exist."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:  # a zombie too: it has ended
+        return None
+
+
+def process_alive(pid: int, started: float | None = None) -> bool:
+    """Whether process `pid` of this host is running; given `started` (its `process_start_time` when
+    it took a lock), whether it is still that process and not a later one that reused the pid.
+    The one test of "is a lock holder on this host alive" (run lock, preparation lock)."""
+    try:
+        now = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # exists, owned by someone else
+    return started is None or abs(now - started) < 1.0
+
+
+def create_lock(lock: Path, content: str) -> bool:
+    """Create `lock` holding `content` unless it exists (then False). Atomic: the content goes into
+    a private temp file that is then hard-linked to the lock's name (a link fails if the name
+    exists, also on NFS), so nobody can read a lock that is still empty. On file systems without
+    hard links (some FUSE and SMB mounts): O_CREAT|O_EXCL, then the write."""
+    tmp = lock.with_name(f"{lock.name}.new-{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "x") as f:
+            f.write(content)
+        try:
+            os.link(tmp, lock)
+            return True
+        except FileExistsError:
+            return os.stat(tmp).st_nlink == 2  # NFS: a retried link can report EEXIST for its own success
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                raise
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+    except BaseException:
+        os.unlink(lock)
+        raise
+    return True
+
+
+def break_lock(lock: Path, content: str) -> None:
+    """Remove `lock` if it still holds `content` (a holder judged dead or stale). Rename first
+    (atomic) and verify: another process may have broken it and taken a fresh lock between our
+    judgement and now, and a plain unlink would then delete a live lock (it is put back)."""
+    aside = lock.with_name(f"{lock.name}.stale-{uuid.uuid4().hex}")
+    try:
+        os.rename(lock, aside)
+    except FileNotFoundError:
+        return
+    if _read_text(aside) != content:
+        try:
+            os.link(aside, lock)  # put the live lock back, unless a newer one exists already
+        except OSError:
+            pass
+    os.unlink(aside)
 
 
 class Heartbeat:
@@ -62,18 +145,37 @@ class Heartbeat:
 
     def __init__(self, lock: Path, token: str, interval_s: float):
         self._lock, self._token, self._interval_s = lock, token, interval_s
+        self._mutex = threading.Lock()  # a beat and a `rewrite` never interleave
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lock.name}", daemon=True)
         self._thread.start()
 
+    @property
+    def token(self) -> str:
+        """The lock's content while it is ours."""
+        return self._token
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            try:
-                if _read_text(self._lock) != self._token:
-                    return  # our lock was broken as stale: never refresh somebody else's
-                os.utime(self._lock)  # times=None: on NFS the server's clock sets the mtime
-            except OSError:
-                pass  # transient (NFS): try again next beat
+            with self._mutex:
+                try:
+                    if _read_text(self._lock) != self._token:
+                        return  # our lock was broken as stale: never refresh somebody else's
+                    os.utime(self._lock)  # times=None: on NFS the server's clock sets the mtime
+                except OSError:
+                    pass  # transient (NFS): try again next beat
+
+    def rewrite(self, content: str) -> None:
+        """Replace the lock's content (a complete temp file renamed over it: readers see the old or
+        the new content, never a mix) and beat for the new content from now on. Nothing happens
+        if the lock is no longer ours."""
+        with self._mutex:
+            if _read_text(self._lock) != self._token:
+                return
+            tmp = self._lock.with_name(f"{self._lock.name}.new-{uuid.uuid4().hex}")
+            tmp.write_text(content)
+            os.replace(tmp, self._lock)
+            self._token = content
 
     def stop(self) -> None:
         self._stop.set()
@@ -101,22 +203,6 @@ class _StaleWatch:
             self._key, self._since = key, now
             return None
         return key[0] if now - self._since >= self.stale_after_s else None
-
-
-def _break_stale_lock(lock: Path, token: str) -> None:
-    # Rename first (atomic) and verify: another waiter may have broken it and taken a fresh lock
-    # between our check and now; plain unlink would then delete a live lock.
-    aside = lock.with_name(f"{lock.name}.stale-{uuid.uuid4().hex}")
-    try:
-        os.rename(lock, aside)
-    except FileNotFoundError:
-        return
-    if _read_text(aside) != token:
-        try:
-            os.link(aside, lock)  # put the live lock back, unless a newer one exists already
-        except OSError:
-            pass
-    os.unlink(aside)
 
 
 def _replace_incomplete(final_dir: Path) -> bool:
@@ -147,9 +233,10 @@ def prepare_once(
 
     `final_dir` is complete iff it contains `.complete` (JSON: `info`, file count, builder), which
     is written last inside a temporary sibling that is then renamed into place: readers can never
-    see a partial directory. Exactly one process holds `<final_dir>.lock` (O_CREAT|O_EXCL) and
+    see a partial directory. Exactly one process holds `<final_dir>.lock` (`create_lock`) and
     builds; the others poll every `poll_s` seconds. The builder touches the lock every
-    min(10, stale_after_s/4) s; a lock unchanged for `stale_after_s` s is taken over. If `build`
+    min(10, stale_after_s/4) s; a lock unchanged for `stale_after_s` s is taken over, and one whose
+    holder is a dead process of this host at once. If `build`
     raises, its temporary folder and the lock are removed and the exception propagates.
     Raises TimeoutError after `timeout_s` s of waiting (monotonic clock).
 
@@ -170,19 +257,19 @@ def prepare_once(
     while True:
         if marker.is_file():
             return final_dir
-        token = f"{host} {pid} {time.time():.3f} {uuid.uuid4().hex}\n"
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        # host, pid, the process's start time (a reused pid is not the holder), a nonce
+        token = f"{host} {pid} started={process_start_time(pid)} {uuid.uuid4().hex}\n"
+        if not create_lock(lock, token):
             holder = _read_text(lock) or ""
             fields = holder.split()
-            if len(fields) >= 2 and fields[0] == host and fields[1].isdigit() and not _pid_alive(int(fields[1])):
+            if len(fields) >= 2 and fields[0] == host and fields[1].isdigit() and not process_alive(
+                    int(fields[1]), _started(fields)):
                 logger.info(f"{lock}: its holder {fields[0]}:{fields[1]} is dead; taking it over")
-                _break_stale_lock(lock, holder)  # a dead process on this host: no need to wait
+                break_lock(lock, holder)  # a dead process on this host: no need to wait
                 continue
             stale = watch.stale_token(lock)  # another host's holder: judged by its heartbeat
             if stale is not None:
-                _break_stale_lock(lock, stale)
+                break_lock(lock, stale)
                 continue
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -196,8 +283,6 @@ def prepare_once(
                 announced = True
             time.sleep(poll_s)
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
         heartbeat = Heartbeat(lock, token, interval_s=max(0.05, min(10.0, stale_after_s / 4)))
         try:
             if marker.is_file():  # completed between our check and taking the lock
@@ -213,14 +298,15 @@ def prepare_once(
                     pass
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _started(fields: list[str]) -> float | None:
+    """The holder's start time from a lock's fields (None: not recorded)."""
+    for f in fields[2:3]:
+        if f.startswith("started="):
+            try:
+                return float(f[len("started="):])
+            except ValueError:
+                return None
+    return None
 
 
 def _remove_dead_builders_tmp(final_dir: Path, host: str) -> None:
@@ -229,7 +315,7 @@ def _remove_dead_builders_tmp(final_dir: Path, host: str) -> None:
     prefix = f"{final_dir.name}.tmp-{host}-"
     for path in final_dir.parent.glob(glob.escape(prefix) + "*"):
         pid = path.name[len(prefix) :].rsplit("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -248,7 +334,7 @@ def _build_and_publish(
             json.dump(meta, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_path(tmp)
+        fsync_path(tmp)
         if final_dir.exists() and not (final_dir / COMPLETE_MARKER).is_file():
             if not _replace_incomplete(final_dir):
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -261,7 +347,7 @@ def _build_and_publish(
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final_dir
             raise
-        _fsync_path(final_dir.parent)  # make the rename itself durable
+        fsync_path(final_dir.parent)  # make the rename itself durable
         return final_dir
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,7 @@
 import json
+import math
 import os
-import pickle
+import shutil
 
 import pytest
 import torch
@@ -151,22 +152,122 @@ class _Evil:
         return (os.system, (f"touch {_Evil.target}",))
 
 
-def test_loading_runs_no_code_from_the_checkpoint(tmp_path):
-    """A crafted pickle (here the RNG-state file, with a matching marker) is refused, not executed."""
+def _reseal(ckpt, name):
+    """Write `name`'s size and digest into the marker, as an attacker who re-seals a folder would."""
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    marker["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": _digest(ckpt / name)}
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+
+
+@pytest.mark.parametrize("victim,content", [("random_states_0.pkl", "crafted"), ("optimizer.bin", "crafted"),
+                                            ("optimizer.bin", "garbage"), ("random_states_0.pkl", "truncated")])
+def test_an_unloadable_pickle_is_named_and_the_previous_checkpoint_used(tmp_path, caplog, victim, content):
+    """A crafted pickle (its digest re-sealed) is refused, not executed; like a damaged file it is
+    named in a warning and the checkpoint before it is resumed from."""
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        train_step(model, opt, sched)
+        state.step = step
+        ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+        if step == 1:
+            weights_at_1 = {k: v.clone() for k, v in model.state_dict().items()}
+    _Evil.target = tmp_path / "pwned"
+    if content == "crafted":
+        torch.save({"step": _Evil()}, ckpt / victim)
+    elif content == "garbage":
+        (ckpt / victim).write_bytes(os.urandom(4096))
+    else:
+        (ckpt / victim).write_bytes((ckpt / victim).read_bytes()[:-200])
+    _reseal(ckpt, victim)
+    assert verify_checkpoint(ckpt) is None  # the digests match: only loading can tell
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    with caplog.at_level("WARNING"):
+        assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
+    assert f"skipping damaged checkpoint {ckpt}: {victim} " in caplog.text
+    if content == "crafted":
+        assert "GLOBAL posix.system" in caplog.text
+    assert not _Evil.target.exists()
+    assert state2.step == 1
+    assert all(torch.equal(weights_at_1[k], v) for k, v in model2.state_dict().items())
+
+
+def _full_disk(monkeypatch):
+    """safetensors, as accelerate calls it, on a full disk: part of the file, then its error."""
+    import accelerate.utils.other
+    from safetensors import SafetensorError
+
+    def save_file(tensors, filename, *args, **kwargs):
+        with open(filename, "wb") as f:
+            f.write(b"\0" * 100)
+        # the message safetensors 0.8 gives on a full tmpfs
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(accelerate.utils.other, "safe_save_file", save_file)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+
+
+def test_disk_full_while_writing_the_weights_says_what_to_free(tmp_path, monkeypatch):
+    """The weights' writer fails (safetensors raises its own SafetensorError, no OSError): one line
+    naming the mount, the space needed and the older checkpoints that may be deleted; no partial
+    folder is left."""
+    from common.faults import RunError
+
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        state.step = step
+        save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    size = sum(f.stat().st_size for f in checkpoint_dir(tmp_path, 2).iterdir())
+    _full_disk(monkeypatch)
+    state.step = 3
+    with pytest.raises(RunError) as e:
+        save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=1)
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("no space left on /") and "while saving step 3 (needs ~" in message
+    assert "the partial checkpoint was removed and step 2 is kept" in message
+    assert f"Free at least {math.ceil(size / 1e5) / 10:g} MB on /" in message  # all of it: 0 bytes are free
+    assert f"the older checkpoints in {tmp_path / 'checkpoints'}: step_00000001, " in message
+    assert "keep step_00000002" in message and "re-run the same command to resume" in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001", "step_00000002"]
+
+
+def test_disk_full_during_the_export_leaves_no_partial_folder(tmp_path, monkeypatch):
+    from common.checkpoint import export_final
+    from common.faults import RunError
+
     accelerator, model, opt, sched, state = setup()
     state.step = 1
-    ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
-    _Evil.target = tmp_path / "pwned"
-    torch.save({"step": _Evil()}, ckpt / "random_states_0.pkl")
-    marker = json.loads((ckpt / "COMPLETE").read_text())
-    marker["files"]["random_states_0.pkl"] = {
-        "bytes": (ckpt / "random_states_0.pkl").stat().st_size,
-        "sha256": _digest(ckpt / "random_states_0.pkl")}
-    (ckpt / "COMPLETE").write_text(json.dumps(marker))
-    accelerator2, model2, opt2, sched2, state2 = setup()
-    with pytest.raises(pickle.UnpicklingError):
-        resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
-    assert not _Evil.target.exists()
+    save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    _full_disk(monkeypatch)
+    with pytest.raises(RunError, match=r"^no space left on /.* while exporting the final model to .*final \(needs ~"
+                                       r".*the partial export was removed and step 1 is kept\. Free at least .* "
+                                       r"re-run the same command to finish the export"):
+        export_final(accelerator, model, tmp_path, lambda folder: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+
+
+def test_leftovers_are_removed_at_launch_but_never_an_only_copy(tmp_path):
+    """What kills leave (a pruned `.step_N.old`, a replaced `.final.old`, a `.step_N.tmp`) is removed
+    when the next launch chooses its checkpoint; a `.old` that may be the only copy is kept."""
+    from common.checkpoint import export_final
+
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        state.step = step
+        save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    root = tmp_path / "checkpoints"
+    os.rename(root / "step_00000001", root / ".step_00000001.old")  # pruned, then killed mid-delete
+    (root / ".step_00000003.tmp").mkdir()  # a save killed mid-way
+    (root / ".step_00000007.old").mkdir()  # newer than every checkpoint: may be the only copy
+    (tmp_path / ".final.old").mkdir()  # no final/: the previous export is the only one
+    assert choose_checkpoint(accelerator, tmp_path) == checkpoint_dir(tmp_path, 2)
+    assert sorted(p.name for p in root.iterdir()) == [".step_00000007.old", "step_00000002"]
+    assert (tmp_path / ".final.old").is_dir()
+    export_final(accelerator, model, tmp_path, lambda folder: None)  # killed between its renames before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "final"]
+    (tmp_path / ".final.old").mkdir()  # killed while deleting the replaced export
+    choose_checkpoint(accelerator, tmp_path)
+    assert not (tmp_path / ".final.old").exists() and (tmp_path / "final" / "COMPLETE").is_file()
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):

@@ -126,3 +126,31 @@ def test_a_dead_local_holder_is_taken_over_at_once(tmp_path):
     start = time.monotonic()
     prepare_once(final_dir, lambda tmp: (tmp / "ok").write_text("1"), poll_s=0.05)
     assert (final_dir / "ok").is_file() and time.monotonic() - start < 5
+
+
+def test_a_lock_whose_pid_was_reused_is_taken_over_at_once(tmp_path):
+    """The lock names a live pid of this host, but a process that started at another time (the
+    holder died and its pid went to a new process, here this test): the holder is dead."""
+    final_dir = tmp_path / "data"
+    (tmp_path / "data.lock").write_text(f"{socket.gethostname()} {os.getpid()} started=12345.0 cafe\n")
+    start = time.monotonic()
+    prepare_once(final_dir, lambda tmp: (tmp / "ok").write_text("1"), timeout_s=10, poll_s=0.05)
+    assert (final_dir / "ok").is_file() and time.monotonic() - start < 5
+
+
+def test_a_rewritten_lock_keeps_its_heartbeat(tmp_path):
+    """`Heartbeat.rewrite` swaps the lock's content atomically and goes on beating for the new content."""
+    from common.prepare import Heartbeat
+
+    lock = tmp_path / "x.lock"
+    lock.write_text("first")
+    beat = Heartbeat(lock, "first", interval_s=0.05)
+    try:
+        beat.rewrite("second")
+        assert lock.read_text() == "second" and beat.token == "second"
+        os.utime(lock, (0, 0))
+        time.sleep(0.5)
+        assert lock.stat().st_mtime > 0  # touched again since
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["x.lock"]
+    finally:
+        beat.stop()

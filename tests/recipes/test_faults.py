@@ -3,6 +3,8 @@ non-finite losses, a failing rank. Every scenario ends in a clear message and no
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import threading
 import time
@@ -12,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.checkpoint import list_checkpoints
-from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
+from common.checkpoint import _digest, list_checkpoints
+from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
                                    metrics, run, worker)
 from tests.recipes.test_best_rq import TINY, args_for
 
@@ -93,14 +95,32 @@ def test_kill_mid_save_and_torn_metrics_line_lose_nothing(tiny_corpus, tmp_path,
     assert [r["step"] for r in metrics(out)] == list(range(1, 9))
 
 
-def test_damaged_newest_checkpoint_is_skipped(tiny_corpus, tmp_path, continuous):
+class _Crafted:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "crafted pickle"])
+def test_damaged_newest_checkpoint_is_skipped(tiny_corpus, tmp_path, continuous, damage):
+    """A truncated file (its marker still there), or a crafted RNG pickle whose digest was re-sealed
+    into the marker: the checkpoint is named in a warning and the one before it resumes exactly."""
     out = tmp_path / "run"
     run("best_rq", 1, args_for(tiny_corpus, out, *STEPS), kill_after_checkpoint=5)
     newest = list_checkpoints(out)[-1]
-    weights = newest / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-100])  # truncated, marker still there
+    if damage == "truncated weights":
+        weights = newest / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-100])  # truncated, marker still there
+        expected = "model.safetensors has"
+    else:
+        torch.save({"step": _Crafted()}, newest / "random_states_0.pkl")
+        marker = json.loads((newest / "COMPLETE").read_text())
+        marker["files"]["random_states_0.pkl"] = {"bytes": (newest / "random_states_0.pkl").stat().st_size,
+                                                  "sha256": _digest(newest / "random_states_0.pkl")}
+        (newest / "COMPLETE").write_text(json.dumps(marker))
+        expected = "random_states_0.pkl cannot be loaded safely (UnpicklingError: "
     log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS))
-    assert f"skipping damaged checkpoint {newest}: model.safetensors has" in log
+    assert f"skipping damaged checkpoint {newest}: {expected}" in log
+    assert "Traceback" not in log and not list(ROOT.glob("pwned"))
     assert_same_weights(continuous(1), out)
     assert_same_losses(continuous(1), out)
 

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -14,7 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.checkpoint import list_checkpoints
-from tests.recipes.harness import SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
+from tests.recipes.harness import ROOT, SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
 from tests.recipes.test_best_rq import TINY, args_for
 
 pytestmark = pytest.mark.slow
@@ -79,16 +80,29 @@ def test_changed_data_is_refused_on_resume(tiny_corpus, tmp_path):
     assert [c.name for c in list_checkpoints(out)] == ["step_00000002"]
 
 
-def test_disk_full_during_a_save(tiny_corpus, tmp_path):
+def test_disk_full_during_a_save_or_the_export(tiny_corpus, tmp_path):
+    """The disk fills up while a checkpoint is saved (an OSError), then while the export writes its
+    safetensors file (safetensors' own SafetensorError): each time one line says how much to free
+    and which checkpoints may go, the partial folder is removed, and the same command continues."""
     out = tmp_path / "run"
     args = args_for(tiny_corpus, out, *STEPS, "--max_steps", "6")
     log = run("best_rq", 1, args, env={"PYTHONPATH": str(SUPPORT), "ENOSPC_AT_SAVE": "2"}, expect_rc=1)
     assert "[rank 0] error: no space left on" in log and "while saving step 4" in log and "step 2 is kept" in log
+    assert "re-run the same command to resume" in log
     assert "Traceback" not in log.split("[rank 0] error")[0]  # one line, no traceback (the launcher's comes after)
     assert [c.name for c in list_checkpoints(out)] == ["step_00000002"]
     assert not list((out / "checkpoints").glob(".step_*.tmp"))
-    log = run("best_rq", 1, args)  # space again: the same command resumes and finishes
-    assert "resumed from" in log and (out / "final" / "model.safetensors").is_file()
+    # space again for the checkpoints (steps 4, 6), not for the export: the third safetensors file
+    log = run("best_rq", 1, args, env={"PYTHONPATH": str(SUPPORT), "ENOSPC_AT_SAFETENSORS": "3"}, expect_rc=1)
+    error = log.split("[rank 0] error: ")[1].splitlines()[0]
+    assert error.startswith("no space left on ") and f"while exporting the final model to {out / 'final'}" in error
+    assert "the partial export was removed and step 6 is kept" in error
+    assert f"the older checkpoints in {out / 'checkpoints'}: step_00000004" in error and "keep step_00000006" in error
+    assert "re-run the same command to finish the export" in error
+    assert "Traceback" not in log.split("[rank 0] error")[0]
+    assert not (out / "final").exists() and not (out / ".final.tmp").exists()
+    log = run("best_rq", 1, args)  # space again: the same command finishes
+    assert "resumed from" in log and (out / "final" / "COMPLETE").is_file()
 
 
 def test_kill_and_sigterm_during_data_preparation(tmp_path):
@@ -195,3 +209,38 @@ def test_a_killed_peer_is_reported_as_such(tiny_corpus, tmp_path):
               expect_rc=1, timeout=120)
     assert "[rank 0] stopping: another process stopped (killed, or failed: its error, if it could print one" in log
     assert "printed above" not in log
+
+
+def test_a_relaunch_right_after_ctrl_c_waits_for_the_save(tiny_corpus, tmp_path):
+    """Ctrl-C on `accelerate launch` returns to the shell at once while the training process still
+    saves (here a 20 s save). The same command, run at once, says so and waits for that save to
+    end instead of refusing the folder, then resumes from it."""
+    out = tmp_path / "run"
+    args = args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--save_steps", "100", "--max_steps", "60")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "SLOW_SAVE": "20",
+           "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(ROOT)])}
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command("best_rq", 1, args), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    training = None  # the training process under the launcher
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").is_file():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        training = worker(first, 0)
+        os.killpg(first.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        first.wait(15)  # the launcher is gone at once ...
+        holder = json.loads((out / ".run.lock").read_text())
+        assert holder["pid"] == training.pid and training.is_running()  # ... while its training process saves
+        log = run("best_rq", 1, args)
+    finally:
+        if first.poll() is None:
+            kill_tree(first)
+        if training is not None and training.is_running():
+            training.kill()
+    assert (f"the previous run is still saving (pid {holder['pid']} on {socket.gethostname()}), waiting up to "
+            f"300 s" in log)
+    assert "the previous run ended; continuing" in log and "resumed from" in log
+    assert "preempted at step" in (tmp_path / "first.log").read_text()
+    assert (out / "final" / "COMPLETE").is_file()

@@ -15,6 +15,10 @@ kill a run reliably in the middle of a checkpoint. SLOW_EXPORT=seconds: the same
 ENOSPC_AT_SAVE=n: the n-th `Accelerator.save_state` call (1-based, per process) writes half a file,
 then fails with OSError(ENOSPC) as a full disk would.
 
+ENOSPC_AT_SAFETENSORS=n: the n-th safetensors file accelerate writes (per process: a checkpoint's or
+the export's `model.safetensors`) gets 100 bytes, then safetensors' own error on a full disk
+(SafetensorError, no OSError; its message as safetensors 0.8 gives it on a full tmpfs).
+
 FORCE_FSDP_ON_CPU=1: a CPU run launched with an FSDP profile (ACCELERATE_USE_FSDP=true) becomes
 `DistributedType.FSDP` with the profile's plugin, as it would on GPUs. Accelerate 1.15's
 `AcceleratorState` turns the profile into FSDP only for accelerator device types (state.py, the
@@ -145,6 +149,24 @@ if os.environ.get("ENOSPC_AT_SAVE"):
         return _orig_save_state_enospc(self, output_dir, *args, **kwargs)
 
     accelerate.Accelerator.save_state = save_state_enospc
+
+
+if os.environ.get("ENOSPC_AT_SAFETENSORS"):
+    import accelerate.utils.other as _other
+    from safetensors import SafetensorError
+
+    _orig_safe_save_file = _other.safe_save_file
+    _safetensors_writes = [0]
+
+    def safe_save_file_enospc(tensors, filename, *args, **kwargs):
+        _safetensors_writes[0] += 1
+        if _safetensors_writes[0] == int(os.environ["ENOSPC_AT_SAFETENSORS"]):
+            with open(filename, "wb") as f:
+                f.write(b"\0" * 100)
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return _orig_safe_save_file(tensors, filename, *args, **kwargs)
+
+    _other.safe_save_file = safe_save_file_enospc
 
 
 if os.environ.get("FORCE_FSDP_ON_CPU") == "1":
