@@ -7,6 +7,11 @@ shared caches need different ranks to work), so `prepare_once` uses the file sys
 an exclusive lock file (`create_lock`), build in a temporary sibling, `.complete` written last,
 atomic rename.
 
+Why not the `filelock` package: its locks are `flock`/`fcntl` locks, which hold between processes
+of one host but are not dependable between NFS clients, and it cannot tell a lock whose holder died
+on another node from a live one. A lock *file* created in one step with `link()` (atomic on NFS
+too) that names its holder (host, pid, start time) and carries a heartbeat gives both.
+
 The file-system primitives that the run folder's lock (`common/rundir.py`) and the checkpoints
 (`common/checkpoint.py`) share live here too: `fsync_path`, `process_alive`, `create_lock`,
 `break_lock`, `Heartbeat`.

@@ -13,7 +13,9 @@
   `stopping`: then it waits up to `STOPPING_WAIT_S` for it to end (Ctrl-C on `accelerate launch`
   returns to the shell while the training process still saves). A lock left by a dead process on
   this host is taken over at once (a SIGKILLed run re-launches immediately); a lock from another
-  host is taken over once its heartbeat is older than `STALE_AFTER_S`.
+  host is taken over once its heartbeat is older than `STALE_AFTER_S`. (Not the `filelock`
+  package: see common/prepare.py; the `flock` guard only orders launches on one host, the linked
+  lock file decides between hosts.)
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ most likely *path*. A labelling's probability is the sum over all its paths, and
 split into "ends in blank" / "ends in a token", so it can prefer a labelling that many paths share
 (see tests/recipes/test_asr.py for a case where greedy is wrong).
 
-`transcribe` decodes a loader with a model; `evaluate` adds the validation loss and WER/CER across
-processes (used by train.py at evaluation steps, and by decode.py).
+`transcribe` decodes a loader with a model (decode.py); `evaluate` adds the validation loss and
+WER/CER across processes (train.py, at evaluation steps).
 """
 
 from __future__ import annotations

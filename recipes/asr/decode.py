@@ -30,7 +30,6 @@ import yaml
 
 from common.checkpoint import resolve_checkpoint
 from common.config import Count, ExistingPath, NonNegative, Positive, parse_config
-from tools.corpus import resolve_data_dir
 from common.data import make_loader
 from common.distributed import build_accelerator
 from common.encoder import encoder_config_from
