@@ -13,7 +13,7 @@ import soundfile as sf
 
 from common.checkpoint import list_checkpoints
 from tests.common.test_manifest import replace_keeping_size
-from tests.recipes.harness import run
+from tests.recipes.harness import SUPPORT, run
 from tests.recipes.test_best_rq import TINY
 
 pytestmark = pytest.mark.slow
@@ -50,11 +50,13 @@ def test_other_audio_of_the_same_length_is_refused_on_resume_unless_allowed(tiny
 
 
 def test_a_run_whose_every_update_was_skipped_exports_nothing(tiny_corpus, tmp_path):
-    """`--noise_std nan`: every loss is NaN, every update skipped; in fewer steps than
-    --max_nonfinite_updates the run used to export its initial weights as `final/`, exit 0."""
+    """Every loss NaN (injected at each backward; a NaN setting such as `--noise_std nan` is now refused
+    at parse time), every update skipped: in fewer steps than --max_nonfinite_updates the run used to
+    export its initial weights as `final/`, exit 0."""
     out = tmp_path / "run"
     log = run("best_rq", 1, ["--data_dir", str(tiny_corpus / "librispeech"), "--output_dir", str(out), *TINY,
-                             *STEPS, "--max_steps", "3", "--noise_std", "nan"], expect_rc=1)
+                             *STEPS, "--max_steps", "3"], expect_rc=1,
+              env={"PYTHONPATH": str(SUPPORT), "INJECT_FAULT": "nan:*:1,2,3"})
     assert error_lines(log) == ["[rank 0] error: all 3 optimizer updates were skipped (non-finite gradients: the "
                                 "loss was NaN or Inf at every step), so the weights are the initial ones; stopping "
                                 "before the export. Look for a NaN or extreme setting (--learning_rate, "

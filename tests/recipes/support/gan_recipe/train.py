@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from common.checkpoint import TrainState, choose_checkpoint, export_final, global_batch_plan, resume_from_checkpoint  # noqa: E402
-from common.config import config_to_dict, save_config  # noqa: E402
+from common.config import save_config  # noqa: E402
 from common.data import make_loader  # noqa: E402
 from common.distributed import build_accelerator, seed_everything  # noqa: E402
 from common.faults import Preemption, run_main  # noqa: E402
@@ -103,7 +103,7 @@ def main(cfg: Config) -> None:
     parts = dict(models={"generator": generator, "discriminator": discriminator},
                  optimizers={"generator": g_opt, "discriminator": d_opt},
                  schedulers={"generator": g_sched, "discriminator": d_sched})
-    state = TrainState.for_run(config_to_dict(cfg), world, accumulation)
+    state = TrainState.for_run(cfg, world, accumulation)
     resume_from_checkpoint(accelerator, ckpt, state, **parts)
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
 
