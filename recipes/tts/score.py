@@ -45,7 +45,6 @@ import torch
 import torchaudio
 
 from common.config import Count, ExistingPath, parse_config
-from tools.corpus import resolve_data_dir
 from common.data import load_audio
 from common.manifest import DataPolicy, prepare_manifest
 from tools.corpus import resolve_data_dir
@@ -111,8 +110,10 @@ def main():
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "ljspeech")
     # The same check and split as training (the data check's result is cached in <output>/data).
+    # A phoneme model's table holds phonemes: its raw texts (letters) are not checked against it.
+    characters = getattr(cfg, "text_frontend", "characters") == "characters"  # absent: older checkpoint
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=cfg.symbols + cfg.symbols.upper(), on_bad_data=cfg.on_bad_data,
+                        charset=cfg.symbols + cfg.symbols.upper() if characters else None, on_bad_data=cfg.on_bad_data,
                         data_check=getattr(cfg, "data_check", "header"))  # absent: checkpoint older than the field
     manifest = split_manifest(prepare_manifest(out, "all", data_dir, policy, None), cfg.num_valid,
                               cfg.num_test)[args.split]

@@ -102,6 +102,10 @@ def test_phoneme_model_keeps_its_derived_table(tiny_corpus, tmp_path):
                         str(checkpoint), "--text", "the farmer wrote", "--output", str(tmp_path / "x.wav"),
                         "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
         assert (tmp_path / "x.wav").stat().st_size > 1000
+    # score.py checks and splits the data as training did: the texts are letters, not the phoneme table
+    subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "score.py"), "--checkpoint", str(out),
+                    "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
+    assert (out / "eval" / "final").is_dir()
 
 
 @pytest.mark.slow
