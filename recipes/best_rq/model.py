@@ -34,16 +34,21 @@ class RandomProjectionQuantizer(nn.Module):
         self.register_buffer("codebook", F.normalize(codebook, dim=-1))  # (codebook_size, code_dim), unit rows
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., input_dim) → unit-norm (..., code_dim)."""
-        return F.normalize(x.float() @ self.projection, dim=-1)
+        """(..., input_dim) → unit-norm (..., code_dim), in float32 also under autocast."""
+        with torch.autocast(x.device.type, enabled=False):
+            return F.normalize(x.float() @ self.projection, dim=-1)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., input_dim) → labels (...) in [0, codebook_size).
 
         On the unit sphere the nearest code in l2 distance is the one with the largest dot product.
+        Computed in float32 even in a bf16/fp16 run: autocast would run both products in half
+        precision and change ~3 % of the labels (8192 codes), so the targets would depend on the
+        run's precision.
         """
-        return (self.project(x) @ self.codebook.T).argmax(dim=-1)
+        with torch.autocast(x.device.type, enabled=False):
+            return (self.project(x) @ self.codebook.T).argmax(dim=-1)
 
 
 class BestRQ(StackedLogMelEncoder):

@@ -48,7 +48,8 @@ class Config(RunConfig):
     codebook_size: Annotated[int, Count] = 8192  # labels; chance-level loss is ln(codebook_size)
     code_dim: Annotated[int, Count] = 16  # random-projection dimension
     quantizer_seed: int = 1234  # the quantizer depends on this seed only
-    mask_prob: Annotated[float, Range(0, 1, lo_open=True)] = 0.01  # probability that a 40 ms position starts a masked span
+    mask_prob: Annotated[float, Range(0, 1, lo_open=True)] = 0.0394  # probability that a 40 ms position starts a masked span
+    # (0.0394 = 1 - 0.99^4: the paper's 0.01 per 10 ms frame, a third of the frames masked)
     mask_span_ms: Annotated[float, Positive] = 400.0  # span length in ms (paper: 400)
     noise_std: Annotated[float, NonNegative] = 0.1  # masked frames are replaced with N(0, noise_std²) (normalized features)
     # --- encoder (Conformer, transformers Wav2Vec2BertModel) ---

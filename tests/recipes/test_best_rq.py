@@ -6,9 +6,11 @@ import json
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from common.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
@@ -57,6 +59,33 @@ def test_quantizer_is_frozen_deterministic_unit_norm():
     dist = torch.cdist(q.project(x).reshape(-1, 16), q.codebook)
     assert torch.equal(dist.argmin(-1), labels.reshape(-1))
     assert len(labels.unique()) > 100  # random projections spread over the codebook
+
+
+def test_quantizer_labels_do_not_depend_on_autocast():
+    """A bf16 run (accelerate wraps forward in autocast) gets the float32 labels: the targets are a
+    property of the data, not of the run's precision."""
+    q = best_rq.model.RandomProjectionQuantizer(320, 16, 8192, seed=1234)
+    x = torch.randn(4000, 320, generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        labels = q(x)
+    assert torch.equal(labels, q(x))
+
+
+@pytest.mark.parametrize("source", ["config_librispeech_960h.yaml", "Config"])
+def test_paper_masking_masks_the_papers_fraction(source):
+    """The paper draws span starts with p = 0.01 per 10 ms frame, 400 ms spans: 1 - 0.99^40 = 33 % of
+    the frames masked. This recipe draws per 40 ms position, so the LibriSpeech config and the Config
+    default must say 1 - 0.99^4 per position, not 0.01 (which masks 10 %)."""
+    if source == "Config":
+        default = recipe_modules("best_rq", "train").train.Config()
+        cfg = dict(mask_prob=default.mask_prob, mask_span_ms=default.mask_span_ms)
+    else:
+        cfg = yaml.safe_load((Path(best_rq.data.__file__).parent / source).read_text())
+    cfg = SimpleNamespace(stack_frames=4, n_mels=8, noise_std=0.1, seed=0, **{
+        k: cfg[k] for k in ("mask_prob", "mask_span_ms")})
+    collate = best_rq.data.MaskingCollator(cfg)
+    batch = collate([(f"utt{i}", torch.zeros(1200, 8)) for i in range(400)])  # 400 × 12 s
+    assert abs(batch["mask"].float().mean().item() - (1 - 0.99 ** 40)) < 0.02
 
 
 def test_span_mask_fraction_and_determinism():
