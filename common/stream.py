@@ -161,7 +161,7 @@ class ShardStream:
         h = hashlib.blake2b(digest_size=8)
         for s in self.shards:
             h.update(f"{os.path.basename(s.path)}\0{s.rows}\0{s.stamp}\n".encode())
-        return {"utterances": self.rows, "hours": float("nan"), "fingerprint": h.hexdigest(), "shards": len(self.shards)}
+        return {"utterances": self.rows, "fingerprint": h.hexdigest(), "shards": len(self.shards)}
 
     # ---- the epoch's layout ------------------------------------------------------------------
 
@@ -263,10 +263,11 @@ def _duration(row: dict, columns: dict) -> float:
 
 
 class StreamDataset(torch.utils.data.IterableDataset):
-    """One rank's batches of an epoch, from `start` (local batches) on: `item(row, epoch)` per row,
-    then `collate(items)`, both inside the DataLoader's workers."""
+    """One rank's batches of an epoch, from `start` (local batches) on: `item(row)` per row, then
+    `collate(items)`, both inside the DataLoader's workers (their epoch: `set_epoch` on them, as
+    `train_batches`' `epoch_objects`, before the epoch's iterator is made)."""
 
-    def __init__(self, stream: ShardStream, item: Callable[[dict, int], Any], collate: Callable, rank: int,
+    def __init__(self, stream: ShardStream, item: Callable[[dict], Any], collate: Callable, rank: int,
                  world: int):
         self.stream, self.item, self.collate, self.rank, self.world = stream, item, collate, rank, world
         self.epoch, self.start = 0, 0
@@ -278,7 +279,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         for _, rows in self.stream.batches(self.epoch, self.rank, self.world, self.start, worker, workers):
-            yield self.collate([self.item(row, self.epoch) for row in rows])
+            yield self.collate([self.item(row) for row in rows])
 
 
 class StreamLoader:

@@ -10,12 +10,13 @@ import soundfile as sf
 import torch
 
 from common.faults import RunError
+from common.manifest import data_change
 from common.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards
 
 COLUMNS = {"audio": "audio", "text": "sentence", "id": "utt", "duration": None}
 
 
-def write_shards(folder, sizes, with_duration=False):
+def write_shards(folder, sizes):
     """Shards data/train-*.parquet of `sizes` rows (uneven on purpose), ids u0000, u0001, ..."""
     import datasets
 
@@ -41,9 +42,18 @@ def shards(tmp_path_factory):
     return folder, n
 
 
-def make(folder, partitions=4, block_rows=6, batch_size=3, seed=0):
-    return ShardStream(open_shards(resolve_shards(str(folder)), COLUMNS), COLUMNS, seed=seed,
-                       partitions=partitions, block_rows=block_rows, batch_size=batch_size)
+def ident(row):
+    return row["id"]
+
+
+SHARDS = {}  # folder → Shards: resolved once (each resolution imports and asks `datasets`)
+
+
+def make(folder, partitions=4, block_rows=6, batch_size=3, seed=0, fresh=False):
+    if fresh or folder not in SHARDS:
+        SHARDS[folder] = open_shards(resolve_shards(str(folder)), COLUMNS)
+    return ShardStream(SHARDS[folder], COLUMNS, seed=seed, partitions=partitions, block_rows=block_rows,
+                       batch_size=batch_size)
 
 
 def ids(batches):
@@ -66,7 +76,7 @@ def test_every_utterance_once_per_epoch_across_ranks_and_workers(shards):
     for world in (1, 2):
         seen, steps = [], []
         for rank in range(world):
-            ds = StreamDataset(stream, lambda row, epoch: row["id"], list, rank, world)
+            ds = StreamDataset(stream, ident, list, rank, world)
             loader = StreamLoader(ds, num_workers=2, seed=0)
             loader.set_epoch(3)
             got = [b for b in loader]
@@ -125,7 +135,7 @@ def test_resume_is_exact_and_reads_one_block_per_partition(shards, world):
 def test_state_and_restore_time_do_not_grow_with_the_position(tmp_path):
     """At the start and near the end of a 10× larger epoch: the same rows read and a similar time
     to the first batch; the state is the position, two integers."""
-    n = write_shards(tmp_path, [60] * 8, with_duration=False)
+    n = write_shards(tmp_path, [60] * 8)
     stream = make(tmp_path, partitions=8, block_rows=6, batch_size=3)
     times, reads = [], []
     for start in (0, len(stream) - 2):
@@ -140,12 +150,18 @@ def test_state_and_restore_time_do_not_grow_with_the_position(tmp_path):
 
 def test_changed_shard_changes_the_fingerprint(tmp_path):
     write_shards(tmp_path, [4, 4])
-    before = make(tmp_path, partitions=2, batch_size=2).summary()
+    before = make(tmp_path, partitions=2, batch_size=2, fresh=True).summary()
     path = tmp_path / "data" / "train-00001-of-00002.parquet"
     data = path.read_bytes()
     time.sleep(0.01)
     path.write_bytes(data)  # same bytes, rewritten: ctime moves
-    assert make(tmp_path, partitions=2, batch_size=2).summary()["fingerprint"] != before["fingerprint"]
+    after = make(tmp_path, partitions=2, batch_size=2, fresh=True).summary()
+    assert after["fingerprint"] != before["fingerprint"]
+    # What resume_from_checkpoint refuses with (or resumes with, unchanged):
+    assert data_change(before, after, tmp_path) == (
+        f"training data changed: checkpoint 8 utterances (fingerprint {before['fingerprint']}) != now 8 "
+        f"(fingerprint {after['fingerprint']})")
+    assert data_change(after, make(tmp_path, partitions=2, batch_size=2, fresh=True).summary(), tmp_path) is None
 
 
 def test_column_name_mistake_is_one_line(shards):
@@ -162,3 +178,41 @@ def test_missing_split_and_world_mistakes_are_one_line(shards):
         stream.check_world(3, 2, 3)
     with pytest.raises(RunError, match=r"not a multiple of the global batch \(8\)"):
         stream.check_world(2, 0, 8)
+
+
+def test_train_batches_resumes_a_stream_mid_epoch_without_reading_what_was_consumed(shards):
+    """`common.loop.train_batches` over a `StreamLoader`, accumulation 2: stopped after step 10
+    (inside epoch 1) and resumed with fresh objects, the micro-batches equal an uninterrupted run's."""
+    from types import SimpleNamespace
+
+    from common.checkpoint import TrainState
+    from common.loop import end_step, train_batches
+
+    acc = SimpleNamespace(process_index=0, num_processes=1)
+
+    def run(state, stop_at=None):
+        stream = make(shards[0])
+        loader = StreamLoader(StreamDataset(stream, ident, list, 0, 1), num_workers=0, seed=0)
+        got = []
+        for batch, micro in train_batches(acc, loader, state, max_steps=12, accumulation=2, seed=0):
+            got.append(batch)
+            if micro.sync:
+                end_step(state)
+                if state.step == stop_at:
+                    break
+        return got
+
+    def started():
+        state = TrainState(gradient_accumulation_steps=2, global_batch=2)
+        state.stage = "boundary"
+        return state
+
+    full = run(started())
+    state = started()
+    first = run(state, stop_at=10)
+    assert state.epoch == 1 and state.batches_in_epoch > 0  # 16 micro-batches an epoch: stopped inside epoch 1
+    saved = TrainState(**state.state_dict())
+    saved.stage = "boundary"
+    rest = run(saved)
+    assert first + rest == full
+    assert len(full) == 24
