@@ -25,8 +25,7 @@ The design, and why (every property below is tested in tests/common/test_stream.
   reaches the end of the epoch together (no rank waits for a batch another rank never gets, no
   padding that repeats utterances). Batches are counted in utterances, not seconds: an exact count
   per partition is what makes the end of an epoch agreed without a collective; with
-  `batch_size × max_seconds ≤ max_batch_seconds` (the default the recipes derive) a batch never
-  exceeds its padded-seconds budget.
+  `batch_size × max_seconds ≤ max_batch_seconds` a batch never exceeds a padded-seconds budget.
 - **Global batch k = batch k // P of partition k mod P**, whatever the world size. Accelerate's
   convention deals global batch i·W + r to rank r (`common.loop.train_batches`), so rank r reads
   only the partitions p ≡ r (mod W), and worker j of its DataLoader only p ≡ (start + j)·W + r
@@ -44,6 +43,11 @@ The design, and why (every property below is tested in tests/common/test_stream.
 `ShardStream` is the plan (what every rank computes alike), `StreamDataset` the per-rank
 `IterableDataset` (items and collated batches made in the DataLoader's workers), `StreamLoader` what
 `train_batches` iterates (`set_epoch`, `resume_at`, `__len__`).
+
+Not yet: the recipes do not take a stream (the messages name the flags they are meant to take:
+--dataset_name, --train_split_name, --audio_column_name, --text_column_name, --streaming,
+--stream_partitions), and rows are not checked (a row whose audio does not decode stops the run
+where it is read; the per-shard check with --on_bad_data is to come).
 """
 
 from __future__ import annotations

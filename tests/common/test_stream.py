@@ -1,7 +1,7 @@
 """`common.stream` on tiny parquet shards written by `datasets` itself and resolved by the same
 `load_dataset_builder` call a Hub name goes through."""
 import io
-import os
+import math
 import time
 
 import numpy as np
@@ -139,13 +139,16 @@ def test_state_and_restore_time_do_not_grow_with_the_position(tmp_path):
     stream = make(tmp_path, partitions=8, block_rows=6, batch_size=3)
     times, reads = [], []
     for start in (0, len(stream) - 2):
-        stream.reads = 0
-        t = time.perf_counter()
-        next(iter(stream.batches(0, 0, 1, start)))
-        times.append(time.perf_counter() - t)
+        best = math.inf
+        for _ in range(3):  # the best of 3: a busy machine's pauses are not the cost
+            stream.reads = 0
+            t = time.perf_counter()
+            next(iter(stream.batches(0, 0, 1, start)))
+            best = min(best, time.perf_counter() - t)
+        times.append(best)
         reads.append(stream.reads)
     assert n == 480 and reads[0] == reads[1] <= 6
-    assert times[1] < 5 * times[0] + 0.05
+    assert times[1] < 3 * times[0] + 0.05
 
 
 def test_changed_shard_changes_the_fingerprint(tmp_path):
