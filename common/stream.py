@@ -3,6 +3,7 @@
 Where the shards come from: `resolve_shards(dataset_name, config_name, split)` asks `datasets` which
 files make the split (`load_dataset_builder(...).config.data_files`), the resolution a Hub name, a
 local folder (`data/train-*.parquet`) or `--dataset_name parquet --data_files ...` all go through.
+The shards must be local files for now (a Hub name resolving to hf:// files is refused in one line).
 The files are then read with pyarrow, row group by row group: a shard is never copied whole to local
 disk and no row before the position is ever read again. Only parquet is streamed (what the Hub
 serves every dataset as); other formats are refused in one line naming it.
@@ -93,6 +94,10 @@ def resolve_shards(dataset_name: str, config_name: str | None = None, split: str
         raise RunError(f"--dataset_name {dataset_name} has no split {split!r} (it has {', '.join(files) or 'none'}): "
                        f"set --train_split_name / --eval_split_name to one of them")
     paths = sorted(str(f) for f in files[split])
+    remote = [p for p in paths if "://" in p]
+    if remote:  # shard_stamp and pyarrow read local files; remote ones need an fsspec path through both
+        raise RunError(f"--streaming reads local shards; {dataset_name} split {split} resolves to {remote[0]}: "
+                       f"download the parquet files (huggingface-cli download) and pass their folder")
     other = [p for p in paths if not p.endswith(".parquet")]
     if other:
         raise RunError(f"--streaming reads parquet shards; {dataset_name} split {split} has {other[0]} "
