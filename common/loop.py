@@ -105,8 +105,12 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
                 obj.set_epoch(state.epoch)
             n_batches = len(loader)  # this rank's batches; equal on every rank
             epoch, done = state.epoch, state.batches_in_epoch // world  # this rank's consumed batches
-            # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them.
-            for i, batch in enumerate(skip_first_batches(loader, done) if done else loader, start=done):
+            # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them. A
+            # stream (common.stream.StreamLoader) starts at the position itself, reading no consumed row.
+            if done and hasattr(loader, "resume_at"):
+                loader.resume_at(done)
+            resumed = skip_first_batches(loader, done) if done and not hasattr(loader, "resume_at") else loader
+            for i, batch in enumerate(resumed, start=done):
                 micro = accumulation_window(i, n_batches, accumulation)
                 # Rank r's i-th batch is the global batch i·world + r (accelerate deals batches round-
                 # robin): dropout draws from that position alone, never from what ran before.

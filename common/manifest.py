@@ -345,6 +345,11 @@ def _contents(ids: list[str], digests: list[str]) -> str:
     return h.hexdigest()
 
 
+def _hours(summary: dict) -> str:
+    """"1.2345 h, " where the summary knows its hours (a stream's does not: its shards are not read ahead)."""
+    return f"{summary['hours']:.4f} h, " if "hours" in summary else ""
+
+
 def data_change(was: dict, now: dict, manifests: Path) -> str | None:
     """Why training data summarized by `now` (`manifest_summary`) is not the data `was`, or None
     when it is the same. Keys only one side has are not compared (a checkpoint from before the
@@ -353,9 +358,8 @@ def data_change(was: dict, now: dict, manifests: Path) -> str | None:
     if not was or not now or all(was[k] == now[k] for k in was.keys() & now.keys()):
         return None
     if was["fingerprint"] != now["fingerprint"] or was["utterances"] != now["utterances"]:
-        return (f"training data changed: checkpoint {was['utterances']} utterances ({was['hours']:.4f} h, "
-                f"fingerprint {was['fingerprint']}) != now {now['utterances']} ({now['hours']:.4f} h, "
-                f"fingerprint {now['fingerprint']})")
+        return (f"training data changed: checkpoint {was['utterances']} utterances ({_hours(was)}fingerprint "
+                f"{was['fingerprint']}) != now {now['utterances']} ({_hours(now)}fingerprint {now['fingerprint']})")
     # Same ids, durations and transcripts: some files hold other audio. Which ones is found in the
     # manifests of the two launches (read only here, on the refusal path).
     rows = {}

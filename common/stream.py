@@ -1,0 +1,321 @@
+"""Streaming training data from `datasets` parquet shards: read in order, resumable in O(1).
+
+Where the shards come from: `resolve_shards(dataset_name, config_name, split)` asks `datasets` which
+files make the split (`load_dataset_builder(...).config.data_files`), the resolution a Hub name, a
+local folder (`data/train-*.parquet`) or `--dataset_name parquet --data_files ...` all go through.
+The shards must be local files for now (a Hub name resolving to hf:// files is refused in one line).
+The files are then read with pyarrow, row group by row group: a shard is never copied whole to local
+disk and no row before the position is ever read again. Only parquet is streamed (what the Hub
+serves every dataset as); other formats are refused in one line naming it.
+
+The design, and why (every property below is tested in tests/common/test_stream.py):
+
+- **Canonical partitions.** An epoch is the concatenation of all shards' rows in a per-epoch shard
+  order (a permutation from (seed, epoch)), cut into `partitions` P contiguous row ranges of equal
+  size (±1 row; a shard may be split between two neighbours, so uneven shard counts and sizes do
+  not matter). P does not depend on the number of processes or workers: the same P on 2 processes
+  or 1 gives the same batches (as MosaicML Streaming's "canonical nodes").
+- **Bounded shuffle, duration bucketing.** Each partition is read in blocks of `block_rows`
+  consecutive rows (the shuffle buffer). A block's rows are permuted from (seed, epoch, partition,
+  block), sorted by duration (stable: the permutation breaks ties), cut into batches of similar
+  length, and the batches' order inside the block is permuted too (MosaicML's block shuffle, "py1b").
+  Memory: one block per partition a process (or worker) reads, P / (processes × workers) blocks.
+- **A fixed batch count.** Every partition is cut into the same number K of batches of at most
+  `batch_size` utterances (sizes differ by at most one), so an epoch has exactly K·P global
+  batches, known before the first row is read: every rank takes the same number of steps and
+  reaches the end of the epoch together (no rank waits for a batch another rank never gets, no
+  padding that repeats utterances). Batches are counted in utterances, not seconds: an exact count
+  per partition is what makes the end of an epoch agreed without a collective; with
+  `batch_size × max_seconds ≤ max_batch_seconds` a batch never exceeds a padded-seconds budget.
+- **Global batch k = batch k // P of partition k mod P**, whatever the world size. Accelerate's
+  convention deals global batch i·W + r to rank r (`common.loop.train_batches`), so rank r reads
+  only the partitions p ≡ r (mod W), and worker j of its DataLoader only p ≡ (start + j)·W + r
+  (mod W·workers): every utterance is read once per epoch over all ranks × workers. P must be a
+  multiple of processes × workers and of the global batch (processes × accumulation); otherwise the
+  run is refused in one line naming the partition counts that work.
+- **The state is the position.** The batches of an epoch are a pure function of (seed, epoch, the
+  shards), so the resume state is (epoch, global batches consumed), which `TrainState` already
+  holds: O(1) in size. Restoring it computes, for each partition, its block and the batches to drop
+  in that block, and reads that one block (O(block), not O(position)): nothing consumed is read
+  again. The same position converts to any W that divides P (elastic N → M gives the same global
+  batches). Changed shards (size, mtime, ctime, a digest of their first and last 64 KiB, row
+  count) change `summary()['fingerprint']`, and a resume on them is refused like a changed folder.
+
+`ShardStream` is the plan (what every rank computes alike), `StreamDataset` the per-rank
+`IterableDataset` (items and collated batches made in the DataLoader's workers), `StreamLoader` what
+`train_batches` iterates (`set_epoch`, `resume_at`, `__len__`).
+
+Not yet: the recipes do not take a stream (the messages name the flags they are meant to take:
+--dataset_name, --train_split_name, --audio_column_name, --text_column_name, --streaming,
+--stream_partitions), and rows are not checked (a row whose audio does not decode stops the run
+where it is read; the per-shard check with --on_bad_data is to come).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from common.distributed import derive_seed
+from common.faults import RunError
+
+HEAD_TAIL_BYTES = 64 * 1024  # bytes of a shard's start and end in its content digest
+
+
+@dataclass(frozen=True)
+class Shard:
+    path: str
+    rows: int
+    stamp: str  # size, mtime, ctime and head/tail digest: changes when the file does
+
+
+def resolve_shards(dataset_name: str, config_name: str | None = None, split: str = "train",
+                   data_files: str | list | None = None) -> list[str]:
+    """The files of `split` as `datasets` resolves them (a Hub name, a local folder, or a builder
+    name such as "parquet" with `data_files`), sorted. Refuses a split that is not there and
+    non-parquet files, in one line each."""
+    import datasets
+
+    try:
+        builder = datasets.load_dataset_builder(dataset_name, config_name,
+                                                data_files={split: data_files} if data_files else None)
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
+        raise RunError(f"--dataset_name {dataset_name}: {str(e).splitlines()[0]}") from None
+    files = builder.config.data_files or {}
+    if split not in files:
+        raise RunError(f"--dataset_name {dataset_name} has no split {split!r} (it has {', '.join(files) or 'none'}): "
+                       f"set --train_split_name / --eval_split_name to one of them")
+    paths = sorted(str(f) for f in files[split])
+    remote = [p for p in paths if "://" in p]
+    if remote:  # shard_stamp and pyarrow read local files; remote ones need an fsspec path through both
+        raise RunError(f"--streaming reads local shards; {dataset_name} split {split} resolves to {remote[0]}: "
+                       f"download the parquet files (huggingface-cli download) and pass their folder")
+    other = [p for p in paths if not p.endswith(".parquet")]
+    if other:
+        raise RunError(f"--streaming reads parquet shards; {dataset_name} split {split} has {other[0]} "
+                       f"({len(other)} such files): convert with datasets' Dataset.to_parquet, or use --streaming false")
+    return paths
+
+
+def shard_stamp(path: str) -> str:
+    """What changes when a shard does: size, mtime, ctime and a digest of its first and last
+    HEAD_TAIL_BYTES (a rewrite in place keeping size and mtime still changes ctime)."""
+    st = os.stat(path)
+    h = hashlib.blake2b(f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0".encode(), digest_size=8)
+    with open(path, "rb") as f:
+        h.update(f.read(HEAD_TAIL_BYTES))
+        f.seek(max(0, st.st_size - HEAD_TAIL_BYTES))
+        h.update(f.read())
+    return h.hexdigest()
+
+
+def open_shards(paths: list[str], columns: dict[str, str | None]) -> list[Shard]:
+    """`Shard`s with their row counts (parquet footers only). `columns` maps our names ("audio",
+    "text", "id", "duration") to the dataset's; a missing one (None: optional) is one line naming
+    the columns the shard has."""
+    import pyarrow.parquet as pq
+
+    shards = []
+    for path in paths:
+        meta = pq.ParquetFile(path).metadata
+        have = meta.schema.to_arrow_schema().names
+        for ours, theirs in columns.items():
+            if theirs is not None and theirs not in have:
+                raise RunError(f"--{ours}_column_name {theirs}: no such column in {path} (it has {', '.join(have)})")
+        shards.append(Shard(path, meta.num_rows, shard_stamp(path)))
+    return shards
+
+
+class ShardStream:
+    """The plan of every epoch: which rows make global batch k. Identical on every rank."""
+
+    def __init__(self, shards: list[Shard], columns: dict[str, str | None], *, seed: int, partitions: int,
+                 block_rows: int, batch_size: int):
+        self.shards, self.columns, self.seed = shards, columns, seed
+        self.partitions, self.block_rows, self.batch_size = partitions, block_rows, batch_size
+        self.rows = sum(s.rows for s in shards)
+        per = self.rows // partitions  # rows of the smallest partition
+        # K batches per partition: enough that the largest (per + 1 rows) has batches of ≤ batch_size.
+        self.batches_per_partition = math.ceil(math.ceil(self.rows / partitions) / batch_size)
+        if per < self.batches_per_partition or per == 0:
+            raise RunError(f"{self.rows} rows cannot fill {partitions} partitions of {self.batches_per_partition} "
+                           f"batches: lower --stream_partitions")
+        # Batches per block: the block (shuffle buffer) holds whole batches.
+        self.block_batches = max(1, block_rows // batch_size)
+        self.reads = 0  # rows read by this process (tests: restore cost)
+
+    def __len__(self) -> int:
+        """Global batches per epoch (the same every epoch)."""
+        return self.batches_per_partition * self.partitions
+
+    def check_world(self, processes: int, workers: int, global_batch: int) -> None:
+        """Refuse (one line) a launch whose processes × workers or global batch does not divide P."""
+        for what, n in (("processes × data workers", processes * max(1, workers)), ("the global batch", global_batch)):
+            if self.partitions % n:
+                ok = [m for m in range(1, self.partitions + 1) if self.partitions % m == 0]
+                raise RunError(f"--stream_partitions {self.partitions} is not a multiple of {what} ({n}): every "
+                               f"partition must belong to one reader; use counts dividing it ({ok}) or another "
+                               f"--stream_partitions in a new --output_dir (it decides the batches)")
+
+    def summary(self) -> dict:
+        """What a checkpoint records (`TrainState.data`): a changed shard changes the fingerprint."""
+        h = hashlib.blake2b(digest_size=8)
+        for s in self.shards:
+            h.update(f"{os.path.basename(s.path)}\0{s.rows}\0{s.stamp}\n".encode())
+        return {"utterances": self.rows, "fingerprint": h.hexdigest(), "shards": len(self.shards)}
+
+    # ---- the epoch's layout ------------------------------------------------------------------
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng(derive_seed(self.seed, "shards", epoch)).permutation(len(self.shards))
+
+    def partition_range(self, p: int) -> tuple[int, int]:
+        """Partition p's rows [start, stop) in the epoch's concatenated shard order."""
+        return p * self.rows // self.partitions, (p + 1) * self.rows // self.partitions
+
+    def batch_offsets(self, p: int) -> np.ndarray:
+        """Row offsets (K + 1,) of partition p's batches, relative to its start (sizes differ by ≤ 1)."""
+        start, stop = self.partition_range(p)
+        sizes = [len(a) for a in np.array_split(np.arange(stop - start), self.batches_per_partition)]
+        return np.concatenate([[0], np.cumsum(sizes)])
+
+    def read_rows(self, epoch: int, start: int, stop: int) -> list[dict]:
+        """Rows [start, stop) of the epoch's concatenated order, read by row groups, in order."""
+        import pyarrow.parquet as pq
+
+        order = self.shard_order(epoch)
+        out, base = [], 0
+        cols = [c for c in self.columns.values() if c is not None]
+        for si in order:
+            shard = self.shards[si]
+            lo, hi = max(start, base), min(stop, base + shard.rows)
+            if lo < hi:
+                out += _read_range(pq.ParquetFile(shard.path), cols, lo - base, hi - base, si, self.columns)
+            base += shard.rows
+            if base >= stop:
+                break
+        self.reads += len(out)
+        return out
+
+    def partition_batches(self, epoch: int, p: int, first: int = 0) -> Iterator[list[dict]]:
+        """Partition p's batches from its batch `first` on; reads from the block holding it."""
+        start, _ = self.partition_range(p)
+        offsets = self.batch_offsets(p)
+        K, kb = self.batches_per_partition, self.block_batches
+        for b0 in range(first // kb * kb, K, kb):
+            b1 = min(b0 + kb, K)
+            rows = self.read_rows(epoch, start + int(offsets[b0]), start + int(offsets[b1]))
+            rng = np.random.default_rng(derive_seed(self.seed, "block", epoch, p, b0 // kb))
+            perm = rng.permutation(len(rows))
+            durations = np.array([_duration(rows[i], self.columns) for i in perm])
+            ranked = perm[np.argsort(durations, kind="stable")]  # shortest first; ties in random order
+            cuts = offsets[b0 : b1 + 1] - offsets[b0]
+            batches = [[rows[i] for i in ranked[cuts[j] : cuts[j + 1]]] for j in range(b1 - b0)]
+            for position, j in enumerate(rng.permutation(b1 - b0), start=b0):
+                if position >= first:  # the partition's first `first` batches were consumed
+                    yield batches[j]
+
+    def batches(self, epoch: int, rank: int, world: int, start: int = 0, worker: int = 0,
+                workers: int = 1) -> Iterator[tuple[int, list[dict]]]:
+        """(global batch index, rows) of rank `rank`'s local batches start, start + workers·1, ...
+        taken by `worker` (its `worker`-th from `start`): local batch i is global batch i·world + rank."""
+        readers: dict[int, Iterator] = {}
+        for i in range(start + worker, len(self) // world, workers):
+            k = i * world + rank
+            p = k % self.partitions
+            if p not in readers:
+                readers[p] = self.partition_batches(epoch, p, k // self.partitions)
+            yield k, next(readers[p])
+
+
+def _read_range(f, cols: list[str], lo: int, hi: int, shard_index: int, columns: dict) -> list[dict]:
+    """Rows [lo, hi) of one parquet file as dicts (our column names), reading only the row groups
+    that hold them."""
+    out, base = [], 0
+    for g in range(f.metadata.num_row_groups):
+        n = f.metadata.row_group(g).num_rows
+        a, b = max(lo, base), min(hi, base + n)
+        if a < b:
+            table = f.read_row_group(g, columns=cols).slice(a - base, b - a).to_pylist()
+            for r, row in enumerate(table, start=a):
+                item = {ours: row[theirs] for ours, theirs in columns.items() if theirs is not None}
+                item.setdefault("id", f"{shard_index:06d}-{r:08d}")  # a shard's row: stable while the shard is
+                out.append(item)
+        base += n
+        if base >= hi:
+            break
+    return out
+
+
+def audio_bytes(row: dict) -> io.BytesIO | str:
+    """The row's audio as soundfile reads it: a datasets `Audio` struct's bytes (or path), or a path."""
+    audio = row["audio"]
+    if isinstance(audio, dict):
+        return io.BytesIO(audio["bytes"]) if audio.get("bytes") else audio["path"]
+    return io.BytesIO(audio) if isinstance(audio, bytes) else audio
+
+
+def _duration(row: dict, columns: dict) -> float:
+    if "duration" in row:
+        return float(row["duration"])
+    info = sf.info(audio_bytes(row))
+    row["duration"] = info.frames / info.samplerate
+    return row["duration"]
+
+
+class StreamDataset(torch.utils.data.IterableDataset):
+    """One rank's batches of an epoch, from `start` (local batches) on: `item(row)` per row, then
+    `collate(items)`, both inside the DataLoader's workers (their epoch: `set_epoch` on them, as
+    `train_batches`' `epoch_objects`, before the epoch's iterator is made)."""
+
+    def __init__(self, stream: ShardStream, item: Callable[[dict], Any], collate: Callable, rank: int,
+                 world: int):
+        self.stream, self.item, self.collate, self.rank, self.world = stream, item, collate, rank, world
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        return len(self.stream) // self.world
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for _, rows in self.stream.batches(self.epoch, self.rank, self.world, self.start, worker, workers):
+            yield self.collate([self.item(row) for row in rows])
+
+
+class StreamLoader:
+    """What `common.loop.train_batches` iterates for a stream: its epoch set by `set_epoch`, a
+    resumed epoch started by `resume_at(local batches done)` (no skipped batch is read), batches
+    moved to `device`. Not given to `accelerator.prepare`: the stream shards itself by rank."""
+
+    def __init__(self, dataset: StreamDataset, *, num_workers: int, seed: int, device=None, pin_memory: bool = False):
+        self.dataset, self.device = dataset, device
+        self.loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers,
+                                                  generator=torch.Generator().manual_seed(seed),
+                                                  persistent_workers=False, pin_memory=pin_memory)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.epoch, self.dataset.start = epoch, 0
+
+    def resume_at(self, done: int) -> None:
+        self.dataset.start = done
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self):
+        from accelerate.utils import send_to_device
+
+        try:
+            for batch in self.loader:
+                yield send_to_device(batch, self.device) if self.device is not None else batch
+        finally:
+            self.dataset.start = 0

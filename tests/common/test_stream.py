@@ -1,0 +1,221 @@
+"""`common.stream` on tiny parquet shards written by `datasets` itself and resolved by the same
+`load_dataset_builder` call a Hub name goes through."""
+import io
+import math
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from common.faults import RunError
+from common.manifest import data_change
+from common.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards
+
+COLUMNS = {"audio": "audio", "text": "sentence", "id": "utt", "duration": None}
+
+
+def write_shards(folder, sizes):
+    """Shards data/train-*.parquet of `sizes` rows (uneven on purpose), ids u0000, u0001, ..."""
+    import datasets
+
+    rng = np.random.default_rng(0)
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    n = 0
+    for s, size in enumerate(sizes):
+        rows = []
+        for _ in range(size):
+            buf = io.BytesIO()
+            sf.write(buf, np.zeros(int(rng.integers(800, 8000)), "float32"), 16000, format="WAV")
+            rows.append({"utt": f"u{n:04d}", "audio": {"bytes": buf.getvalue(), "path": None}, "sentence": "a b"})
+            n += 1
+        ds = datasets.Dataset.from_list(rows).cast_column("audio", datasets.Audio(16000, decode=False))
+        ds.to_parquet(str(folder / "data" / f"train-{s:05d}-of-{len(sizes):05d}.parquet"), batch_size=4)
+    return n
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shards")
+    n = write_shards(folder, [5, 13, 2, 9, 7, 11, 1])  # 48 rows in 7 uneven shards, row groups of 4
+    return folder, n
+
+
+def ident(row):
+    return row["id"]
+
+
+SHARDS = {}  # folder → Shards: resolved once (each resolution imports and asks `datasets`)
+
+
+def make(folder, partitions=4, block_rows=6, batch_size=3, seed=0, fresh=False):
+    if fresh or folder not in SHARDS:
+        SHARDS[folder] = open_shards(resolve_shards(str(folder)), COLUMNS)
+    return ShardStream(SHARDS[folder], COLUMNS, seed=seed, partitions=partitions, block_rows=block_rows,
+                       batch_size=batch_size)
+
+
+def ids(batches):
+    return [[r["id"] for r in rows] for _, rows in batches]
+
+
+def global_order(stream, epoch, world, start=0):
+    """Global batches (index → ids) as `world` ranks read them from local batch `start` on."""
+    out = {}
+    for rank in range(world):
+        for k, rows in stream.batches(epoch, rank, world, start):
+            out[k] = [r["id"] for r in rows]
+    return [out[k] for k in sorted(out)]
+
+
+def test_every_utterance_once_per_epoch_across_ranks_and_workers(shards):
+    """Real DataLoader workers (2 per rank) on 2 ranks and 1: every id exactly once, equal steps."""
+    folder, n = shards
+    stream = make(folder)
+    for world in (1, 2):
+        seen, steps = [], []
+        for rank in range(world):
+            ds = StreamDataset(stream, ident, list, rank, world)
+            loader = StreamLoader(ds, num_workers=2, seed=0)
+            loader.set_epoch(3)
+            got = [b for b in loader]
+            assert len(got) == len(loader)
+            steps.append(len(got))
+            seen += [i for b in got for i in b]
+        assert sorted(seen) == [f"u{i:04d}" for i in range(n)]  # once each, none dropped
+        assert len(set(steps)) == 1  # every rank ends the epoch at the same step
+
+
+def test_world_size_free_global_batches(shards):
+    """The same global batches on 1 and 2 processes (elastic N → M), batch sizes ≤ batch_size."""
+    stream = make(shards[0])
+    one, two = global_order(stream, 1, 1), global_order(stream, 1, 2)
+    assert one == two and len(one) == len(stream) and max(map(len, one)) <= 3
+
+
+def test_pure_function_of_seed_and_epoch(shards):
+    folder, _ = shards
+    a, b = make(folder), make(folder)
+    assert global_order(a, 2, 1) == global_order(b, 2, 1)
+    assert global_order(a, 2, 1) != global_order(a, 3, 1)  # another epoch: another order
+    assert global_order(make(folder, seed=1), 2, 1) != global_order(a, 2, 1)
+
+
+def test_buckets_group_similar_durations(shards):
+    stream = make(shards[0], block_rows=12, batch_size=3)
+    spread = []
+    for _, rows in stream.batches(0, 0, 1):
+        d = [r["duration"] for r in rows]
+        spread.append(max(d) - min(d))
+    rng = np.random.default_rng(0)
+    random = [np.ptp(rng.uniform(800, 8000, 3) / 16000) for _ in range(200)]
+    assert np.mean(spread) < 0.5 * np.mean(random)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_resume_is_exact_and_reads_one_block_per_partition(shards, world):
+    """Resumed at every position: the same remaining batches; the rows read to restore do not grow
+    with the position (one block per partition this rank reads, never what was consumed)."""
+    folder, _ = shards
+    full = global_order(make(folder), 4, world)
+    per_rank = len(full) // world
+    cost = []
+    for start in range(per_rank):
+        stream = make(folder)
+        assert global_order(stream, 4, world, start) == full[start * world:]
+        stream = make(folder)
+        for rank in range(world):
+            next(iter(stream.batches(4, rank, world, start)))
+        cost.append(stream.reads)
+    # First batch of every rank: one block of one partition (≤ block_rows + a batch's rounding).
+    assert max(cost) <= world * (6 + 3)
+
+
+def test_state_and_restore_time_do_not_grow_with_the_position(tmp_path):
+    """At the start and near the end of a 10× larger epoch: the same rows read and a similar time
+    to the first batch; the state is the position, two integers."""
+    n = write_shards(tmp_path, [60] * 8)
+    stream = make(tmp_path, partitions=8, block_rows=6, batch_size=3)
+    times, reads = [], []
+    for start in (0, len(stream) - 2):
+        best = math.inf
+        for _ in range(3):  # the best of 3: a busy machine's pauses are not the cost
+            stream.reads = 0
+            t = time.perf_counter()
+            next(iter(stream.batches(0, 0, 1, start)))
+            best = min(best, time.perf_counter() - t)
+        times.append(best)
+        reads.append(stream.reads)
+    assert n == 480 and reads[0] == reads[1] <= 6
+    assert times[1] < 3 * times[0] + 0.05
+
+
+def test_changed_shard_changes_the_fingerprint(tmp_path):
+    write_shards(tmp_path, [4, 4])
+    before = make(tmp_path, partitions=2, batch_size=2, fresh=True).summary()
+    path = tmp_path / "data" / "train-00001-of-00002.parquet"
+    data = path.read_bytes()
+    time.sleep(0.01)
+    path.write_bytes(data)  # same bytes, rewritten: ctime moves
+    after = make(tmp_path, partitions=2, batch_size=2, fresh=True).summary()
+    assert after["fingerprint"] != before["fingerprint"]
+    # What resume_from_checkpoint refuses with (or resumes with, unchanged):
+    assert data_change(before, after, tmp_path) == (
+        f"training data changed: checkpoint 8 utterances (fingerprint {before['fingerprint']}) != now 8 "
+        f"(fingerprint {after['fingerprint']})")
+    assert data_change(after, make(tmp_path, partitions=2, batch_size=2, fresh=True).summary(), tmp_path) is None
+
+
+def test_column_name_mistake_is_one_line(shards):
+    with pytest.raises(RunError, match=r"^--text_column_name text: no such column in .*\(it has utt, audio, sentence\)$"):
+        open_shards(resolve_shards(str(shards[0])), {**COLUMNS, "text": "text"})
+
+
+def test_missing_split_and_world_mistakes_are_one_line(shards):
+    with pytest.raises(RunError, match="has no split 'validation'"):
+        resolve_shards(str(shards[0]), split="validation")
+    stream = make(shards[0], partitions=4)
+    stream.check_world(2, 2, 2)
+    with pytest.raises(RunError, match=r"--stream_partitions 4 is not a multiple of processes × data workers \(6\)"):
+        stream.check_world(3, 2, 3)
+    with pytest.raises(RunError, match=r"not a multiple of the global batch \(8\)"):
+        stream.check_world(2, 0, 8)
+
+
+def test_train_batches_resumes_a_stream_mid_epoch_without_reading_what_was_consumed(shards):
+    """`common.loop.train_batches` over a `StreamLoader`, accumulation 2: stopped after step 10
+    (inside epoch 1) and resumed with fresh objects, the micro-batches equal an uninterrupted run's."""
+    from types import SimpleNamespace
+
+    from common.checkpoint import TrainState
+    from common.loop import end_step, train_batches
+
+    acc = SimpleNamespace(process_index=0, num_processes=1)
+
+    def run(state, stop_at=None):
+        stream = make(shards[0])
+        loader = StreamLoader(StreamDataset(stream, ident, list, 0, 1), num_workers=0, seed=0)
+        got = []
+        for batch, micro in train_batches(acc, loader, state, max_steps=12, accumulation=2, seed=0):
+            got.append(batch)
+            if micro.sync:
+                end_step(state)
+                if state.step == stop_at:
+                    break
+        return got
+
+    def started():
+        state = TrainState(gradient_accumulation_steps=2, global_batch=2)
+        state.stage = "boundary"
+        return state
+
+    full = run(started())
+    state = started()
+    first = run(state, stop_at=10)
+    assert state.epoch == 1 and state.batches_in_epoch > 0  # 16 micro-batches an epoch: stopped inside epoch 1
+    saved = TrainState(**state.state_dict())
+    saved.stage = "boundary"
+    rest = run(saved)
+    assert first + rest == full
+    assert len(full) == 24
