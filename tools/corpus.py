@@ -662,8 +662,8 @@ def prepare_corpus(root: str | Path, profile: str = "default", workers: int | No
         plan.write_text(json.dumps([[*job[:5], asdict(job[5]) if job[5] else None] for job in jobs]))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                              os.environ.get("PYTHONPATH", "")])}
-        helpers = [subprocess.Popen([sys.executable, "-m", "tools.corpus", "--render", str(plan), f"{k}/{workers}"],
-                                    env=env) for k in range(1, workers)]
+        helpers = [subprocess.Popen([sys.executable, "-m", "tools.corpus", "--render", str(plan), f"{k}/{workers}",
+                                     str(os.getpid())], env=env) for k in range(1, workers)]
     mine = jobs[0::workers]
     start, every = time.monotonic(), max(1, len(mine) // 10)
     try:
@@ -674,6 +674,10 @@ def prepare_corpus(root: str | Path, profile: str = "default", workers: int | No
                 print(f"building the built-in corpus ({profile}) in {root}: {done * len(jobs) // len(mine)}/{len(jobs)} "
                       f"utterances, {spent:.0f} s, ~{spent / done * (len(mine) - done):.0f} s left",
                       file=sys.stderr, flush=True)
+    except BaseException:  # a signal, a failure: the workers stop with us
+        for p in helpers:
+            p.kill()
+        raise
     finally:
         failed = [p.args for p in helpers if p.wait() != 0]
     if failed:
@@ -683,10 +687,12 @@ def prepare_corpus(root: str | Path, profile: str = "default", workers: int | No
     return root
 
 
-def _render_shard(plan: str, shard: str) -> None:
+def _render_shard(plan: str, shard: str, parent: str) -> None:
     k, n = (int(x) for x in shard.split("/"))
     jobs = json.loads(Path(plan).read_text())
     for path, text, voice, rate, pitch, aug in jobs[k::n]:
+        if os.getppid() != int(parent):  # the building process was killed (SIGKILL): stop too
+            sys.exit(1)
         _render((path, text, voice, rate, pitch, Augmentation(**aug) if aug else None))
 
 
@@ -759,7 +765,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, help="rendering processes (default: 1, every core for ssl profiles)")
     parser.add_argument("--subset", type=float, metavar="SECONDS",
                         help="print the ids of the fixed labelled subset of this duration (SSL profiles)")
-    parser.add_argument("--render", nargs=2, help=argparse.SUPPRESS)  # PLAN K/N: a worker of prepare_corpus
+    parser.add_argument("--render", nargs=3, help=argparse.SUPPRESS)  # PLAN K/N PARENT_PID: a worker of prepare_corpus
     args = parser.parse_args(argv)
     if args.render:
         return _render_shard(*args.render)
