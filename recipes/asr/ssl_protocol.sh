@@ -49,6 +49,22 @@ stage "BEST-RQ pre-training, $PRETRAIN_STEPS steps" "$OUT/best_rq/final/COMPLETE
     "$ACCELERATE" launch recipes/best_rq/train.py --builtin_corpus "$CORPUS" --output_dir "$OUT/best_rq" \
     --max_steps "$PRETRAIN_STEPS" --save_steps 1000 "$@"
 
+# The named labelled subsets are committed files; one missing (1h.txt until someone generated the
+# whole corpus once) is written from the corpus now, by the same rule: commit it.
+for subset_arg in $SUBSETS; do
+    file="recipes/asr/subsets/$subset_arg.txt"
+    case "$subset_arg" in
+        10min) seconds=600 ;;
+        1h) seconds=3600 ;;
+        *) continue ;;
+    esac
+    if [ ! -f "$file" ]; then
+        mkdir -p recipes/asr/subsets
+        "$PYTHON" -m tools.corpus --profile "$CORPUS" --subset "$seconds" > "$file.tmp" && mv "$file.tmp" "$file"
+        echo "wrote $file: commit it" >&2
+    fi
+done
+
 runs=()
 for subset_arg in $SUBSETS; do
     subset=$(basename "$subset_arg" .txt)  # 10min, 1h, or a subset file's name

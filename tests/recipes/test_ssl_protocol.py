@@ -26,22 +26,27 @@ def _ids(path: Path) -> list[str]:
 
 
 def test_committed_subsets_are_the_selection_rule_applied_to_ssl10h(tmp_path):
-    """10min.txt and 1h.txt are the first clean ssl10h training utterances in hash order (what
-    `python -m tools.corpus --profile ssl10h --subset SECONDS` prints), nested, and of about their
-    length at ~2.5 s per utterance. Planned without audio: the durations are in the files' headers."""
+    """10min.txt (and 1h.txt, once ssl_protocol.sh wrote it) are the first clean ssl10h training
+    utterances in hash order (what `python -m tools.corpus --profile ssl10h --subset SECONDS` prints),
+    nested, lasting what their header says. Planned without audio: durations are the headers'."""
     jobs, _ = corpus._plan_ssl(tmp_path, "ssl10h")
     train = [(Path(job[0]).stem, job[5]) for job in jobs if job[5] is not None]
     clean = sorted((utt_id for utt_id, aug in train if aug.clean),
                    key=lambda utt_id: hashlib.blake2b(utt_id.encode(), digest_size=8).digest())
-    small, large = _ids(SUBSETS / "10min.txt"), _ids(SUBSETS / "1h.txt")
-    assert small == sorted(clean[: len(small)]) and large == sorted(clean[: len(large)])
-    assert set(small) < set(large)
-    for path, seconds in ((SUBSETS / "10min.txt", 600), (SUBSETS / "1h.txt", 3600)):
+    subsets = {600: SUBSETS / "10min.txt", 3600: SUBSETS / "1h.txt"}
+    assert subsets[600].is_file()
+    for seconds, path in subsets.items():
+        if not path.is_file():
+            continue
+        ids = _ids(path)
+        assert ids == sorted(clean[: len(ids)])
         header = path.read_text().splitlines()[0]
-        assert "profile ssl10h" in header and f"--subset {seconds}" in header
+        assert "profile ssl10h" in header and f"--subset {seconds})" in header
         stated = float(header.split(" s (")[0].rsplit(", ", 1)[1])
         assert seconds <= stated < seconds + 10
-    assert 150 < len(small) < 350 and 1000 < len(large) < 2000
+        assert seconds / 3.5 < len(ids) < seconds / 2  # ~2.5 s per utterance
+    if subsets[3600].is_file():
+        assert set(_ids(subsets[600])) < set(_ids(subsets[3600]))
 
 
 def test_layer_decay_groups(tmp_path):
@@ -49,7 +54,7 @@ def test_layer_decay_groups(tmp_path):
                            encoder_lr_scale=0.5, layer_decay=0.5)
     model = asr.train.build_model(cfg, vocab_size=29)
     optimizer, _ = asr.train.build_optimizer(cfg, model)
-    lrs = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    lrs = {id(p): g["initial_lr"] for g in optimizer.param_groups for p in g["params"]}  # lr: after the warm-up factor
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(lrs) == len(list(model.parameters()))
     assert {lrs[id(p)] for p in model.head.parameters()} == {1e-3}
     layers = model.encoder.encoder.layers
@@ -59,7 +64,7 @@ def test_layer_decay_groups(tmp_path):
     # 1 (the default): the head's two groups and the encoder's two, at encoder_lr_scale
     plain, _ = asr.train.build_optimizer(asr.train.Config(encoder_lr_scale=0.5, learning_rate=1e-3),
                                          asr.train.build_model(asr.train.Config(), 29))
-    assert [g["lr"] for g in plain.param_groups] == [1e-3, 1e-3, 5e-4, 5e-4]
+    assert [g["initial_lr"] for g in plain.param_groups] == [1e-3, 1e-3, 5e-4, 5e-4]
 
 
 @pytest.mark.parametrize("args, message", [
