@@ -159,7 +159,7 @@ class RunConfig:
     ddp_timeout: Annotated[float, Positive, ResumeSafe] = 60.0  # seconds a collective waits for a peer before failing (a dead rank)
     # --- data ---
     data_dir: Annotated[str | None, ExistingPath] = None  # corpus root in the recipe's layout (its README); None = the built-in espeak-ng corpus
-    builtin_corpus: Literal["default", "tiny"] = "default"  # built-in corpus profile when data_dir is None
+    builtin_corpus: Literal["default", "tiny", "ssl10h", "ssltiny"] = "default"  # built-in corpus profile when data_dir is None (tools/corpus.py; ssl*: ~10 h of unlabelled-style training audio)
     data_cache_dir: Annotated[str | None, ResumeSafe] = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
     sample_rate: Annotated[int, Count] = 16000  # Hz
     wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused

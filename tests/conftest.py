@@ -18,6 +18,14 @@ def tiny_corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ssltiny_corpus(tmp_path_factory) -> Path:
+    """The built-in corpus, `ssltiny` profile: tiny's held-out splits, a new augmented training split."""
+    from tools.corpus import ensure_builtin_corpus
+
+    return ensure_builtin_corpus(tmp_path_factory.mktemp("cache"), profile="ssltiny")
+
+
+@pytest.fixture(scope="session")
 def bad_corpus(tiny_corpus, tmp_path_factory) -> Path:
     """The tiny corpus plus, in `train`, one entry of each kind a data check must catch."""
     import shutil

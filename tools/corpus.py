@@ -31,14 +31,17 @@ import argparse
 import atexit
 import ctypes
 import functools
+import hashlib
+import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +61,17 @@ PROFILES: dict[str, dict[str, int]] = {
     "tiny": dict(train_speakers=6, train_utts=8, validation_utts=1,
                  test_speakers=2, test_utts=3, ljspeech_utts=24),
 }  # fmt: skip
+# Unlabelled-audio profiles for self-supervised pre-training (the LibriLight protocol: far more
+# audio than labels). Validation, test and LJSpeech are the `base` profile's, byte for byte (same
+# ids, texts, voices), so results compare with it; train is replaced by `train_speakers` ×
+# `train_utts` new utterances: every voice+variant pair but the base's test voices, new sentences
+# (none of the base's), per-utterance rate and pitch jitter, and acoustic augmentation (AUGMENT_*).
+# ssl10h: 216 voices × 70 = 15120 utterances, ~10.5 h.
+SSL_PROFILES: dict[str, dict] = {
+    "ssl10h": dict(base="default", train_speakers=216, train_utts=70),
+    "ssltiny": dict(base="tiny", train_speakers=4, train_utts=6),
+}  # fmt: skip
+ALL_PROFILES = (*PROFILES, *SSL_PROFILES)
 
 ESPEAK_SAMPLE_RATE = 22050  # Hz, fixed by espeak-ng's formant synthesizer
 LIBRISPEECH_SAMPLE_RATE = 16000  # Hz, as in real LibriSpeech
@@ -84,6 +98,21 @@ SPLITS = ("train", "validation", "test")
 _SPEAKER_SEED = 20240  # seeds of the speaker draw and of the sentence stream
 _SENTENCE_SEED = 1234
 _ESPEAK_RNG_SEED = 1  # seeds espeak-ng's internal noise generator (breath, klatt aspiration)
+_SSL_SEED = 777  # seeds the SSL profiles' speakers, sentences and per-utterance augmentation
+
+# Acoustic augmentation of SSL training utterances: what the encoder should learn to ignore.
+# Speed (tempo and pitch together, as Kaldi's speed perturbation) by resampling 22050 Hz to one of
+# these rates and calling the result 16 kHz; the rates share large factors with 22050, so the
+# resampling kernels stay short. Factor = 16000 / rate.
+AUGMENT_SPEED_RATES = (17640, 16800, 15120, 14700)  # ×0.907, ×0.952, ×1.058, ×1.088
+AUGMENT_SPEED_PROB = 0.5  # else 16000 (×1)
+AUGMENT_RATE_JITTER = 15  # words per minute, ± around the speaker's rate
+AUGMENT_PITCH_JITTER = 10  # espeak-ng pitch units, ± around the speaker's pitch
+AUGMENT_REVERB_PROB = 0.3  # synthetic room: exponentially decaying noise impulse response
+AUGMENT_RT60 = (0.15, 0.6)  # s, reverberation time (60 dB decay)
+AUGMENT_NOISE_PROB = 0.4  # additive white / pink / brown noise ...
+AUGMENT_SNR_DB = (5.0, 25.0)  # ... at this signal-to-noise ratio
+AUGMENT_GAIN_DB = (-18.0, 6.0)  # level; peaks are then limited to 0.99 by scaling down
 
 
 # =============================================================================================
@@ -413,33 +442,95 @@ def _to_int16(x: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(x * 32768.0), -32768, 32767).astype(np.int16)
 
 
-def _resample_to_16k(x: np.ndarray) -> np.ndarray:
+def _resample_to_16k(x: np.ndarray, rate: int = LIBRISPEECH_SAMPLE_RATE) -> np.ndarray:
+    """22050 Hz → `rate` samples per second (then played at 16 kHz: speed × 16000 / rate)."""
     import torch  # lazy: keeps `import tools.corpus` (and spawned lock waiters) light
     import torchaudio.functional as AF
 
     # float64 so that rounding to int16 afterwards cannot flip with CPU-specific float32 kernels.
-    y = AF.resample(torch.from_numpy(x.astype(np.float64)), ESPEAK_SAMPLE_RATE, LIBRISPEECH_SAMPLE_RATE)
+    y = AF.resample(torch.from_numpy(x.astype(np.float64)), ESPEAK_SAMPLE_RATE, rate)
     return y.numpy()
 
 
-def _render(job: tuple[str, str, str, int, int]) -> None:
+@dataclass(frozen=True)
+class Augmentation:
+    """One SSL training utterance's acoustic conditions, drawn from its id alone (`draw_augmentation`)."""
+
+    resample_to: int  # Hz the 22050 Hz audio is resampled to and then called 16 kHz (16000: speed ×1)
+    rt60: float  # s, 0 = no reverberation
+    noise: str  # "", "white", "pink", "brown"
+    snr_db: float
+    gain_db: float
+    seed: int  # of the impulse response and the noise
+
+    @property
+    def clean(self) -> bool:
+        """Speed ×1, no reverberation, no noise (the level may differ)."""
+        return self.resample_to == LIBRISPEECH_SAMPLE_RATE and not self.rt60 and not self.noise
+
+
+def _utterance_rng(utt_id: str) -> random.Random:
+    return random.Random(f"{_SSL_SEED}/{utt_id}")  # str seeds hash with sha512: the same in every process
+
+
+def draw_augmentation(utt_id: str) -> Augmentation:
+    rng = _utterance_rng(utt_id + "/augment")
+    rate = rng.choice(AUGMENT_SPEED_RATES) if rng.random() < AUGMENT_SPEED_PROB else LIBRISPEECH_SAMPLE_RATE
+    rt60 = round(rng.uniform(*AUGMENT_RT60), 3) if rng.random() < AUGMENT_REVERB_PROB else 0.0
+    noise = rng.choice(("white", "pink", "brown")) if rng.random() < AUGMENT_NOISE_PROB else ""
+    snr_db = round(rng.uniform(*AUGMENT_SNR_DB), 1) if noise else 0.0
+    return Augmentation(rate, rt60, noise, snr_db, round(rng.uniform(*AUGMENT_GAIN_DB), 1), rng.getrandbits(32))
+
+
+def augment(x: np.ndarray, aug: Augmentation) -> np.ndarray:
+    """22050 Hz espeak-ng audio → 16 kHz float64 with `aug`'s speed, reverberation, noise and level."""
+    x = _resample_to_16k(x, aug.resample_to)
+    rng = np.random.default_rng(aug.seed)
+    if aug.rt60:
+        # Direct path then a diffuse tail: Gaussian noise under an envelope falling 60 dB in rt60
+        # seconds, starting 2-10 ms later (first reflections), at 0.3-1 of the direct path's energy.
+        sr, n = LIBRISPEECH_SAMPLE_RATE, int(aug.rt60 * LIBRISPEECH_SAMPLE_RATE)
+        t = np.arange(n) / sr
+        tail = rng.standard_normal(n) * 10 ** (-3 * t / aug.rt60)
+        tail[: int(rng.uniform(0.002, 0.010) * sr)] = 0.0
+        ir = tail * np.sqrt(rng.uniform(0.3, 1.0) / np.sum(tail**2))
+        ir[0] = 1.0
+        size = len(x) + n - 1
+        wet = np.fft.irfft(np.fft.rfft(x, size) * np.fft.rfft(ir, size), size)
+        x = wet * np.sqrt(np.sum(x**2) / max(np.sum(wet**2), 1e-20))  # same energy as the dry signal
+    if aug.noise:
+        # Coloured noise by shaping white noise's spectrum: power ∝ 1/f^k, k = 0, 1, 2.
+        k = {"white": 0, "pink": 1, "brown": 2}[aug.noise]
+        spectrum = np.fft.rfft(rng.standard_normal(len(x)))
+        f = np.maximum(np.arange(len(spectrum)), 1.0)
+        noise = np.fft.irfft(spectrum / f ** (k / 2), len(x))
+        speech_power = np.mean(x**2)
+        x = x + noise * np.sqrt(speech_power / max(np.mean(noise**2), 1e-20) / 10 ** (aug.snr_db / 10))
+    x = x * 10 ** (aug.gain_db / 20)
+    peak = np.abs(x).max() if len(x) else 0.0
+    return x * (0.99 / peak) if peak > 0.99 else x
+
+
+# A job: (path, text, voice, rate, pitch, augmentation or None)
+Job = tuple[str, str, str, int, int, "Augmentation | None"]
+
+
+def _render(job: Job) -> None:
     """Synthesize one utterance and write it to `path` (FLAC at 16 kHz or WAV at 22.05 kHz)."""
-    path, text, voice, rate, pitch = job
+    path, text, voice, rate, pitch, aug = job
     audio = synthesize(text, voice, rate, pitch)
-    if path.endswith(".flac"):
+    if aug is not None:
+        sf.write(path, _to_int16(augment(audio, aug)), LIBRISPEECH_SAMPLE_RATE, format="FLAC", subtype="PCM_16")
+    elif path.endswith(".flac"):
         audio = _resample_to_16k(audio)
         sf.write(path, _to_int16(audio), LIBRISPEECH_SAMPLE_RATE, format="FLAC", subtype="PCM_16")
     else:
         sf.write(path, _to_int16(audio), ESPEAK_SAMPLE_RATE, format="WAV", subtype="PCM_16")
 
 
-def prepare_corpus(root: str | Path, profile: str = "default") -> Path:
-    """Write the whole corpus under `root` (created if needed); see the module docstring.
-
-    Not atomic by itself: use `ensure_builtin_corpus` / `prepare_once` for shared directories.
-    """
+def _plan(root: Path, profile: str) -> tuple[list[Job], dict[Path, str], list[str]]:
+    """A labelled profile's (jobs, text files, every sentence it speaks)."""
     cfg = PROFILES[profile]
-    root = Path(root)
     speakers = make_speakers(profile)
     train_speakers = [s for s in speakers if "train" in s.splits]
     test_speakers = [s for s in speakers if "test" in s.splits]
@@ -450,9 +541,10 @@ def prepare_corpus(root: str | Path, profile: str = "default") -> Path:
         "ljspeech": cfg["ljspeech_utts"],
     }
     # One stream of distinct sentences, sliced per split: no sentence is shared between splits.
-    sentences = iter(make_sentences(sum(counts.values()), _SENTENCE_SEED))
+    all_sentences = make_sentences(sum(counts.values()), _SENTENCE_SEED)
+    sentences = iter(all_sentences)
 
-    jobs: list[tuple[str, str, str, int, int]] = []
+    jobs: list[Job] = []
     text_files: dict[Path, str] = {}
     libri = root / "librispeech"
     for split_index, split in enumerate(SPLITS):
@@ -460,12 +552,11 @@ def prepare_corpus(root: str | Path, profile: str = "default") -> Path:
         for spk in train_speakers if split != "test" else test_speakers:
             chapter = 10 * spk.id + split_index  # unique per (speaker, split), LibriSpeech-like
             folder = libri / split / str(spk.id) / str(chapter)
-            folder.mkdir(parents=True, exist_ok=True)
             lines = []
             for utt in range(per_speaker):
                 utt_id = f"{spk.id}-{chapter}-{utt:04d}"
                 text = next(sentences)
-                jobs.append((str(folder / f"{utt_id}.flac"), text, spk.voice, spk.rate, spk.pitch))
+                jobs.append((str(folder / f"{utt_id}.flac"), text, spk.voice, spk.rate, spk.pitch, None))
                 lines.append(f"{utt_id} {text.upper()}\n")
             text_files[folder / f"{spk.id}-{chapter}.trans.txt"] = "".join(lines)
     header = (
@@ -477,29 +568,133 @@ def prepare_corpus(root: str | Path, profile: str = "default") -> Path:
     )
 
     lj = root / "ljspeech"
-    (lj / "wavs").mkdir(parents=True, exist_ok=True)
     voice, rate, pitch = LJSPEECH_SPEAKER
     metadata = []
     for i in range(counts["ljspeech"]):
         utt_id = f"LJ{1 + i // 100:03d}-{1 + i % 100:04d}"  # 100 utterances per "chapter"
         text = next(sentences)
-        jobs.append((str(lj / "wavs" / f"{utt_id}.wav"), text, voice, rate, pitch))
+        jobs.append((str(lj / "wavs" / f"{utt_id}.wav"), text, voice, rate, pitch, None))
         metadata.append(f"{utt_id}|{_raw_text(text)}|{text}\n")
     text_files[lj / "metadata.csv"] = "".join(metadata)
+    return jobs, text_files, all_sentences
 
+
+def make_ssl_speakers(profile: str) -> list[Speaker]:
+    """An SSL profile's training speakers: voice+variant pairs other than its base's test voices."""
+    cfg = SSL_PROFILES[profile]
+    held_out = {s.voice for s in make_speakers(cfg["base"]) if "test" in s.splits}
+    voices = [f"{a}+{v}" for a in ACCENTS for v in VARIANTS if f"{a}+{v}" not in held_out]
+    rng = random.Random(_SSL_SEED)
+    rng.shuffle(voices)
+    if cfg["train_speakers"] > len(voices):
+        raise ValueError(f"profile {profile!r} needs {cfg['train_speakers']} voices, only {len(voices)} exist")
+    return [Speaker(1000 + i, ("train",), voice, rng.randint(*RATE_RANGE), rng.randint(*PITCH_RANGE))
+            for i, voice in enumerate(voices[: cfg["train_speakers"]])]
+
+
+def _plan_ssl(root: Path, profile: str) -> tuple[list[Job], dict[Path, str]]:
+    """The base profile's validation, test and LJSpeech jobs, and new augmented training jobs."""
+    cfg = SSL_PROFILES[profile]
+    base_jobs, base_files, base_sentences = _plan(root, cfg["base"])
+    base_train = str(root / "librispeech" / "train") + os.sep
+    jobs = [job for job in base_jobs if not job[0].startswith(base_train)]
+    text_files = {path: text for path, text in base_files.items() if not str(path).startswith(base_train)}
+
+    speakers = make_ssl_speakers(profile)
+    n = cfg["train_speakers"] * cfg["train_utts"]
+    taken = set(base_sentences)  # none of the base's sentences, held-out ones above all
+    sentences = iter([s for s in make_sentences(n + len(taken), _SSL_SEED) if s not in taken][:n])
+    conditions = []
+    for spk in speakers:
+        chapter = 10 * spk.id
+        folder = root / "librispeech" / "train" / str(spk.id) / str(chapter)
+        lines = []
+        for utt in range(cfg["train_utts"]):
+            utt_id = f"{spk.id}-{chapter}-{utt:04d}"
+            text = next(sentences)
+            rng = _utterance_rng(utt_id + "/voice")
+            rate = min(450, max(80, spk.rate + rng.randint(-AUGMENT_RATE_JITTER, AUGMENT_RATE_JITTER)))
+            pitch = min(99, max(0, spk.pitch + rng.randint(-AUGMENT_PITCH_JITTER, AUGMENT_PITCH_JITTER)))
+            aug = draw_augmentation(utt_id)
+            jobs.append((str(folder / f"{utt_id}.flac"), text, spk.voice, rate, pitch, aug))
+            lines.append(f"{utt_id} {text.upper()}\n")
+            conditions.append(f"{utt_id} | {rate} | {pitch} | {LIBRISPEECH_SAMPLE_RATE / aug.resample_to:.3f} | "
+                              f"{aug.rt60} | {aug.noise or '-'} | {aug.snr_db} | {aug.gain_db} | "
+                              f"{int(aug.clean)}\n")
+        text_files[folder / f"{spk.id}-{chapter}.trans.txt"] = "".join(lines)
+    libri = root / "librispeech"
+    base_speakers = text_files[libri / "SPEAKERS.txt"].splitlines(keepends=True)
+    text_files[libri / "SPEAKERS.txt"] = "".join(
+        [f";; built-in corpus v{CORPUS_VERSION}, profile {profile} (validation and test: profile {cfg['base']}), "
+         f"espeak-ng {espeak_version()}\n"]
+        + [line.replace("train,validation", "validation") for line in base_speakers[1:]]
+        + [f"{s.id} | train | {s.voice} | {s.rate} | {s.pitch}\n" for s in speakers])
+    text_files[libri / "AUGMENTATION.txt"] = (
+        f";; training utterances of profile {profile}: rate and pitch are the speaker's with per-utterance jitter\n"
+        ";; ID | RATE (words/min) | PITCH (0-99) | SPEED | RT60 (s, 0 = dry) | NOISE | SNR (dB) | GAIN (dB) | CLEAN\n"
+        + "".join(conditions))
+    return jobs, text_files
+
+
+def prepare_corpus(root: str | Path, profile: str = "default", workers: int | None = None) -> Path:
+    """Write the whole corpus under `root` (created if needed); see the module docstring.
+
+    `workers`: processes rendering utterances (None: one for the small profiles, every available
+    core for the SSL ones). The bytes do not depend on it: each utterance is a function of its job.
+    Not atomic by itself: use `ensure_builtin_corpus` / `prepare_once` for shared directories.
+    """
+    root = Path(root)
+    jobs, text_files = _plan_ssl(root, profile) if profile in SSL_PROFILES else _plan(root, profile)[:2]
     for path, content in text_files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content, encoding="utf-8")
-    # A plain loop (~18 ms per utterance): fast enough, and no worker processes that would
-    # re-import the caller's script. Only the building process gets here, whatever its rank: it
-    # reports progress on stderr itself (~10 lines), the others wait in prepare_once.
-    start, every = time.monotonic(), max(1, len(jobs) // 10)
-    for done, job in enumerate(jobs, 1):
-        _render(job)
-        if done % every == 0 or done == len(jobs):
-            spent = time.monotonic() - start
-            print(f"building the built-in corpus ({profile}) in {root}: {done}/{len(jobs)} utterances, "
-                  f"{spent:.0f} s, ~{spent / done * (len(jobs) - done):.0f} s left", file=sys.stderr, flush=True)
+    for folder in sorted({os.path.dirname(job[0]) for job in jobs}):
+        os.makedirs(folder, exist_ok=True)
+    if workers is None:
+        workers = min(len(os.sched_getaffinity(0)), 16) if profile in SSL_PROFILES else 1
+    # Extra workers are fresh `python -m tools.corpus --render` processes (not multiprocessing: a
+    # fork of a training process with torch threads can deadlock, and spawn re-imports the caller's
+    # script). This process renders the first shard and reports progress on stderr (~10 lines);
+    # other ranks wait in prepare_once.
+    helpers = []
+    if workers > 1:
+        plan = root / ".jobs.json"
+        plan.write_text(json.dumps([[*job[:5], asdict(job[5]) if job[5] else None] for job in jobs]))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                             os.environ.get("PYTHONPATH", "")])}
+        helpers = [subprocess.Popen([sys.executable, "-m", "tools.corpus", "--render", str(plan), f"{k}/{workers}",
+                                     str(os.getpid())], env=env) for k in range(1, workers)]
+    mine = jobs[0::workers]
+    start, every = time.monotonic(), max(1, len(mine) // 10)
+    try:
+        for done, job in enumerate(mine, 1):
+            _render(job)
+            if done % every == 0 or done == len(mine):
+                spent = time.monotonic() - start
+                print(f"building the built-in corpus ({profile}) in {root}: {done * len(jobs) // len(mine)}/{len(jobs)} "
+                      f"utterances, {spent:.0f} s, ~{spent / done * (len(mine) - done):.0f} s left",
+                      file=sys.stderr, flush=True)
+    except BaseException:  # a signal, a failure: the workers stop with us
+        for p in helpers:
+            p.kill()
+        raise
+    finally:
+        failed = [p.args for p in helpers if p.wait() != 0]
+    if failed:
+        raise RuntimeError(f"corpus worker(s) failed: {failed}")
+    if helpers:
+        plan.unlink()
     return root
+
+
+def _render_shard(plan: str, shard: str, parent: str) -> None:
+    k, n = (int(x) for x in shard.split("/"))
+    jobs = json.loads(Path(plan).read_text())
+    for path, text, voice, rate, pitch, aug in jobs[k::n]:
+        if os.getppid() != int(parent):  # the building process was killed (SIGKILL): stop too
+            sys.exit(1)
+        _render((path, text, voice, rate, pitch, Augmentation(**aug) if aug else None))
+
 
 
 # =============================================================================================
@@ -508,8 +703,8 @@ def prepare_corpus(root: str | Path, profile: str = "default") -> Path:
 
 
 def builtin_corpus_dir(cache_dir: str | Path | None = None, profile: str = "default") -> Path:
-    if profile not in PROFILES:
-        raise ValueError(f"unknown corpus profile {profile!r}; choose from {sorted(PROFILES)}")
+    if profile not in ALL_PROFILES:
+        raise ValueError(f"unknown corpus profile {profile!r}; choose from {sorted(ALL_PROFILES)}")
     if cache_dir is None:
         cache_dir = os.environ.get("SPEECH_RECIPES_CACHE") or Path.home() / ".cache" / "speech_recipes"
     return Path(cache_dir).expanduser() / f"espeak_corpus-{profile}-v{CORPUS_VERSION}"
@@ -542,16 +737,55 @@ def corpus_summary(root: str | Path) -> dict[str, dict[str, float]]:
     return summary
 
 
+def labelled_subset_ids(root: str | Path, seconds: float) -> list[str]:
+    """A fixed labelled subset of an SSL profile's training split (the LibriLight protocol's 10 min /
+    1 h): its clean utterances (AUGMENTATION.txt) in the order of a hash of their ids, taken until
+    they last `seconds`. Deterministic, and nested: a shorter subset is a prefix of a longer one."""
+    libri = Path(root) / "librispeech"
+    clean = [line.split(" | ")[0] for line in (libri / "AUGMENTATION.txt").read_text().splitlines()
+             if not line.startswith(";") and line.rstrip().endswith("| 1")]
+    clean.sort(key=lambda utt_id: hashlib.blake2b(utt_id.encode(), digest_size=8).digest())
+    chosen, total = [], 0.0
+    for utt_id in clean:
+        if total >= seconds:
+            break
+        spk, chapter, _ = utt_id.split("-")
+        total += sf.info(str(libri / "train" / spk / chapter / f"{utt_id}.flac")).duration
+        chosen.append(utt_id)
+    if total < seconds:
+        raise ValueError(f"{libri}: its clean training utterances last {total:.0f} s, fewer than {seconds:.0f} s")
+    return sorted(chosen)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Generate the built-in espeak-ng English corpus.")
     parser.add_argument("--out", help="corpus directory (default: the cache, see builtin_corpus_dir)")
-    parser.add_argument("--profile", default="default", choices=sorted(PROFILES))
+    parser.add_argument("--profile", default="default", choices=sorted(ALL_PROFILES))
     parser.add_argument("--cache-dir", help="cache root used when --out is not given")
+    parser.add_argument("--workers", type=int, help="rendering processes (default: 1, every core for ssl profiles)")
+    parser.add_argument("--subset", type=float, metavar="SECONDS",
+                        help="print the ids of the fixed labelled subset of this duration (SSL profiles)")
+    parser.add_argument("--render", nargs=3, help=argparse.SUPPRESS)  # PLAN K/N PARENT_PID: a worker of prepare_corpus
     args = parser.parse_args(argv)
+    if args.render:
+        return _render_shard(*args.render)
     start = time.monotonic()
     final_dir = Path(args.out) if args.out else builtin_corpus_dir(args.cache_dir, args.profile)
-    prepare_once(final_dir, lambda tmp: prepare_corpus(tmp, args.profile),
+    prepare_once(final_dir, lambda tmp: prepare_corpus(tmp, args.profile, args.workers),
                  info={"profile": args.profile, "corpus_version": CORPUS_VERSION})
+    if args.subset is not None:
+        if args.profile not in SSL_PROFILES:
+            parser.error(f"--subset needs an SSL profile ({', '.join(SSL_PROFILES)})")
+        try:
+            ids = labelled_subset_ids(final_dir, args.subset)
+        except ValueError as e:
+            parser.error(str(e))
+        seconds = sum(sf.info(str(p)).duration for i in ids
+                      for p in [final_dir / "librispeech" / "train" / i.split("-")[0] / i.split("-")[1] / f"{i}.flac"])
+        print(f"# built-in corpus v{CORPUS_VERSION}, profile {args.profile}: {len(ids)} clean training utterances, "
+              f"{seconds:.1f} s (python -m tools.corpus --profile {args.profile} --subset {args.subset:g})")
+        print("\n".join(ids))
+        return
     print(final_dir)
     for name, s in corpus_summary(final_dir).items():
         print(f"  {name:<11} {s['utterances']:5d} utterances  {s['speakers']:3d} speakers  {s['hours']:.3f} h")

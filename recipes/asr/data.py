@@ -111,6 +111,18 @@ def labelled_subset(ds: datasets.Dataset, fraction: float) -> datasets.Dataset:
     return ds.select(sorted(ranked[:n]))
 
 
+def fixed_subset(ds: datasets.Dataset, ids_file: Path) -> datasets.Dataset:
+    """The utterances listed in `ids_file` (one id per line, `#` comments); ValueError naming the
+    missing ones if the manifest lacks any."""
+    wanted = {line.strip() for line in Path(ids_file).read_text().splitlines()} - {""}
+    wanted = {i for i in wanted if not i.startswith("#")}
+    ids = ds["id"]
+    missing = wanted - set(ids)
+    if missing:
+        raise ValueError(f"{len(missing)} of its {len(wanted)} utterance ids are missing (e.g. {min(missing)})")
+    return ds.select([i for i, utt_id in enumerate(ids) if utt_id in wanted])
+
+
 class SpeechDataset(torch.utils.data.Dataset):
     """Manifest row → (id, log-mel (frames, n_mels), token ids, normalized transcript).
 

@@ -49,6 +49,7 @@ class Config(RunConfig):
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360)
     valid_split: str = "validation"
     train_fraction: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
+    train_subset: str | None = None  # fixed labelled subset: 10min or 1h (subsets/<name>.txt beside this file: of --builtin_corpus ssl10h) or a file of utterance ids
     n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
     # --- output tokens ---
     token_type: Literal["char", "bpe"] = "char"  # char: a-z, ', space + the training transcripts' other characters; bpe: SentencePiece trained on them
@@ -76,6 +77,24 @@ class Config(RunConfig):
     init_from: Annotated[str | None, ExistingPath] = None  # BEST-RQ output_dir or its final/: encoder and feature statistics
     encoder_lr_scale: Annotated[float, NonNegative] = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
     freeze_encoder_steps: Annotated[int, NonNegative] = 0  # optimizer steps during which the encoder is not updated
+    layer_decay: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # encoder block k of N (0 = input projection) learns at encoder LR × this^(N-k)
+
+    def validate(self) -> None:
+        if self.train_subset is not None:
+            if self.train_fraction < 1.0:
+                raise ValueError("--train_subset and --train_fraction both choose the labelled utterances: set one")
+            if not subset_file(self.train_subset).is_file():
+                raise ValueError(f"--train_subset {self.train_subset}: no such file; give 10min, 1h "
+                                 f"({SUBSETS_DIR}) or a file of utterance ids")
+
+
+SUBSETS_DIR = Path(__file__).with_name("subsets")
+
+
+def subset_file(name: str) -> Path:
+    """--train_subset: a named subset (subsets/<name>.txt) or a path."""
+    named = SUBSETS_DIR / f"{name}.txt"
+    return named if "/" not in name and named.is_file() else Path(name)
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
@@ -102,7 +121,7 @@ from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import evaluate  # noqa: E402
-from data import SpecAugmentCollator, SpeechDataset, labelled_subset, load_wav, read_split  # noqa: E402
+from data import SpecAugmentCollator, SpeechDataset, fixed_subset, labelled_subset, load_wav, read_split  # noqa: E402
 from model import ConformerCTC, ctc_loss, export_hf  # noqa: E402
 from scoring import Scorer  # noqa: E402
 from text import build_tokenizer, check_transcripts, load_tokenizer, read_char_map  # noqa: E402
@@ -125,7 +144,15 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     def checked(root, split):
         return prepare_manifest(out, split, root, policy, split, is_main_process=accelerator.is_main_process)
 
-    train_set = labelled_subset(read_split(data_dir, cfg.train_split, checked), cfg.train_fraction)
+    train_set = read_split(data_dir, cfg.train_split, checked)
+    if cfg.train_subset:
+        try:
+            train_set = fixed_subset(train_set, subset_file(cfg.train_subset))
+        except ValueError as e:
+            raise RunError(f"--train_subset {cfg.train_subset}: {e} in {data_dir}/{cfg.train_split} "
+                           f"(10min and 1h are subsets of --builtin_corpus ssl10h)") from None
+    else:
+        train_set = labelled_subset(train_set, cfg.train_fraction)
     valid_set = read_split(data_dir, cfg.valid_split, checked)
 
     # The tokenizer: built once into <output_dir>/tokenizer/ by one process, the others wait. Its
@@ -135,7 +162,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     except (OSError, ValueError) as e:
         raise RunError(f"--char_map: {e}") from None
     tok_info = {"token_type": cfg.token_type, "bpe_vocab_size": cfg.bpe_vocab_size, "train_split": cfg.train_split,
-                "train_fraction": cfg.train_fraction, "data_dir": cfg.data_dir, **({"char_map": char_map} if char_map else {})}
+                "train_fraction": cfg.train_fraction, "train_subset": cfg.train_subset, "data_dir": cfg.data_dir, **({"char_map": char_map} if char_map else {})}
     tok_dir = prepare_once(out / "tokenizer", lambda tmp: build_tokenizer(
         cfg.token_type, list(train_set["text"]), tmp, cfg.bpe_vocab_size, char_map), info=tok_info)
     built = json.loads((tok_dir / ".complete").read_text())
@@ -165,11 +192,23 @@ def build_model(cfg: Config, vocab_size: int) -> ConformerCTC:
 
 def build_optimizer(cfg: Config, model: ConformerCTC):
     """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps. The head's
-    groups first, so that the logged "lr" is the head's; the encoder at encoder_lr_scale × that."""
-    groups = (decay_groups(model.head, cfg.weight_decay, lr=cfg.learning_rate)
-              + decay_groups(model.encoder, cfg.weight_decay, lr=cfg.learning_rate * cfg.encoder_lr_scale))
+    groups first, so that the logged "lr" is the head's; the encoder at encoder_lr_scale × that,
+    and with layer_decay < 1 lower blocks slower (BEiT/data2vec's layer-wise decay: the pre-trained
+    input side moves least)."""
+    groups = decay_groups(model.head, cfg.weight_decay, lr=cfg.learning_rate)
+    blocks = encoder_blocks(model.encoder) if cfg.layer_decay < 1 else [model.encoder]  # 1: the encoder's two groups
+    for k, block in enumerate(blocks):
+        lr = cfg.learning_rate * cfg.encoder_lr_scale * cfg.layer_decay ** (len(blocks) - 1 - k)
+        groups += decay_groups(block, cfg.weight_decay, lr=lr)
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+
+
+def encoder_blocks(encoder: torch.nn.Module) -> list[torch.nn.Module]:
+    """The encoder bottom-up: everything outside the Conformer blocks (the input projection), then each block."""
+    layers = list(encoder.encoder.layers)
+    rest = [p for p in encoder.parameters() if all(p is not q for layer in layers for q in layer.parameters())]
+    return [torch.nn.ParameterList(rest), *layers]
 
 
 def compute_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:

@@ -214,3 +214,97 @@ def test_common_never_imports_tools():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names if n == "tools" or n.startswith("tools.")]
     assert not offenders, offenders
+
+
+# ------------------------------------------------------------------------------------------------
+# SSL profiles: unlabelled-style training audio, the base profile's held-out splits
+# ------------------------------------------------------------------------------------------------
+
+
+def _split_jobs(jobs, root: Path, split: str):
+    prefix = str(root / "librispeech" / split) + "/"
+    return [job for job in jobs if job[0].startswith(prefix)]
+
+
+def test_ssl10h_plan_keeps_the_default_test_voices_and_sentences_out(tmp_path):
+    """The real profile, planned without audio: its training split is ≥ 10 h worth of utterances
+    with none of the default profile's test (or validation) sentences and none of its test voices;
+    its validation and test jobs are the default profile's, unchanged."""
+    ssl_jobs, ssl_files = corpus._plan_ssl(tmp_path, "ssl10h")
+    base_jobs, _, base_sentences = corpus._plan(tmp_path, "default")
+    train = _split_jobs(ssl_jobs, tmp_path, "train")
+    assert len(train) == 216 * 70 and len({job[1] for job in train}) == len(train)
+    assert not {job[1] for job in train} & set(base_sentences)
+    held_out = _split_jobs(base_jobs, tmp_path, "test") + _split_jobs(base_jobs, tmp_path, "validation")
+    assert not {job[1] for job in train} & {job[1] for job in held_out}
+    test_voices = {job[2] for job in _split_jobs(base_jobs, tmp_path, "test")}
+    assert len(test_voices) == 8 and not {job[2] for job in train} & test_voices
+    assert len({job[2] for job in train}) == 216
+    for split in ("validation", "test"):
+        assert _split_jobs(ssl_jobs, tmp_path, split) == _split_jobs(base_jobs, tmp_path, split)
+    # Words: ~2.5 s per utterance at ~175 words/min → ≥ 10 h.
+    words = sum(len(job[1].split()) for job in train)
+    assert words / 175 / 60 > 10
+    augmentations = [job[5] for job in train]
+    clean = sum(a.clean for a in augmentations) / len(train)
+    assert 0.15 < clean < 0.3  # ~21 %: (1 - 0.5) (1 - 0.3) (1 - 0.4)
+    assert sum(bool(a.noise) for a in augmentations) / len(train) == pytest.approx(0.4, abs=0.03)
+    assert "AUGMENTATION.txt" in {p.name for p in ssl_files}
+
+
+def test_ssltiny_is_byte_identical_in_another_process_with_one_worker(ssltiny_corpus, tiny_corpus, tmp_path):
+    # ensure_builtin_corpus rendered with worker processes (every core); this one renders alone.
+    out = tmp_path / "again"
+    proc = subprocess.run([sys.executable, "-m", "tools.corpus", "--out", str(out), "--profile", "ssltiny",
+                           "--workers", "1"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    digest = _tree_digest(ssltiny_corpus)
+    assert _tree_digest(out) == digest
+    assert not (ssltiny_corpus / ".jobs.json").exists()
+    # validation, test and LJSpeech are tiny's, byte for byte; train is new and larger than tiny's
+    base = _tree_digest(tiny_corpus)
+    shared = {k: v for k, v in base.items() if not k.startswith("librispeech/train/") and k.endswith((".flac", ".wav",
+                                                                                                     ".txt", ".csv"))
+              and k != "librispeech/SPEAKERS.txt"}
+    assert shared and all(digest.get(k) == v for k, v in shared.items())
+    train = sorted(k for k in digest if k.startswith("librispeech/train/") and k.endswith(".flac"))
+    assert len(train) == 4 * 6 and not set(train) & set(base)
+    speakers = _speakers(ssltiny_corpus)
+    test_voices = {voice for splits, voice in speakers.values() if splits == "test"}
+    train_voices = {voice for splits, voice in speakers.values() if splits == "train"}
+    assert len(train_voices) == 4 and not train_voices & test_voices
+
+
+def test_augmentation_is_a_function_of_the_utterance_id():
+    audio = synthesize(TEXT, "en-us+f3", 170, 50)
+    a = corpus.Augmentation(corpus.AUGMENT_SPEED_RATES[0], rt60=0.3, noise="pink", snr_db=10.0, gain_db=-6.0, seed=3)
+    once, again = corpus.augment(audio, a), corpus.augment(audio, a)
+    assert once.tobytes() == again.tobytes()
+    dry = corpus._resample_to_16k(audio)
+    assert len(once) > len(dry)  # ×0.907 speed (+ the reverberation tail): longer
+    clean = corpus.Augmentation(16000, 0.0, "", 0.0, -6.0, 3)
+    assert clean.clean and not a.clean
+    assert np.allclose(corpus.augment(audio, clean), dry * 10 ** (-6 / 20))
+    noisy = corpus.Augmentation(16000, 0.0, "white", 10.0, 0.0, 3)
+    noise = corpus.augment(audio, noisy) - dry
+    assert 10 * np.log10(np.mean(dry**2) / np.mean(noise**2)) == pytest.approx(10.0, abs=0.01)
+    assert corpus.draw_augmentation("1000-10000-0007") == corpus.draw_augmentation("1000-10000-0007")
+    assert len({corpus.draw_augmentation(f"1000-10000-{i:04d}") for i in range(50)}) == 50
+
+
+def test_labelled_subsets_are_fixed_nested_and_clean(ssltiny_corpus):
+    small, large = corpus.labelled_subset_ids(ssltiny_corpus, 4), corpus.labelled_subset_ids(ssltiny_corpus, 8)
+    assert small == corpus.labelled_subset_ids(ssltiny_corpus, 4) and set(small) < set(large)
+    conditions = {line.split(" | ")[0]: line.split(" | ")[-1].strip() for line in
+                  (ssltiny_corpus / "librispeech" / "AUGMENTATION.txt").read_text().splitlines() if line[0] != ";"}
+    assert all(conditions[i] == "1" for i in large)
+    seconds = sum(sf.info(str(p)).duration for p in (ssltiny_corpus / "librispeech" / "train").glob("*/*/*.flac")
+                  if p.stem in large)
+    assert seconds >= 8
+    proc = subprocess.run([sys.executable, "-m", "tools.corpus", "--out", str(ssltiny_corpus), "--profile", "ssltiny",
+                           "--subset", "4"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if not line.startswith("#")] == small
+    proc = subprocess.run([sys.executable, "-m", "tools.corpus", "--out", str(ssltiny_corpus), "--profile", "ssltiny",
+                           "--subset", "3600"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "fewer than 3600 s" in proc.stderr.strip().splitlines()[-1]

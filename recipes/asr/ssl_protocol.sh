@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The SSL evaluation protocol (wav2vec 2.0 / HuBERT / BEST-RQ papers, LibriLight's labelled
+# subsets): pre-train BEST-RQ once on ~10 h of unlabelled audio (--builtin_corpus ssl10h), then
+# train the same ASR model from scratch and from the BEST-RQ encoder on 10 min and on 1 h of labels
+# (subsets/10min.txt, subsets/1h.txt), same steps and seed; score the test split (8 voices never
+# heard, none of its sentences in any training split) greedily and, when decode.py has --lm, with a
+# word n-gram LM; print a markdown table with the wall time of every stage.
+#
+#   bash recipes/asr/ssl_protocol.sh                                   # the full protocol, ~2.5 h on 2 cores
+#   python -m tools.corpus --profile ssltiny --subset 10 > /tmp/10s.txt         # a smoke run, ~5 min:
+#   CORPUS=ssltiny SUBSETS=/tmp/10s.txt PRETRAIN_STEPS=20 FINETUNE_STEPS=20 OUT=/tmp/ssl_smoke \
+#       bash recipes/asr/ssl_protocol.sh --report_to none
+#
+# Settings (environment): OUT (outputs/ssl_protocol), CORPUS (ssl10h), PRETRAIN_STEPS (9000),
+# FINETUNE_STEPS (2000), SUBSETS ("10min 1h", or files of utterance ids), FT_ARGS (what the BEST-RQ-initialized runs add),
+# ACCELERATE (accelerate). Extra arguments go to every training run. A stage whose output is
+# complete is not run again (re-running the script resumes); its time then reads "done before".
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ACCELERATE=${ACCELERATE:-accelerate}
+PYTHON=${PYTHON:-python}
+OUT=${OUT:-outputs/ssl_protocol}
+CORPUS=${CORPUS:-ssl10h}
+PRETRAIN_STEPS=${PRETRAIN_STEPS:-9000}    # BEST-RQ optimizer steps of 60 s batches (~90 min on 2 cores)
+FINETUNE_STEPS=${FINETUNE_STEPS:-2000}    # ASR optimizer steps, every run
+SUBSETS=${SUBSETS:-"10min 1h"}
+# Fine-tuning the pre-trained encoder: the new CTC head alone first, then the encoder at half the
+# head's learning rate (recipes/asr/README.md: what each option did).
+FT_ARGS=${FT_ARGS:-"--freeze_encoder_steps 100 --encoder_lr_scale 0.5"}
+mkdir -p "$OUT"
+TIMES="$OUT/times.tsv"
+: > "$TIMES"
+
+stage() {  # stage NAME DONE_FILE COMMAND...: run COMMAND unless DONE_FILE exists; record its wall time
+    local name=$1 done_file=$2 start
+    shift 2
+    if [ -e "$done_file" ]; then
+        printf '%s\tdone before\n' "$name" >> "$TIMES"
+        return
+    fi
+    start=$(date +%s)
+    "$@"
+    printf '%s\t%s\n' "$name" "$(( $(date +%s) - start ))" >> "$TIMES"
+}
+
+stage "corpus $CORPUS (generated once per machine)" /nonexistent \
+    "$PYTHON" -m tools.corpus --profile "$CORPUS"
+stage "BEST-RQ pre-training, $PRETRAIN_STEPS steps" "$OUT/best_rq/final/COMPLETE" \
+    "$ACCELERATE" launch recipes/best_rq/train.py --builtin_corpus "$CORPUS" --output_dir "$OUT/best_rq" \
+    --max_steps "$PRETRAIN_STEPS" --save_steps 1000 "$@"
+
+# The named labelled subsets are committed files; one missing (1h.txt until someone generated the
+# whole corpus once) is written from the corpus now, by the same rule: commit it.
+for subset_arg in $SUBSETS; do
+    file="recipes/asr/subsets/$subset_arg.txt"
+    case "$subset_arg" in
+        10min) seconds=600 ;;
+        1h) seconds=3600 ;;
+        *) continue ;;
+    esac
+    if [ ! -f "$file" ]; then
+        mkdir -p recipes/asr/subsets
+        "$PYTHON" -m tools.corpus --profile "$CORPUS" --subset "$seconds" > "$file.tmp" && mv "$file.tmp" "$file"
+        echo "wrote $file: commit it" >&2
+    fi
+done
+
+runs=()
+for subset_arg in $SUBSETS; do
+    subset=$(basename "$subset_arg" .txt)  # 10min, 1h, or a subset file's name
+    common=(--builtin_corpus "$CORPUS" --train_subset "$subset_arg" --max_steps "$FINETUNE_STEPS" --save_steps 500 "$@")
+    stage "ASR $subset, scratch" "$OUT/scratch_$subset/final/COMPLETE" \
+        "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/scratch_$subset"
+    # shellcheck disable=SC2086  # FT_ARGS is a list of flags
+    stage "ASR $subset, BEST-RQ init" "$OUT/best_rq_$subset/final/COMPLETE" \
+        "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/best_rq_$subset" \
+        --init_from "$OUT/best_rq" $FT_ARGS
+    runs+=("scratch_$subset" "best_rq_$subset")
+done
+
+# A word n-gram LM (lm.py: from a run's training transcripts: data_dir and train_split, i.e. every
+# $CORPUS training sentence, none of the test's), when this checkout's decode.py has --lm.
+with_lm=""
+if "$PYTHON" recipes/asr/decode.py --help 2>/dev/null | grep -q -- "--lm "; then
+    with_lm=1
+    stage "word 3-gram LM" "$OUT/lm" "$PYTHON" recipes/asr/lm.py --checkpoint "$OUT/${runs[0]}" --output_dir "$OUT/lm"
+fi
+for run in "${runs[@]}"; do
+    stage "decode $run, greedy" "$OUT/$run/decode/final/test-greedy.json" \
+        "$ACCELERATE" launch recipes/asr/decode.py --checkpoint "$OUT/$run" --split test
+    if [ -n "$with_lm" ]; then
+        stage "decode $run, LM (alpha, beta tuned on validation)" "$OUT/$run/decode_lm/test-lm.json" \
+            "$ACCELERATE" launch recipes/asr/decode.py --checkpoint "$OUT/$run" --split test --lm "$OUT/lm" \
+            --tune_lm --output "$OUT/$run/decode_lm"
+    fi
+done
+
+"$PYTHON" - "$OUT" "$CORPUS" "$PRETRAIN_STEPS" "$FINETUNE_STEPS" "${runs[@]}" <<'PY'
+import json, sys
+from pathlib import Path
+import yaml
+out, corpus, pretrain_steps, finetune_steps, runs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+brq = yaml.safe_load((out / "best_rq" / "final" / "config.yaml").read_text())
+print(f"\nBEST-RQ: {pretrain_steps} steps of ≤ {brq['max_batch_seconds']:g} s batches per process "
+      f"(≤ {int(pretrain_steps) * brq['max_batch_seconds'] / 3600:.1f} audio-hours seen per process), corpus {corpus}; "
+      f"ASR: {finetune_steps} steps each, seed {brq['seed']}\n")
+def score(path):
+    return json.loads(path.read_text()) if path.exists() else None
+print("| labels | init | test CER % greedy | test WER % greedy | test CER % LM | test WER % LM |")
+print("|---|---|---|---|---|---|")
+cers = {}
+for run in runs:
+    init, subset = run.rsplit("_", 1)
+    greedy, lm = score(out / run / "decode" / "final" / "test-greedy.json"), score(out / run / "decode_lm" / "test-lm.json")
+    cers[run] = greedy["cer"]
+    lm_cells = f"{100 * lm['cer']:.1f} | {100 * lm['wer']:.1f}" if lm else "– | –"
+    print(f"| {subset} | {'BEST-RQ' if init == 'best_rq' else 'scratch'} | {100 * greedy['cer']:.1f} | "
+          f"{100 * greedy['wer']:.1f} | {lm_cells} |")
+for run in runs:
+    if run.startswith("best_rq_"):
+        subset = run.removeprefix("best_rq_")
+        print(f"\n{subset}: relative test-CER reduction from pre-training (greedy): "
+              f"{100 * (1 - cers[run] / cers['scratch_' + subset]):.1f} %", end="")
+print("\n\n| stage | wall time |\n|---|---|")
+for line in (out / "times.tsv").read_text().splitlines():
+    name, seconds = line.split("\t")
+    print(f"| {name} | {seconds if not seconds.isdigit() else f'{int(seconds) // 60} min {int(seconds) % 60} s'} |")
+PY
