@@ -9,13 +9,7 @@ import numpy as np
 import torch
 import torchaudio
 
-from common.features import LogMel
-
-
-def mel_frontend(sample_rate: int, n_mels: int, win_length: int, hop_length: int) -> LogMel:
-    """Waveform → natural-log power mel (frames, n_mels). 22.05 kHz, win 1024, hop 256 gives
-    n_fft 1024 (next power of two ≥ window), HTK mel scale from 0 Hz to Nyquist, no filter norm."""
-    return LogMel(sample_rate, n_mels, win_ms=1000 * win_length / sample_rate, hop_ms=1000 * hop_length / sample_rate)
+from common.features import LogMel, mel_frontend  # noqa: F401 — mel_frontend: the recipe's front end, shared with the vocoder
 
 
 class GriffinLim(torch.nn.Module):
