@@ -18,9 +18,11 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated
 
 import soundfile as sf
+import yaml
 
 from common.checkpoint import resolve_checkpoint
 from common.config import Count, ExistingPath, Positive, parse_config
@@ -66,11 +68,11 @@ def neural_vocoder(path: str, tts_cfg):
     spec = importlib.util.spec_from_file_location("vocoder_model", folder / "vocoder_model.py")
     code = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(code)
-    generator, cfg = code.load_vocoder(folder)
-    mismatch = code.mel_mismatch(cfg, tts_cfg)
-    if mismatch:
+    mismatch = code.mel_mismatch(SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text())), tts_cfg)
+    if mismatch:  # before the weights: another n_mels would not even load
         refuse(f"--vocoder {path} was trained on another mel than this TTS model ({mismatch}): "
                f"train the vocoder with the TTS model's --sample_rate/--n_mels/--win_length/--hop_length")
+    generator, _ = code.load_vocoder(folder)
     return lambda mel: code.vocode(generator, mel)
 
 
