@@ -3,10 +3,11 @@ schedules, generator-only steps before --gan_start_steps, accumulation): the mel
 and end to end through `accelerate launch`: killed with SIGKILL and re-launched ends bit-identical to a
 run never stopped in 1 and 2 processes, continues on fewer processes, a kill during the export leaves
 no final/, preemption saves and resumes exactly; synthesize.py --vocoder on a tiny TTS + this vocoder,
-and its refusal of a vocoder trained on another mel."""
+evaluate.py on 2 utterances, and the refusal of a vocoder trained on another mel."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -169,6 +170,15 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     assert done.returncode == 0, done.stderr
     audio, sr = sf.read(wav)
     assert sr == 22050 and len(audio) > 0 and abs(audio).max() > 0
+
+    scored = subprocess.run([sys.executable, str(ROOT / "recipes" / "vocoder" / "evaluate.py"), "--checkpoint", str(voc),
+                             "--num_test", "2", "--num_images", "1"], cwd="/", capture_output=True, text=True,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert scored.returncode == 0, scored.stderr
+    report = json.loads((voc / "eval_test.json").read_text())
+    assert len(report["utterances"]) == 2 and set(report["mean"]) == {
+        f"{v}_{m}" for v in ("griffin_lim", "vocoder") for m in ("pesq", "stoi", "mcd")}
+    assert len(list(voc.glob("*.png"))) == 1 and "| vocoder |" in (voc / "eval_test.md").read_text()
 
     other = tmp_path / "vocoder_hop128"  # a vocoder of another mel: refused with one line
     run("vocoder", 1, args_for(tiny_corpus, other, "--max_steps", "1", "--hop_length", "128"))
