@@ -38,7 +38,11 @@ class LogMel(torch.nn.Module):
 
     @torch.no_grad()
     def forward(self, wav: torch.Tensor) -> torch.Tensor:
-        return torch.log(self.mel(wav) + 1e-6).transpose(-1, -2)  # (frames, n_mels)
+        return self.differentiable(wav)
+
+    def differentiable(self, wav: torch.Tensor) -> torch.Tensor:
+        """The same features with gradients to `wav` (a vocoder's mel loss): (..., samples) → (..., frames, n_mels)."""
+        return torch.log(self.mel(wav) + 1e-6).transpose(-1, -2)
 
 
 class StackedLogMelFeatureExtractor(SequenceFeatureExtractor):

@@ -1,0 +1,66 @@
+"""Vocoder data: whole utterances (waveforms) from the manifest, and a collator that cuts one random
+segment per utterance and computes its log-mel (the TTS recipe's mel, `common.features.mel_frontend`).
+
+The segment's start is drawn from `sample_generator(seed, epoch, utterance id)`: a pure function of
+the position in training, so a resumed run cuts the same segments (and the RAM cache keeps whole
+waveforms, never a segment)."""
+
+from __future__ import annotations
+
+import torch
+
+from common.data import load_audio, sample_generator
+from common.features import mel_frontend
+
+
+def split_manifest(manifest, num_valid: int, num_test: int) -> dict:
+    """The last `num_test` ids (sorted) are held out for evaluate.py (the TTS recipe holds out the
+    same ones with the same --num_test), the `num_valid` before them are validation, the rest training."""
+    n = len(manifest)
+    n_train = n - num_valid - num_test
+    if n_train < 1:
+        raise ValueError(f"{n} utterances leave none for training (num_valid {num_valid}, num_test {num_test})")
+    return {"train": manifest.select(range(n_train)), "validation": manifest.select(range(n_train, n - num_test)),
+            "test": manifest.select(range(n - num_test, n))}
+
+
+class Waveforms(torch.utils.data.Dataset):
+    """Manifest row → (id, waveform (samples,) at the recipe's sample rate)."""
+
+    def __init__(self, manifest, sample_rate: int):
+        self.manifest, self.sample_rate = manifest, sample_rate
+
+    def __len__(self):
+        return len(self.manifest)
+
+    def __getitem__(self, i):
+        row = self.manifest[i]
+        return row["id"], load_audio(row["path"], self.sample_rate)
+
+
+class SegmentCollator:
+    """Items → {ids, wavs (B, segment_frames · hop), mels (B, segment_frames + 1, n_mels)}: one random
+    segment of `segment_frames` mel frames per utterance (zero-padded when the utterance is shorter)."""
+
+    def __init__(self, cfg):
+        self.seed, self.epoch = cfg.seed, 0
+        self.samples = cfg.segment_frames * cfg.hop_length
+        self.hop = cfg.hop_length
+        self.logmel = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __call__(self, items):
+        wavs = torch.zeros(len(items), self.samples)
+        for b, (utt_id, wav) in enumerate(items):
+            hops = max(0, len(wav) - self.samples) // self.hop  # segments start on a hop (frames align)
+            start = self.hop * int(torch.randint(hops + 1, (), generator=sample_generator(self.seed, self.epoch, utt_id)))
+            piece = wav[start: start + self.samples]
+            wavs[b, : len(piece)] = piece
+        return {"ids": [i for i, _ in items], "wavs": wavs, "mels": self.logmel(wavs)}
+
+
+def collate_whole(items):
+    """Validation: whole utterances, unpadded (the generator takes each as it is)."""
+    return {"ids": [i for i, _ in items], "wavs": [w for _, w in items]}

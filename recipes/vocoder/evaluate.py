@@ -1,0 +1,92 @@
+"""Copy-synthesis of held-out utterances: the mels of real recordings → this vocoder, and → Griffin-Lim
+(the TTS recipe's, same mels); PESQ (wide-band, at 16 kHz), STOI and MCD (DTW) of each against the recording.
+
+    python recipes/vocoder/evaluate.py --checkpoint outputs/vocoder
+    python recipes/vocoder/evaluate.py --checkpoint outputs/vocoder/final --data_dir /data/LJSpeech-1.1 --num_test 100
+
+The utterances: the last --num_test ids (sorted) of the corpus, the ones training held out (the TTS
+recipe holds out the same with the same --num_test). Writes <checkpoint>/eval_test.json (per
+utterance and means), eval_test.md (the table) and <id>.png for the first --num_images utterances
+(log-mels top to bottom: recording, Griffin-Lim, vocoder).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from common.config import Count, ExistingPath, NonNegative, parse_config
+
+
+@dataclass
+class EvalConfig:
+    """Score a vocoder. Every field can be set as --key value."""
+
+    checkpoint: Annotated[str, ExistingPath] = "outputs/vocoder"  # training output_dir or its final/
+    data_dir: Annotated[str | None, ExistingPath] = None  # LJSpeech layout; None = the corpus the vocoder trained on (built-in: regenerated if missing)
+    num_test: Annotated[int | None, Count] = None  # the last num_test ids; None = the training run's --num_test
+    griffin_lim_iters: Annotated[int, Count] = 60
+    num_images: Annotated[int, NonNegative] = 2  # mel pictures of the first utterances
+
+
+def main() -> None:
+    args = parse_config(EvalConfig)
+    import numpy as np
+    import torch
+    import torchaudio
+    from PIL import Image
+    from pesq import pesq
+    from pystoi import stoi
+
+    from common.data import load_audio
+    from common.features import mel_frontend
+    from common.manifest import read_ljspeech
+    from common.vocoding import GriffinLim, mcd_dtw
+    from tools.corpus import resolve_data_dir
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from model import load_vocoder, vocode
+
+    generator, cfg = load_vocoder(args.checkpoint)
+    folder = Path(args.checkpoint)
+    data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
+    manifest = read_ljspeech(data_dir).sort("id")
+    num_test = args.num_test or cfg.num_test
+    test = manifest.select(range(len(manifest) - num_test, len(manifest)))
+    frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
+    griffin_lim = GriffinLim(frontend, n_iter=args.griffin_lim_iters)
+
+    def scores(ref, out, ref_mel) -> dict:
+        n = min(len(ref), len(out))
+        ref16, out16 = (torchaudio.functional.resample(x[:n], cfg.sample_rate, 16000).numpy() for x in (ref, out))
+        return {"pesq": float(pesq(16000, ref16, out16, "wb")),
+                "stoi": float(stoi(ref[:n].numpy(), out[:n].numpy(), cfg.sample_rate, extended=False)),
+                "mcd": mcd_dtw(frontend(out).numpy(), ref_mel.numpy())}
+
+    rows = []
+    for i, row in enumerate(test):
+        wav = load_audio(row["path"], cfg.sample_rate)
+        mel = frontend(wav)
+        outs = {"griffin_lim": griffin_lim(mel), "vocoder": vocode(generator, mel)}
+        rows.append({"id": row["id"], **{f"{k}_{m}": v for k, out in outs.items() for m, v in scores(wav, out, mel).items()}})
+        print(json.dumps(rows[-1]), flush=True)
+        if i < args.num_images:
+            mels = [mel, frontend(outs["griffin_lim"]), frontend(outs["vocoder"])]
+            lo, hi = float(mel.min()), float(mel.max())
+            image = np.concatenate([(255 * ((m.T.flip(0) - lo) / (hi - lo)).clamp(0, 1)).to(torch.uint8).numpy()
+                                    for m in mels])
+            Image.fromarray(image).save(folder / f"{row['id']}.png")
+    means = {k: float(np.mean([r[k] for r in rows])) for k in rows[0] if k != "id"}
+    (folder / "eval_test.json").write_text(json.dumps({"utterances": rows, "mean": means}, indent=1) + "\n")
+    table = ["| | PESQ (wb) ↑ | STOI ↑ | MCD (dB) ↓ |", "|---|---|---|---|"]
+    for name in ("griffin_lim", "vocoder"):
+        table.append(f"| {name} | {means[f'{name}_pesq']:.3f} | {means[f'{name}_stoi']:.3f} | {means[f'{name}_mcd']:.2f} |")
+    (folder / "eval_test.md").write_text(f"{len(rows)} held-out utterances of {data_dir}\n\n" + "\n".join(table) + "\n")
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""A Vocos-style generator (Siuzdak 2023: ConvNeXt at the mel frame rate, an inverse-STFT head that
+predicts magnitude and phase), HiFi-GAN's multi-period discriminator and a multi-resolution STFT
+discriminator (UnivNet/Vocos), and the least-squares GAN, feature-matching and mel losses.
+
+Self-contained (torch, safetensors, yaml and the installed common/): final/ carries a copy of this file as `vocoder_model.py`,
+so `load_vocoder(final/)` works from anywhere (recipes/tts/synthesize.py --vocoder).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MEL_KEYS = ("sample_rate", "n_mels", "win_length", "hop_length")  # what must match a TTS model's mel
+
+
+# ---------------------------------------------------------------------------------------------
+# Generator
+# ---------------------------------------------------------------------------------------------
+
+
+class ConvNeXtBlock(nn.Module):
+    """Depthwise conv (7) → LayerNorm → pointwise MLP (GELU) → layer scale, residual. (B, C, T) → (B, C, T)."""
+
+    def __init__(self, dim: int, hidden: int, layer_scale: float):
+        super().__init__()
+        self.dwconv = nn.Conv1d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pw1, self.pw2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), layer_scale))
+
+    def forward(self, x):
+        y = self.norm(self.dwconv(x).transpose(1, 2))  # (B, T, C)
+        y = self.gamma * self.pw2(F.gelu(self.pw1(y)))
+        return x + y.transpose(1, 2)
+
+
+class Generator(nn.Module):
+    """Log-mel (B, frames, n_mels) → waveform (B, (frames − 1) · hop): every frame predicts one STFT
+    column (log magnitude and phase of n_fft/2 + 1 bins), and the inverse STFT (centred, Hann window
+    of n_fft, the mel's own hop) turns them into samples. Nothing runs at the sample rate, which is
+    why it costs a fraction of HiFi-GAN's upsampling stack per audio second."""
+
+    def __init__(self, n_mels: int, n_fft: int, hop_length: int, dim: int, hidden: int, layers: int):
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop_length
+        self.embed = nn.Conv1d(n_mels, dim, 7, padding=3)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.blocks = nn.ModuleList(ConvNeXtBlock(dim, hidden, 1.0 / layers) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, n_fft + 2)  # log magnitude and phase, n_fft/2 + 1 bins each
+        self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.embed(mel.transpose(1, 2)).transpose(1, 2)).transpose(1, 2)  # (B, dim, T)
+        for block in self.blocks:
+            x = block(x)
+        log_mag, phase = self.head(self.final_norm(x.transpose(1, 2))).transpose(1, 2).chunk(2, dim=1)
+        mag = torch.exp(log_mag).clamp(max=1e2)  # (B, n_fft/2 + 1, T); the clamp keeps early steps finite
+        spec = torch.complex(mag * torch.cos(phase), mag * torch.sin(phase))
+        samples = (mel.shape[1] - 1) * self.hop  # the centred mel of these samples has mel.shape[1] frames
+        return torch.istft(spec, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
+
+
+# ---------------------------------------------------------------------------------------------
+# Discriminators
+# ---------------------------------------------------------------------------------------------
+
+
+class PeriodDiscriminator(nn.Module):
+    """HiFi-GAN's sub-discriminator of one period p: the waveform folded into (T/p, p), 2-D convs
+    along time only. → (score map, feature maps)."""
+
+    def __init__(self, period: int, channels: list[int]):
+        super().__init__()
+        self.period = period
+        ins = [1, *channels]
+        self.convs = nn.ModuleList(nn.Conv2d(ins[i], ins[i + 1], (5, 1), (3, 1) if i < len(channels) - 1 else 1,
+                                             padding=(2, 0)) for i in range(len(channels)))
+        self.post = nn.Conv2d(channels[-1], 1, (3, 1), padding=(1, 0))
+
+    def forward(self, wav):  # (B, samples)
+        pad = -wav.shape[-1] % self.period
+        x = F.pad(wav, (0, pad), mode="reflect")[:, None]
+        x = x.view(x.shape[0], 1, -1, self.period)  # (B, 1, T/p, p)
+        feats = []
+        for conv in self.convs:
+            x = F.leaky_relu(conv(x), 0.1)
+            feats.append(x)
+        x = self.post(x)
+        feats.append(x)
+        return x.flatten(1), feats
+
+
+class ResolutionDiscriminator(nn.Module):
+    """A sub-discriminator on the magnitude STFT of one resolution (UnivNet, as in Vocos): 2-D convs
+    over (frequency, time). → (score map, feature maps)."""
+
+    def __init__(self, n_fft: int, hop: int, channels: int):
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
+        self.convs = nn.ModuleList([
+            nn.Conv2d(1, channels, (7, 5), padding=(3, 2)),
+            nn.Conv2d(channels, channels, (5, 3), (2, 1), padding=(2, 1)),
+            nn.Conv2d(channels, channels, (5, 3), (2, 1), padding=(2, 1)),
+            nn.Conv2d(channels, channels, (3, 3), padding=(1, 1)),
+        ])
+        self.post = nn.Conv2d(channels, 1, (3, 3), padding=(1, 1))
+
+    def forward(self, wav):
+        spec = torch.stft(wav, self.n_fft, self.hop, self.n_fft, self.window, center=True, return_complex=True)
+        x = spec.abs()[:, None]  # (B, 1, freq, frames)
+        feats = []
+        for conv in self.convs:
+            x = F.leaky_relu(conv(x), 0.1)
+            feats.append(x)
+        x = self.post(x)
+        feats.append(x)
+        return x.flatten(1), feats
+
+
+class Discriminators(nn.Module):
+    """The multi-period (HiFi-GAN) and the multi-resolution STFT discriminators, held as one model so
+    that one optimizer (HiFi-GAN: one AdamW for both) clips and updates them together. Each keeps
+    its own modules: `.mpd`, `.mrd`. waveform (B, samples) → [(scores, feature maps)] per sub-discriminator."""
+
+    def __init__(self, periods: list[int], period_channels: list[int], resolutions: list[int], resolution_channels: int):
+        super().__init__()
+        self.mpd = nn.ModuleList(PeriodDiscriminator(p, period_channels) for p in periods)
+        self.mrd = nn.ModuleList(ResolutionDiscriminator(n, n // 4, resolution_channels) for n in resolutions)
+
+    def forward(self, wav):
+        return [d(wav) for d in (*self.mpd, *self.mrd)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses (least-squares GAN, feature matching)
+# ---------------------------------------------------------------------------------------------
+
+
+def discriminator_loss(real: list, fake: list) -> torch.Tensor:
+    """LSGAN: Σ over sub-discriminators of mean((1 − D(real))²) + mean(D(fake)²)."""
+    return sum(torch.mean((1 - r) ** 2) + torch.mean(f ** 2) for (r, _), (f, _) in zip(real, fake))
+
+
+def adversarial_loss(fake: list) -> torch.Tensor:
+    """LSGAN, generator side: Σ mean((1 − D(fake))²)."""
+    return sum(torch.mean((1 - f) ** 2) for f, _ in fake)
+
+
+def feature_matching_loss(real: list, fake: list) -> torch.Tensor:
+    """Σ over sub-discriminators and layers of mean |features(real) − features(fake)| (real detached)."""
+    return sum(torch.mean(torch.abs(r.detach() - f)) for (_, rs), (_, fs) in zip(real, fake) for r, f in zip(rs, fs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building and loading
+# ---------------------------------------------------------------------------------------------
+
+
+def n_fft_for(win_length: int) -> int:
+    return 1 << (win_length - 1).bit_length()  # as the mel's STFT: next power of two ≥ the window
+
+
+def build_generator(cfg) -> Generator:
+    return Generator(cfg.n_mels, n_fft_for(cfg.win_length), cfg.hop_length, cfg.dim, cfg.hidden_dim, cfg.layers)
+
+
+def build_discriminators(cfg) -> Discriminators:
+    return Discriminators(list(cfg.periods), list(cfg.period_channels), list(cfg.resolutions), cfg.resolution_channels)
+
+
+def load_vocoder(checkpoint: str | Path):
+    """(generator in eval mode, its training config as a namespace) from a vocoder's final/ (or its
+    training output_dir): `model.safetensors` (the generator) + `config.yaml`."""
+    import yaml
+    from safetensors.torch import load_file
+
+    from common.checkpoint import resolve_checkpoint  # refuses an export that did not finish
+
+    folder = resolve_checkpoint(checkpoint)
+    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
+    generator = build_generator(cfg)
+    generator.load_state_dict(load_file(folder / "model.safetensors"))
+    return generator.eval(), cfg
+
+
+def mel_mismatch(vocoder_cfg, tts_cfg) -> str | None:
+    """None when the vocoder was trained on the mel the TTS model predicts; else what differs."""
+    differ = [f"{k} {getattr(vocoder_cfg, k)} vs {getattr(tts_cfg, k)}" for k in MEL_KEYS
+              if getattr(vocoder_cfg, k) != getattr(tts_cfg, k)]
+    return ", ".join(differ) or None
+
+
+@torch.no_grad()
+def vocode(generator: Generator, mel: torch.Tensor) -> torch.Tensor:
+    """(frames, n_mels) log-mel → (samples,) float32 in [-1, 1]."""
+    wav = generator(mel.float()[None])[0]
+    return wav.clamp(-1.0, 1.0)

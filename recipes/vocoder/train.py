@@ -1,0 +1,311 @@
+"""A neural vocoder for the TTS recipe's mels: a Vocos-style generator (ConvNeXt at the mel frame rate
++ inverse-STFT head; Siuzdak 2023) trained against HiFi-GAN's multi-period and a multi-resolution STFT
+discriminator (least-squares GAN, feature matching, L1 mel loss), with Hugging Face Accelerate.
+
+    # built-in single-voice espeak-ng corpus (LJSpeech layout), 1 process
+    accelerate launch recipes/vocoder/train.py
+    # 2 real DDP processes on a CPU-only machine
+    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/vocoder/train.py
+    # a real voice (LJSpeech layout)
+    accelerate launch recipes/vocoder/train.py --data_dir /data/LJSpeech-1.1
+    # then: copy-synthesis scores against Griffin-Lim, and text → TTS → this vocoder
+    python recipes/vocoder/evaluate.py --checkpoint outputs/vocoder
+    python recipes/tts/synthesize.py --checkpoint outputs/tts --vocoder outputs/vocoder --text "a radio wrote this clever pencil"
+
+Two models (the generator; the discriminators, held as one model), two AdamW and two schedules
+through one Accelerator. Each optimizer step: the discriminators' update, then the generator's
+(before --gan_start_steps: the generator's alone, on the mel loss). Re-running the same command with
+the same --output_dir resumes from the newest complete checkpoint and ends bit-identical to a run that
+was never interrupted (on CPU; see the top-level README "Resume").
+Outputs: <output_dir>/final/{model.safetensors (the generator), config.yaml, vocoder_model.py, README.md}.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from common.config import (Count, NonNegative, Positive, Range, ResumeSafe, RunConfig,
+                           exit_on_signals_during_start_up, parse_config)
+
+LOSSES = ("d_loss", "g_loss", "adv_loss", "fm_loss", "mel_loss")
+
+
+@dataclass
+class Config(RunConfig):
+    """Vocoder training. Every field can be set in the YAML (--config) or as --key value; the shared
+    ones (run, data, optimization, logging) and their rules are RunConfig's (common/config.py)."""
+
+    # RunConfig's settings with this recipe's defaults
+    output_dir: str = "outputs/vocoder"
+    data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv); None = built-in corpus
+    sample_rate: int = 22050  # Hz: the TTS recipe's
+    max_seconds: float = 15.0  # longer utterances are refused by the data check
+    max_batch_seconds: float = 24.0  # padded seconds of whole utterances per batch, per process (each gives one segment)
+    learning_rate: float = 5e-4  # both optimizers, after warm-up
+    warmup_steps: int = 1  # optimizer steps of linear warm-up (1: none), then lr_decay per step
+    weight_decay: float = 0.01  # AdamW (HiFi-GAN's), on weight matrices
+    adam_beta1: float = 0.8  # HiFi-GAN's betas
+    adam_beta2: float = 0.99
+    max_grad_norm: float = 100.0  # per optimizer; GAN gradients are large, this only stops blow-ups
+    # --- data ---
+    num_valid: Annotated[int, NonNegative] = 20  # validation utterances: the num_valid ids just before the test ids
+    num_test: Annotated[int, NonNegative] = 20  # held-out utterances for evaluate.py: the last num_test ids (as the TTS recipe's)
+    segment_frames: Annotated[int, Count] = 32  # mel frames per training segment (32 × 256 = 8192 samples, 0.37 s: HiFi-GAN's)
+    # --- the mel (must equal the TTS model's: synthesize.py --vocoder refuses another) ---
+    n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
+    win_length: Annotated[int, Count] = 1024  # samples; n_fft is the next power of two ≥ it
+    hop_length: Annotated[int, Count] = 256  # samples per mel frame
+    # --- generator ---
+    dim: Annotated[int, Count] = 256  # ConvNeXt width
+    hidden_dim: Annotated[int, Count] = 768  # ConvNeXt pointwise MLP width
+    layers: Annotated[int, Count] = 6  # ConvNeXt blocks
+    # --- discriminators ---
+    periods: list[int] = field(default_factory=lambda: [2, 3, 5, 7, 11])  # multi-period discriminator (HiFi-GAN)
+    period_channels: list[int] = field(default_factory=lambda: [16, 64, 128, 128])  # its conv channels (HiFi-GAN: 32 128 512 1024 1024)
+    resolutions: list[int] = field(default_factory=lambda: [512, 1024, 2048])  # multi-resolution STFT discriminator: n_fft each (hop n_fft / 4)
+    resolution_channels: Annotated[int, Count] = 16  # its conv channels (Vocos: 32)
+    # --- losses and schedule ---
+    lr_decay: Annotated[float, Range(0, 1, lo_open=True)] = 0.99995  # LR × this per optimizer step, both schedules
+    mel_loss_weight: Annotated[float, NonNegative] = 45.0  # HiFi-GAN's, on its scale (L1 of log10 mel amplitude)
+    fm_loss_weight: Annotated[float, NonNegative] = 2.0  # feature matching (HiFi-GAN's)
+    gan_start_steps: Annotated[int, NonNegative] = 0  # optimizer steps of generator-only training on the mel loss first
+    # --- logging ---
+    num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # validation utterances vocoded into TensorBoard at each validation
+
+
+if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
+    exit_on_signals_during_start_up()
+    CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from accelerate.utils import DistributedType  # noqa: E402
+
+from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.config import save_config  # noqa: E402
+from common.data import RecipeData, build_loaders  # noqa: E402
+from common.faults import RunError, run_main  # noqa: E402
+from common.features import mel_frontend  # noqa: E402
+from common.hf_export import write_model_card  # noqa: E402
+from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
+from common.loop import end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches  # noqa: E402
+from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
+from common.run import start_logging, start_run  # noqa: E402
+from tools.corpus import resolve_data_dir  # noqa: E402
+
+# recipe-local modules (this folder is on sys.path)
+from data import SegmentCollator, Waveforms, collate_whole, split_manifest  # noqa: E402
+from model import (adversarial_loss, build_discriminators, build_generator, discriminator_loss,  # noqa: E402
+                   feature_matching_loss)
+
+logger = get_logger(__name__)
+HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 amplitude mel (HiFi-GAN's loss scale)
+
+
+# ---- the recipe's seams: main below and the tests build the recipe through these -----------------
+
+def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
+    """The checked manifest (no transcripts needed) split into training/validation/test, and
+    duration-bucketed loaders: training batches of random segments, validation of whole utterances."""
+    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
+    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
+                        on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
+    manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
+    try:
+        splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                         train=(splits["train"], Waveforms(splits["train"], cfg.sample_rate), SegmentCollator(cfg)),
+                         valid=(splits["validation"], Waveforms(splits["validation"], cfg.sample_rate), collate_whole),
+                         data_dir=data_dir)
+
+
+def build_optimizers(cfg: Config, generator, discriminator):
+    """One AdamW and one schedule per model: linear warm-up, then × lr_decay per optimizer step."""
+    def schedule(step: int) -> float:
+        return min(1.0, (step + 1) / cfg.warmup_steps) * cfg.lr_decay ** step
+
+    optimizers, schedulers = {}, {}
+    for name, model in (("generator", generator), ("discriminator", discriminator)):
+        optimizers[name] = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                             betas=(cfg.adam_beta1, cfg.adam_beta2))
+        schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizers[name], schedule)
+    return optimizers, schedulers
+
+
+def mel_l1(frontend, wav: torch.Tensor, target_mel: torch.Tensor) -> torch.Tensor:
+    """L1 between the log-mel of `wav` and `target_mel`, on HiFi-GAN's scale (log10 amplitude)."""
+    return HIFIGAN_MEL_SCALE * torch.mean(torch.abs(frontend.differentiable(wav) - target_mel))
+
+
+def compute_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
+    outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
+    n = len(real)
+    split = lambda part: [(s[part], [f[part] for f in fs]) for s, fs in outs]  # noqa: E731
+    return discriminator_loss(split(slice(None, n)), split(slice(n, None)))
+
+
+def compute_g_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg: Config,
+                   adversarial: bool) -> tuple[torch.Tensor, dict]:
+    """(generator loss, values to log): mel_loss_weight · L1 mel, plus (`adversarial`) the LSGAN
+    and fm_loss_weight · feature-matching losses through `critic` (the discriminators outside DDP:
+    this backward reaches the generator only)."""
+    mel = mel_l1(frontend, fake, mels)
+    adv = fm = torch.zeros(())
+    if adversarial:
+        with torch.no_grad():
+            real_outs = critic(real)
+        fake_outs = critic(fake)
+        adv, fm = adversarial_loss(fake_outs), feature_matching_loss(real_outs, fake_outs)
+    loss = cfg.mel_loss_weight * mel + adv + cfg.fm_loss_weight * fm
+    return loss, {"g_loss": loss, "adv_loss": adv, "fm_loss": fm, "mel_loss": mel}
+
+
+@torch.no_grad()
+def evaluate(generator, loader, frontend, accelerator) -> dict:
+    """Copy-synthesis mel L1 (HiFi-GAN's scale) on whole validation utterances, each once."""
+    generator.eval()
+    totals = torch.zeros(2, dtype=torch.float64)
+    for batch in loader:
+        for wav in batch["wavs"]:
+            mel = frontend(wav)
+            totals += torch.tensor([mel_l1(frontend, generator(mel[None])[0], mel).item(), 1.0], dtype=torch.float64)
+    totals = accelerator.reduce(totals.to(accelerator.device), "sum").cpu()
+    generator.train()
+    return {"eval_mel_loss": (totals[0] / totals[1]).item()}
+
+
+def to_image(mel: torch.Tensor, lo: float, hi: float) -> np.ndarray:
+    """(frames, n_mels) → (n_mels, frames) uint8, low bins at the bottom."""
+    return (255 * ((mel.T.flip(0) - lo) / max(hi - lo, 1e-8)).clamp(0, 1)).to(torch.uint8).numpy()
+
+
+@torch.no_grad()
+def log_samples(generator, dataset, frontend, cfg: Config, writer, step: int) -> None:
+    """Main process only (no collectives): vocoded audio and real-over-vocoded mel images of the first
+    `num_samples` validation utterances, and the recordings once."""
+    generator.eval()
+    for i in range(min(cfg.num_samples, len(dataset))):
+        _, wav = dataset[i]
+        mel = frontend(wav)
+        fake = generator(mel[None])[0].clamp(-1, 1)
+        lo, hi = float(mel.min()), float(mel.max())
+        image = np.concatenate([to_image(mel, lo, hi), to_image(frontend(fake), lo, hi)])
+        writer.add_image(f"mel/{i}_real_vocoder", image[None], step)
+        writer.add_audio(f"audio/{i}", fake[None], step, sample_rate=cfg.sample_rate)
+        if step == cfg.eval_steps:
+            writer.add_audio(f"audio/{i}_recording", wav[None], step, sample_rate=cfg.sample_rate)
+    generator.train()
+
+
+def main(cfg: Config) -> None:
+    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/run.py) ----
+    run = start_run(cfg, recipe=Path(__file__).parent.name)
+    accelerator, out, cfg, accumulation, preemption = run.accelerator, run.out, run.cfg, run.accumulation, run.preemption
+    if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        raise RunError(f"the vocoder recipe runs on one process or DDP, not {accelerator.distributed_type.value}: "
+                       f"launch it with accelerate_configs/cpu_ddp.yaml or a DDP GPU profile")
+
+    # ---- data, models, optimizers (the seams above) --------------------------------------------
+    data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
+    generator, discriminator = build_generator(cfg), build_discriminators(cfg)
+    logger.info(f"generator {sum(p.numel() for p in generator.parameters()) / 1e6:.2f} M parameters, "
+                f"discriminators {sum(p.numel() for p in discriminator.parameters()) / 1e6:.2f} M")
+    optimizers, schedulers = build_optimizers(cfg, generator, discriminator)
+    # The schedulers are not prepared: each steps once per optimizer step in end_step (accelerate #1382).
+    generator, discriminator, g_opt, d_opt, train_loader, valid_loader = accelerator.prepare(
+        generator, discriminator, optimizers["generator"], optimizers["discriminator"], data.train_loader,
+        data.valid_loader)
+    frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length).to(accelerator.device)
+
+    # ---- resume, or start ------------------------------------------------------------------
+    parts = dict(models={"generator": generator, "discriminator": discriminator},
+                 optimizers={"generator": g_opt, "discriminator": d_opt}, schedulers=schedulers)
+    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(data.train_set))
+    resume_from_checkpoint(accelerator, run.ckpt, state, **parts)
+    metrics = start_logging(run, state)
+    writer = None
+    if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):
+        writer = accelerator.get_tracker("tensorboard", unwrap=True)
+
+    # ---- training loop ----------------------------------------------------------------------
+    preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
+    generator.train()
+    discriminator.train()
+    critic = accelerator.unwrap_model(discriminator)  # the generator's losses reach D outside DDP: no D reduction
+    bar = progress_bar(accelerator, cfg.max_steps, state.step)
+    segment_s = cfg.segment_frames * cfg.hop_length / cfg.sample_rate
+    throughput = Throughput(accelerator, dict.fromkeys(data.train_set["id"], segment_s))  # segment audio s/s
+    window = WindowMeans()
+    for batch, micro in train_batches(  # resumes mid-epoch, reseeds the global RNG from the position
+            accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
+            seed=cfg.seed, epoch_objects=(data.train_sampler, data.collate),
+            ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
+        adversarial = state.step >= cfg.gan_start_steps  # same on every rank
+        real, mels = batch["wavs"], batch["mels"]
+        with no_sync_unless(accelerator, (generator, discriminator) if adversarial else generator, micro.sync):
+            fake = generator(mels)  # (B, segment samples)
+            d_loss = torch.zeros(())
+            if adversarial:  # the discriminators' gradients come from their own loss only
+                d_loss = compute_d_loss(discriminator, real, fake)
+                accelerator.backward(d_loss / micro.window_len)
+            g_loss, stats = compute_g_loss(critic, frontend, real, fake, mels, cfg, adversarial)
+            accelerator.backward(g_loss / micro.window_len, inputs=list(generator.parameters()))
+        window.add({"d_loss": d_loss, **stats}, micro.window_len)
+        throughput.add(batch["ids"])
+        if not micro.sync:
+            continue
+        # The discriminators' update, then the generator's: the generator's gradients above were taken
+        # against the discriminators of this step's start (accumulation needs every micro-batch to see the same D).
+        d_norm = torch.zeros(())
+        if adversarial:
+            d_norm = optimizer_update(accelerator, discriminator, d_opt, state, max_grad_norm=cfg.max_grad_norm,
+                                      max_nonfinite_updates=cfg.max_nonfinite_updates)
+        g_norm = optimizer_update(accelerator, generator, g_opt, state, max_grad_norm=cfg.max_grad_norm,
+                                  max_nonfinite_updates=cfg.max_nonfinite_updates)
+        end_step(state, schedulers["generator"], *([schedulers["discriminator"]] if adversarial else []))
+        bar.update(1)
+
+        row = {}
+        if cfg.eval_steps and state.step % cfg.eval_steps == 0:
+            row = evaluate(accelerator.unwrap_model(generator), valid_loader, frontend, accelerator)  # collective
+            logger.info(f"step {state.step}: eval_mel_loss {row['eval_mel_loss']:.4f}")
+            if writer is not None:  # main process only; no collectives inside
+                log_samples(accelerator.unwrap_model(generator), data.valid_items, frontend, cfg, writer, state.step)
+        if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
+            row = metrics.log_step(state, window, throughput, lr=schedulers["generator"].get_last_lr()[0],
+                                   grad_norm=g_norm, extra={"d_lr": schedulers["discriminator"].get_last_lr()[0],
+                                                            "d_grad_norm": d_norm.item(), **row})  # collective
+            bar.set_postfix(mel=f"{row['mel_loss']:.3f}", d=f"{row['d_loss']:.3f}")
+        window.zero()
+        save_or_preempt(accelerator, out, state, preemption, **parts, save_steps=cfg.save_steps,
+                        max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)  # collective
+    bar.close()
+
+    # ---- export: final/ (the generator) appears complete or not at all --------------------------
+    def write_extras(folder: Path) -> None:  # main process, beside model.safetensors
+        save_config(cfg, folder / "config.yaml")  # holds the mel settings synthesize.py --vocoder checks
+        # The model code under a name of its own (`model` would collide with a TTS model's on sys.path).
+        (folder / "vocoder_model.py").write_text(Path(__file__).with_name("model.py").read_text())
+        write_model_card(folder, recipe="vocoder", state=state, data_dir=data.data_dir,
+                         metrics_path=out / "metrics.jsonl", usage="""
+            ```python
+            import sys
+            sys.path.insert(0, "<this folder>")
+            from vocoder_model import load_vocoder, vocode
+
+            generator, cfg = load_vocoder("<this folder>")
+            wav = vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
+            ```""")
+
+    export_final(accelerator, {"generator": generator}, out, write_extras)  # collective
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    run_main(lambda: main(CONFIG))

@@ -1,0 +1,187 @@
+"""Vocoder (Vocos-style generator, multi-period + multi-resolution STFT discriminators, two AdamW, two
+schedules, generator-only steps before --gan_start_steps, accumulation): the mel is the TTS recipe's,
+and end to end through `accelerate launch`: killed with SIGKILL and re-launched ends bit-identical to a
+run never stopped in 1 and 2 processes, continues on fewer processes, a kill during the export leaves
+no final/, preemption saves and resumes exactly; synthesize.py --vocoder on a tiny TTS + this vocoder,
+evaluate.py on 2 utterances, and the refusal of a vocoder trained on another mel."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+import torch
+from safetensors.torch import load_file
+
+from tests.recipe_import import recipe_modules
+from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
+                                   metrics, resumed_positions, run, worker)
+from tests.recipes.test_tts import args_for as tts_args_for
+
+slow = pytest.mark.slow
+
+# Tiny: a 1-block generator and 2 + 2 sub-discriminators of 4 channels on 8-frame segments.
+TINY = ["--dim", "16", "--hidden_dim", "32", "--layers", "1", "--periods", "2,3", "--period_channels", "4,4",
+        "--resolutions", "256,512", "--resolution_channels", "4", "--segment_frames", "8", "--num_valid", "2",
+        "--num_test", "2", "--max_batch_seconds", "8", "--logging_steps", "1", "--eval_steps", "4",
+        "--report_to", "none", "--gan_start_steps", "2"]
+STEPS = ["--max_steps", "8", "--save_steps", "1", "--save_total_limit", "3", "--gradient_accumulation_steps", "2"]
+
+vocoder = recipe_modules("vocoder", "model", "data")
+
+
+def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
+    return ["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra]
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit tests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_generator_gives_the_samples_whose_mel_has_its_frames():
+    from common.features import mel_frontend
+
+    cfg = type("C", (), dict(n_mels=80, win_length=1024, hop_length=256, dim=16, hidden_dim=32, layers=1))
+    frontend = mel_frontend(22050, 80, 1024, 256)
+    mel = frontend(torch.randn(8 * 256) * 0.1)  # (9, 80): centred frames
+    wav = vocoder.model.build_generator(cfg)(mel[None])[0]
+    assert wav.shape == (8 * 256,) and frontend(wav).shape == mel.shape
+
+
+def test_the_segment_collator_cuts_the_same_segments_for_the_same_position():
+    cfg = type("C", (), dict(seed=1, segment_frames=4, hop_length=256, sample_rate=22050, n_mels=80, win_length=1024))
+    items = [("a", torch.randn(22050)), ("b", torch.randn(300))]  # b: shorter than a segment (zero-padded)
+    c = vocoder.data.SegmentCollator(cfg)
+    first = c(items)
+    assert first["wavs"].shape == (2, 1024) and first["mels"].shape == (2, 5, 80)
+    assert torch.equal(first["wavs"], c(items)["wavs"])  # a pure function of (seed, epoch, id)
+    c.set_epoch(1)
+    assert not torch.equal(first["wavs"][0], c(items)["wavs"][0])  # another epoch, another segment
+    assert torch.equal(first["wavs"][1, :300], items[1][1]) and not first["wavs"][1, 300:].any()
+
+
+def test_mel_mismatch_names_what_differs():
+    a = type("A", (), dict(sample_rate=22050, n_mels=80, win_length=1024, hop_length=256))
+    b = type("B", (), dict(sample_rate=22050, n_mels=80, win_length=1024, hop_length=128))
+    assert vocoder.model.mel_mismatch(a, a) is None
+    assert vocoder.model.mel_mismatch(a, b) == "hop_length 256 vs 128"
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def continuous(tiny_corpus, tmp_path_factory):
+    """Runs never interrupted, per process count."""
+    cache = {}
+
+    def get(nproc: int) -> Path:
+        if nproc not in cache:
+            out = tmp_path_factory.mktemp(f"vocoder{nproc}") / "run"
+            run("vocoder", nproc, args_for(tiny_corpus, out, *STEPS))
+            cache[nproc] = out
+        return cache[nproc]
+
+    return get
+
+
+def assert_same_discriminators(a: Path, b: Path) -> None:
+    ka, kb = (p / "checkpoints" / "step_00000008" / "discriminator" for p in (a, b))
+    for f in sorted(ka.glob("*.safetensors")):
+        wa, wb = load_file(f), load_file(kb / f.name)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f.name
+
+
+@slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_vocoder_interrupted_equals_continuous(tiny_corpus, tmp_path, continuous, nproc):
+    cut = tmp_path / "interrupted"
+    run("vocoder", nproc, args_for(tiny_corpus, cut, *STEPS), kill_after_checkpoint=1)  # a generator-only step
+    run("vocoder", nproc, args_for(tiny_corpus, cut, *STEPS), kill_after_checkpoint=5)
+    run("vocoder", nproc, args_for(tiny_corpus, cut, *STEPS))
+    first, second = [step for step, _, _ in resumed_positions(tmp_path / "interrupted.log")]
+    assert 1 <= first < 5 <= second < 8
+    cont = continuous(nproc)
+    assert metrics(cut) == metrics(cont)  # every loss, both learning rates and norms, every step once
+    rows = metrics(cont)
+    assert [r["d_loss"] == 0 for r in rows] == [True, True] + [False] * 6  # generator-only steps first
+    assert rows[0]["d_lr"] == rows[1]["d_lr"] != rows[2]["d_lr"]  # D's schedule moves on its updates only
+    assert len({r["epoch"] for r in rows}) > 1  # the run crossed an epoch
+    assert_same_weights(cont, cut)  # final/: the generator
+    assert_same_discriminators(cont, cut)
+
+
+@slow
+def test_vocoder_continues_on_fewer_processes(tiny_corpus, tmp_path, continuous):
+    from tests.recipes.test_elastic import LOSS_RTOL, compare
+
+    extra = [*STEPS, "--dump_batch_ids", "true"]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run("vocoder", 2, args_for(tiny_corpus, cont, *extra))
+    run("vocoder", 2, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=3)
+    log = run("vocoder", 1, args_for(tiny_corpus, cut, *extra))
+    assert "checkpoint: 2 process(es) × accumulation 2; now: 1 × 4" in log
+    loss_rel, weight_abs = compare(cont, cut)
+    print(f"vocoder 2→1: max relative loss difference {loss_rel:.2e}, max absolute weight difference {weight_abs:.2e}")
+    assert loss_rel < LOSS_RTOL and weight_abs < 1e-3
+
+
+@slow
+def test_preemption_saves_and_resumes_exactly(tiny_corpus, tmp_path, continuous):
+    out = tmp_path / "run"
+    log = run("vocoder", 2, args_for(tiny_corpus, out, *STEPS), when=checkpoint_exists(3),
+              then=lambda proc: worker(proc, 1).send_signal(signal.SIGUSR1), expect_rc=1)
+    assert "preempted at step" in log and "exit code 75" in log
+    assert not (out / "final").exists()
+    run("vocoder", 2, args_for(tiny_corpus, out, *STEPS))
+    assert_same_weights(continuous(2), out)
+    assert_same_losses(continuous(2), out)
+
+
+def synthesize(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "synthesize.py"), *args], cwd="/",
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+@slow
+def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, tmp_path, continuous):
+    tts = tmp_path / "tts"
+    run("tts", 1, tts_args_for(tiny_corpus, tts, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"))
+    voc = tmp_path / "vocoder"
+    args = args_for(tiny_corpus, voc, "--max_steps", "2", "--save_steps", "2")
+    run("vocoder", 1, args, env={"PYTHONPATH": str(SUPPORT), "SLOW_EXPORT": "5"},
+        when=lambda o: (o / ".final.tmp" / "model.safetensors").is_file(), then=kill_tree, expect_rc=None)
+    assert not (voc / "final").exists()
+    wav = tmp_path / "out.wav"
+    refused = synthesize("--checkpoint", str(tts), "--vocoder", str(voc), "--text", "a cat", "--output", str(wav))
+    assert refused.returncode == 2 and "the export of this run did not finish" in refused.stderr
+    run("vocoder", 1, args)  # the same command finishes the export
+    assert sorted(p.name for p in (voc / "final").iterdir()) == ["COMPLETE", "README.md", "config.yaml",
+                                                                 "model.safetensors", "vocoder_model.py"]
+    done = synthesize("--checkpoint", str(tts), "--vocoder", str(voc / "final"), "--text", "a cat", "--output", str(wav))
+    assert done.returncode == 0, done.stderr
+    audio, sr = sf.read(wav)
+    assert sr == 22050 and len(audio) > 0 and abs(audio).max() > 0
+
+    scored = subprocess.run([sys.executable, str(ROOT / "recipes" / "vocoder" / "evaluate.py"), "--checkpoint", str(voc),
+                             "--num_test", "2", "--num_images", "1"], cwd="/", capture_output=True, text=True,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert scored.returncode == 0, scored.stderr
+    report = json.loads((voc / "eval_test.json").read_text())
+    assert len(report["utterances"]) == 2 and set(report["mean"]) == {
+        f"{v}_{m}" for v in ("griffin_lim", "vocoder") for m in ("pesq", "stoi", "mcd")}
+    assert len(list(voc.glob("*.png"))) == 1 and "| vocoder |" in (voc / "eval_test.md").read_text()
+
+    other = tmp_path / "vocoder_hop128"  # a vocoder of another mel: refused with one line
+    run("vocoder", 1, args_for(tiny_corpus, other, "--max_steps", "1", "--hop_length", "128"))
+    refused = synthesize("--checkpoint", str(tts), "--vocoder", str(other), "--text", "a cat", "--output", str(wav))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "trained on another mel than this TTS model (hop_length 128 vs 256)" in refused.stderr
