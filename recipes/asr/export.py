@@ -57,6 +57,9 @@ def main():
     tokenizer = load_tokenizer(tok_dir)
     if not args.lm and (args.lm_alpha is not None or args.lm_beta is not None):
         raise SystemExit("error: --lm_alpha and --lm_beta are the shipped LM's weights; give the LM with --lm DIR")
+    if args.lm and tokenizer.kind != "char":
+        raise SystemExit("error: --lm needs a character model: a BPE export has no transformers tokenizer, so the "
+                         "pipeline cannot load it; decode BPE models with the LM through decode.py --lm")
     if args.lm:
         try:
             load_lm_decoder(args.lm, tokenizer)  # before writing anything
