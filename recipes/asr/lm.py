@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Annotated
 from types import SimpleNamespace
 
-from common.config import Count, ExistingPath
+from common.config import ExistingPath, Range
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)  # lmplz --discount_fallback
@@ -83,8 +83,8 @@ def discounts(adjusted: Counter) -> tuple[float, float, float]:
 
 def estimate(sentences: list[list[str]], order: int) -> list[dict[tuple[str, ...], tuple[float, float | None]]]:
     """Modified Kneser-Ney: model[k-1][(w1..wk)] = (log10 p(wk | w1..wk-1), log10 backoff or None)."""
-    if order < 1:
-        raise ValueError(f"order must be ≥ 1, got {order}")
+    if order < 2:
+        raise ValueError(f"order must be ≥ 2 (kenlm reads bigram models and up), got {order}")
     if not any(sentences):
         raise ValueError("no words to build a language model from")
     adjusted = adjusted_counts(count_ngrams(sentences, order))
@@ -145,7 +145,7 @@ class LmConfig:
 
     checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
-    order: Annotated[int, Count] = 3  # n of the n-grams (3: trigrams)
+    order: Annotated[int, Range(2)] = 3  # n of the n-grams (3: trigrams; kenlm reads 2 and up)
     output_dir: str = "lm"  # the folder to write (must not exist yet)
 
 
