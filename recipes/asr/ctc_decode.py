@@ -8,18 +8,24 @@ split into "ends in blank" / "ends in a token", so it can prefer a labelling tha
 (see tests/recipes/test_asr.py for a case where greedy is wrong).
 
 `transcribe` decodes a loader with a model (decode.py); `evaluate` adds the validation loss and
-WER/CER across processes (train.py, at evaluation steps).
+WER/CER across processes (train.py, at evaluation steps). With a word n-gram LM (lm.py),
+`load_lm_decoder` gives pyctcdecode's beam search with shallow fusion (the decoder transformers'
+`Wav2Vec2ProcessorWithLM` and ASR pipeline use): score = log p_ctc + alpha · log p_lm + beta · words.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from model import ctc_loss
 from scoring import gather_results
 from text import BLANK
+
 NEG_INF = float("-inf")
 
 
@@ -121,3 +127,91 @@ def evaluate(model, loader, accelerator, tokenizer, scorer) -> tuple[dict, list[
         scores = scorer([h for _, h, _ in results], [r for _, _, r in results])
         row.update(eval_wer=scores["wer"], eval_cer=scores["cer"])
     return row, results
+
+
+class LmError(ValueError):
+    """A language model that cannot be used (missing package, wrong path or file): one line."""
+
+
+def lm_labels(tokenizer) -> list[str]:
+    """pyctcdecode's alphabet, one label per class: "" the blank, then the characters (" " separates
+    words) or the SentencePiece pieces ("▁" starts a word; SentencePiece's <unk> becomes pyctcdecode's)."""
+    if tokenizer.kind == "char":
+        return ["", *tokenizer.vocab[1:]]
+    return ["", *(tokenizer.sp.id_to_piece(i) for i in range(tokenizer.sp.get_piece_size()))]
+
+
+def load_lm_decoder(path: str | Path, tokenizer, alpha: float | None = None, beta: float | None = None):
+    """A pyctcdecode `BeamSearchDecoderCTC` over `tokenizer`'s classes with the LM at `path`: a folder
+    written by lm.py (or a final/language_model/), or an .arpa/.bin file (then every 1-gram is a known
+    word). `alpha`/`beta` None: the folder's attrs.json (pyctcdecode's defaults for a bare file)."""
+    try:
+        import kenlm
+        from pyctcdecode import Alphabet, BeamSearchDecoderCTC, LanguageModel
+    except ImportError as e:
+        raise LmError(f"LM decoding needs pyctcdecode and kenlm ({e}); pip install -r requirements-lm.txt") from None
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".arpa", ".bin", ".binary"))
+        if len(files) != 1 or not (path / "unigrams.txt").is_file():
+            raise LmError(f"{path}: expected one .arpa/.bin file and unigrams.txt (a folder from lm.py), found "
+                          f"{sorted(p.name for p in path.iterdir())}")
+        lm_file, unigrams = files[0], (path / "unigrams.txt").read_text(encoding="utf-8").split()
+        attrs = json.loads((path / "attrs.json").read_text()) if (path / "attrs.json").is_file() else {}
+    elif path.suffix in (".arpa", ".bin", ".binary"):
+        lm_file, unigrams, attrs = path, None, {}
+    else:
+        raise LmError(f"{path}: not an LM folder from lm.py nor an .arpa/.bin file")
+    try:
+        model = kenlm.Model(str(lm_file))
+    except (OSError, RuntimeError) as e:
+        raise LmError(f"{lm_file}: kenlm cannot read it ({e})") from None
+    if unigrams is None:  # a bare ARPA: its 1-grams
+        unigrams = _arpa_unigrams(lm_file) if lm_file.suffix == ".arpa" else []
+    attrs = {**attrs, **({"alpha": alpha} if alpha is not None else {}), **({"beta": beta} if beta is not None else {})}
+    language_model = LanguageModel(model, unigrams, **{k: v for k, v in attrs.items() if k in LanguageModel.JSON_ATTRS})
+    return BeamSearchDecoderCTC(Alphabet.build_alphabet(lm_labels(tokenizer)), language_model)
+
+
+def export_lm(folder: str | Path, lm_dir: str | Path, tokenizer, alpha: float | None = None,
+              beta: float | None = None) -> None:
+    """Add the LM of `lm_dir` (lm.py's folder) to the transformers export `folder` the way
+    `Wav2Vec2ProcessorWithLM` saves one: `alphabet.json`, `language_model/{lm.arpa, unigrams.txt,
+    attrs.json}`, and `processor_class` in `preprocessor_config.json`, which is what makes
+    `pipeline("automatic-speech-recognition", ...)` decode with pyctcdecode and the LM."""
+    folder = Path(folder)
+    load_lm_decoder(lm_dir, tokenizer, alpha, beta).save_to_dir(str(folder))  # what the processor's save_pretrained writes
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    config["processor_class"] = "Wav2Vec2ProcessorWithLM"
+    (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _arpa_unigrams(path: Path) -> list[str]:
+    words, inside = [], False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("\\"):
+                inside = line.strip() == "\\1-grams:"
+                continue
+            parts = line.split("\t")
+            if inside and len(parts) >= 2 and parts[1].strip() not in ("<s>", "</s>", "<unk>"):
+                words.append(parts[1].strip())
+    return words
+
+
+@torch.no_grad()
+def posteriors(model, loader) -> list[tuple[str, str, np.ndarray]]:
+    """This process's share of `loader` → [(id, ref, (frames, classes) float32 log-posteriors)]."""
+    model.eval()
+    out = []
+    for batch in loader:
+        log_probs, out_lens = model(batch["feats"], batch["feat_lens"])
+        out += [(i, r, log_probs[b, : int(out_lens[b])].cpu().numpy())
+                for b, (i, r) in enumerate(zip(batch["ids"], batch["texts"]))]
+    model.train()
+    return out
+
+
+def lm_decode(decoder, log_probs: np.ndarray, beam_width: int) -> str:
+    """(frames, classes) log-posteriors → text, single-spaced like the tokenizers' decode."""
+    return " ".join(decoder.decode(log_probs, beam_width=beam_width).split())

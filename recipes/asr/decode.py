@@ -2,6 +2,9 @@
 
     accelerate launch recipes/asr/decode.py --checkpoint outputs/asr --split test
     accelerate launch recipes/asr/decode.py --checkpoint outputs/asr/final --split test --decoding beam
+    # with a word n-gram LM (python recipes/asr/lm.py ... --output_dir outputs/asr/lm), alpha and beta
+    # chosen on the checkpoint's validation split
+    accelerate launch recipes/asr/decode.py --checkpoint outputs/asr --split test --lm outputs/asr/lm --tune_lm
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/asr/decode.py \
         --checkpoint outputs/asr --split test
     # a real LibriSpeech folder
@@ -15,17 +18,29 @@ checkpoint's config.yaml unless given here. Writes <output>/<split>-<decoding>.j
 scores; <output> defaults to <output_dir>/decode/<checkpoint name>/ (e.g. outputs/asr/decode/final/):
 beside the checkpoint, never inside it (final/ and step folders are sealed by their digests); prints WER and CER. In N processes each process decodes its share and the main process
 scores the gathered results, each utterance exactly once.
+
+--lm (a folder from lm.py, a final/language_model/, or an .arpa file) decodes with pyctcdecode's beam
+search and the LM (shallow fusion, `--beam_width` hypotheses) and, from the same log-posteriors,
+greedily: <name> is <split>-lm and its .json holds both scores (`wer`, `cer` with the LM;
+`wer_no_lm`, `cer_no_lm` greedy). `--tune_lm` first decodes the validation split (the checkpoint's
+valid_split, never the test split) for every --lm_alphas × --lm_betas pair and keeps the pair with the
+lowest WER (ties: the first); otherwise --lm_alpha/--lm_beta, or the LM folder's attrs.json.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn
 from types import SimpleNamespace
 
+from accelerate.utils import broadcast_object_list
+
+import torch
 import yaml
 
 from common.checkpoint import resolve_checkpoint
@@ -38,7 +53,7 @@ from common.logs import get_logger
 from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
-from ctc_decode import transcribe
+from ctc_decode import LmError, ctc_greedy, lm_decode, load_lm_decoder, posteriors, transcribe
 from data import SpecAugmentCollator, SpeechDataset, read_split
 from model import ConformerCTC
 from scoring import Scorer, gather_results
@@ -60,6 +75,20 @@ class EvalConfig:
     beam_size: Annotated[int, Count] = 8  # prefixes kept by beam search
     max_batch_seconds: Annotated[float, Positive] = 120.0  # padded seconds of audio per batch, per process
     num_workers: Annotated[int, NonNegative] = 0  # DataLoader workers per process
+    lm: Annotated[str | None, ExistingPath] = None  # word n-gram LM: lm.py's folder, final/language_model/ or an .arpa; None: no LM
+    beam_width: Annotated[int, Count] = 100  # hypotheses kept by the LM beam search (pyctcdecode's default, as the pipeline)
+    lm_alpha: float | None = None  # weight of the LM's natural-log probability; None: the LM folder's attrs.json
+    lm_beta: float | None = None  # score bonus per word; None: the LM folder's attrs.json
+    tune_lm: bool = False  # choose lm_alpha, lm_beta on the validation split (grid below)
+    lm_alphas: str = "0.25,0.5,0.75,1.0,1.5"  # --tune_lm grid, comma-separated
+    lm_betas: str = "0,0.5,1,2,3"  # --tune_lm grid, comma-separated
+
+
+def refuse(message: str) -> NoReturn:
+    """A decoding setting that cannot work: one line (the first process of each machine), exit code 2."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def main():
@@ -74,44 +103,93 @@ def main():
     tokenizer = load_tokenizer(tok_dir)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "librispeech")
-    manifest = read_split(data_dir, args.split)
-    # characters the model cannot emit: refused unless the run said --unknown_chars drop
     try:
-        check_transcripts(manifest["id"], manifest["text"], tokenizer, args.split, getattr(cfg, "unknown_chars", "error"))
-    except ValueError as e:
-        raise SystemExit(f"decode.py: {e}") from None
-    loader, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"],
-                            SpecAugmentCollator(cfg, augment=False), max_batch_seconds=args.max_batch_seconds,
-                            num_buckets=cfg.num_buckets, seed=cfg.seed, multiple_of=world, shuffle=False,
-                            num_workers=args.num_workers)
+        grid = ([float(a) for a in args.lm_alphas.split(",")], [float(b) for b in args.lm_betas.split(",")])
+    except ValueError:
+        refuse(f"--lm_alphas {args.lm_alphas!r} / --lm_betas {args.lm_betas!r}: comma-separated numbers, e.g. 0.5,1")
+    if not args.lm and (args.tune_lm or args.lm_alpha is not None or args.lm_beta is not None):
+        refuse("--tune_lm, --lm_alpha and --lm_beta set the LM decoding; give the LM with --lm DIR")
+    if args.lm and args.decoding != "greedy":
+        refuse("--lm decodes with the LM beam search (--beam_width); drop --decoding beam")
+    if args.tune_lm and (args.lm_alpha is not None or args.lm_beta is not None):
+        refuse("--tune_lm chooses lm_alpha and lm_beta; drop --lm_alpha/--lm_beta, or --tune_lm")
+    try:
+        decoder = load_lm_decoder(args.lm, tokenizer, args.lm_alpha, args.lm_beta) if args.lm else None
+    except LmError as e:
+        refuse(f"--lm {e}")
+
+    def loader_for(split):
+        manifest = read_split(data_dir, split)
+        # characters the model cannot emit: refused unless the run said --unknown_chars drop
+        try:
+            check_transcripts(manifest["id"], manifest["text"], tokenizer, split, getattr(cfg, "unknown_chars", "error"))
+        except ValueError as e:
+            raise SystemExit(f"decode.py: {e}") from None
+        loader, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"],
+                                SpecAugmentCollator(cfg, augment=False), max_batch_seconds=args.max_batch_seconds,
+                                num_buckets=cfg.num_buckets, seed=cfg.seed, multiple_of=world, shuffle=False,
+                                num_workers=args.num_workers)
+        return manifest, accelerator.prepare(loader)  # shards the batches over processes (no DDP wrapper needed)
 
     model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                          vocab_size=tokenizer.vocab_size)
     model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
     model.to(accelerator.device)
-    loader = accelerator.prepare(loader)  # shards the batches over processes (no DDP wrapper needed)
+    scorer = Scorer()
 
+    if args.tune_lm:  # on the validation split: the test split never chooses a setting
+        _, valid_loader = loader_for(cfg.valid_split)
+        valid = posteriors(model, valid_loader)
+        best = None
+        for alpha in grid[0]:
+            for beta in grid[1]:
+                decoder.reset_params(alpha=alpha, beta=beta)
+                hyps = gather_results([(i, lm_decode(decoder, lp, args.beam_width), r) for i, r, lp in valid])  # collective
+                if accelerator.is_main_process:
+                    wer = scorer([h for _, h, _ in hyps], [r for _, _, r in hyps])["wer"]
+                    logger.info(f"{cfg.valid_split}: alpha {alpha} beta {beta}: WER {100 * wer:.2f}%")
+                    best = min(best or (wer, alpha, beta), (wer, alpha, beta), key=lambda t: t[0])
+        best = broadcast_object_list([best])[0]  # the main process's choice, on every process
+        args.lm_alpha, args.lm_beta = best[1], best[2]
+        decoder.reset_params(alpha=args.lm_alpha, beta=args.lm_beta)
+
+    manifest, loader = loader_for(args.split)
     start = time.monotonic()
-    results, loss_sum, tokens = transcribe(model, loader, tokenizer, args.decoding, args.beam_size)
+    if decoder is None:
+        results, _, _ = transcribe(model, loader, tokenizer, args.decoding, args.beam_size)
+    else:  # LM beam search, and greedy on the same log-posteriors for the comparison
+        decoded = [(i, lm_decode(decoder, lp, args.beam_width), r, tokenizer.decode(ctc_greedy(torch.from_numpy(lp))))
+                   for i, r, lp in posteriors(model, loader)]
+        greedy = gather_results([(i, g, r) for i, _, r, g in decoded])  # collective
+        results = [(i, h, r) for i, h, r, _ in decoded]
     results = gather_results(results)  # collective: every utterance once, sorted by id
     if accelerator.is_main_process:
         if len(results) != len(manifest):
             raise RuntimeError(f"scored {len(results)} utterances, the split has {len(manifest)}")
-        scores = Scorer()([h for _, h, _ in results], [r for _, _, r in results])
-        summary = {"checkpoint": str(folder), "split": args.split, "data_dir": data_dir, "decoding": args.decoding,
-                   "beam_size": args.beam_size if args.decoding == "beam" else None, "utterances": len(results),
-                   **scores, "processes": world, "decode_seconds": round(time.monotonic() - start, 2)}
+        scores = scorer([h for _, h, _ in results], [r for _, _, r in results])
+        decoding = "lm" if decoder else args.decoding
+        summary = {"checkpoint": str(folder), "split": args.split, "data_dir": data_dir, "decoding": decoding,
+                   "beam_size": args.beam_size if decoding == "beam" else None, "utterances": len(results), **scores}
+        if decoder:
+            no_lm = scorer([h for _, h, _ in greedy], [r for _, _, r in greedy])
+            summary.update(wer_no_lm=no_lm["wer"], cer_no_lm=no_lm["cer"], lm=str(args.lm), beam_width=args.beam_width,
+                           lm_alpha=decoder._language_model.alpha,
+                           lm_beta=decoder._language_model.beta, tuned_on=cfg.valid_split if args.tune_lm else None)
+        summary.update(processes=world, decode_seconds=round(time.monotonic() - start, 2))
         # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
         run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
         out = Path(args.output) if args.output else run_dir / "decode" / folder.name
         out.mkdir(parents=True, exist_ok=True)
-        name = f"{args.split.replace(',', '+')}-{args.decoding}"
+        name = f"{args.split.replace(',', '+')}-{decoding}"
         with open(out / f"{name}.jsonl", "w") as f:
             for utt_id, hyp, ref in results:
                 f.write(json.dumps({"id": utt_id, "ref": ref, "hyp": hyp}) + "\n")
         (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
-        print(f"{args.split} ({len(results)} utterances, {args.decoding}): "
+        print(f"{args.split} ({len(results)} utterances, {decoding}): "
               f"WER {100 * scores['wer']:.2f}%  CER {100 * scores['cer']:.2f}%  → {out / name}.jsonl", flush=True)
+        if decoder:
+            print(f"{args.split} without the LM (greedy): WER {100 * summary['wer_no_lm']:.2f}%  "
+                  f"CER {100 * summary['cer_no_lm']:.2f}%; LM alpha {summary['lm_alpha']} beta {summary['lm_beta']}", flush=True)
     accelerator.wait_for_everyone()
 
 

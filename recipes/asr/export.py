@@ -8,6 +8,11 @@ folder. Then, from anywhere:
     from transformers import pipeline
     asr = pipeline("automatic-speech-recognition", model="asr_step500", trust_remote_code=True)
     asr("speech.wav")  # or asr({"raw": samples_16khz, "sampling_rate": 16000})
+
+--lm DIR (a folder from lm.py) ships a word n-gram LM in the export (language_model/, alphabet.json,
+processor class Wav2Vec2ProcessorWithLM): the pipeline then decodes with pyctcdecode's beam search and
+the LM (with `pyctcdecode` and `kenlm` installed; without them transformers warns and decodes greedily).
+--lm_alpha/--lm_beta (e.g. what decode.py --tune_lm chose) replace the LM folder's attrs.json.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from common.config import ExistingPath, parse_config
 from common.hf_export import load_recipe_ctc_weights
 
 # recipe-local modules (this folder is on sys.path)
+from ctc_decode import LmError, export_lm, load_lm_decoder
 from model import export_hf
 from text import load_tokenizer
 
@@ -35,6 +41,9 @@ class ExportConfig:
 
     checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     output_dir: str = "asr_export"  # the folder to write (must not exist yet)
+    lm: Annotated[str | None, ExistingPath] = None  # a word n-gram LM folder from lm.py to ship with the model; None: none
+    lm_alpha: float | None = None  # weight of the LM's natural-log probability; None: the LM folder's attrs.json
+    lm_beta: float | None = None  # score bonus per word; None: the LM folder's attrs.json
 
 
 def main():
@@ -45,12 +54,26 @@ def main():
     cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     # final/ holds its tokenizer; a checkpoints/step_X/ folder uses its run's <output_dir>/tokenizer.
     tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
+    tokenizer = load_tokenizer(tok_dir)
+    if not args.lm and (args.lm_alpha is not None or args.lm_beta is not None):
+        raise SystemExit("error: --lm_alpha and --lm_beta are the shipped LM's weights; give the LM with --lm DIR")
+    if args.lm and tokenizer.kind != "char":
+        raise SystemExit("error: --lm needs a character model: a BPE export has no transformers tokenizer, so the "
+                         "pipeline cannot load it; decode BPE models with the LM through decode.py --lm")
+    if args.lm:
+        try:
+            load_lm_decoder(args.lm, tokenizer)  # before writing anything
+        except LmError as e:
+            raise SystemExit(f"error: --lm {e}") from None
     weights = load_recipe_ctc_weights(folder)
     out.mkdir(parents=True)
     shutil.copyfile(folder / "config.yaml", out / "config.yaml")
     shutil.copytree(tok_dir, out / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
-    export_hf(out, weights, cfg, load_tokenizer(tok_dir))
-    print(f"{out}: transformers Wav2Vec2BertForCTC + feature extractor (trust_remote_code=True)")
+    export_hf(out, weights, cfg, tokenizer)
+    if args.lm:
+        export_lm(out, args.lm, tokenizer, args.lm_alpha, args.lm_beta)
+    print(f"{out}: transformers Wav2Vec2BertForCTC + feature extractor (trust_remote_code=True)"
+          + (f" + the n-gram LM of {args.lm} (Wav2Vec2ProcessorWithLM)" if args.lm else ""))
 
 
 if __name__ == "__main__":
