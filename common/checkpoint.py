@@ -131,9 +131,11 @@ class TrainState:
         from common.config import config_hash, config_to_dict, resume_safe_keys
 
         values, safe = config_to_dict(config), resume_safe_keys(config)
-        return cls(world_size=world_size, gradient_accumulation_steps=accumulation,
-                   global_batch=world_size * accumulation, threads_per_process=torch.get_num_threads(),
-                   config_hash=config_hash(values, ignore=safe), config=values, resume_safe=safe, data=data or {})
+        state = cls(world_size=world_size, gradient_accumulation_steps=accumulation,
+                    global_batch=world_size * accumulation, threads_per_process=torch.get_num_threads(),
+                    config_hash=config_hash(values, ignore=safe), config=values, resume_safe=safe, data=data or {})
+        state._field_defaults = field_defaults(config)  # not saved: see resume_from_checkpoint
+        return state
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,6 +143,21 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
             setattr(self, k, v)
+
+
+_NO_DEFAULT = object()
+
+
+def field_defaults(config: Any) -> dict[str, Any]:
+    """{field: its default in the Config class} (as `config_to_dict` writes values), for the fields
+    that have one."""
+    out = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -668,8 +685,13 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
         # This launch's ResumeSafe keys, and those the checkpoint's run marked that its Config no
         # longer has (a checkpoint written before the marks were stored has none).
         safe = set(state.resume_safe) | (set(saved.get("resume_safe", ())) - set(state.config))
+        # A field the checkpoint's config lacks was added to the Config after it was written; the
+        # code it was written with behaved as that field's default does (the rule for adding a
+        # field), so only another value is a change.
+        added = {k for k in set(state.config) - set(saved["config"])
+                 if state.config[k] == getattr(state, "_field_defaults", {}).get(k, _NO_DEFAULT)}
         for k in sorted(set(saved["config"]) | set(state.config)):
-            if k not in safe and saved["config"].get(k) != state.config.get(k):
+            if k not in safe and k not in added and saved["config"].get(k) != state.config.get(k):
                 problems.append(f"{k}: checkpoint {saved['config'].get(k)!r} != now {state.config.get(k)!r}")
     if problems:
         data = any(p.startswith("training data") for p in problems)

@@ -372,6 +372,23 @@ def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
         _save_and_resume(tmp_path / "2", old, TrainState.for_run(tts(learning_rate=2e-3), 1, 1))
 
 
+def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path):
+    """A checkpoint written before a field existed (ASR's layer_decay, say) resumes when this launch
+    uses the field's default, which is how the older code behaved; another value is a change."""
+    from common.checkpoint import TrainState
+
+    old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
+    old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))
+
+    @dataclass
+    class Newer(Toy):
+        decay: Annotated[float, Positive] = 1.0
+
+    assert _save_and_resume(tmp_path, old, TrainState.for_run(Newer(), 1, 1)) is not None
+    with pytest.raises(RuntimeError, match=r"decay: checkpoint None != now 0.5"):
+        _save_and_resume(tmp_path / "2", old, TrainState.for_run(Newer(decay=0.5), 1, 1))
+
+
 def test_a_key_the_checkpoint_marked_safe_and_this_config_dropped_is_ignored(tmp_path):
     from common.checkpoint import TrainState
 
