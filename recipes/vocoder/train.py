@@ -30,8 +30,6 @@ from typing import Annotated
 from common.config import (Count, NonNegative, Positive, Range, ResumeSafe, RunConfig,
                            exit_on_signals_during_start_up, parse_config)
 
-LOSSES = ("d_loss", "g_loss", "adv_loss", "fm_loss", "mel_loss")
-
 
 @dataclass
 class Config(RunConfig):

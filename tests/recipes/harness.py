@@ -128,12 +128,13 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"
 
 
-def assert_same_losses(a: Path, b: Path) -> None:
+def assert_same_losses(a: Path, b: Path, key: str = "loss") -> None:
+    """Same logged steps, each once, with equal `key` (the vocoder logs g_loss and d_loss)."""
     ma, mb = metrics(a), metrics(b)
     assert [r["step"] for r in mb] == [r["step"] for r in ma]
     assert len({r["step"] for r in mb}) == len(mb), "a step was logged twice"
     for ra, rb in zip(ma, mb):
-        assert ra["loss"] == rb["loss"], f"step {ra['step']}: {ra['loss']} != {rb['loss']}"
+        assert ra[key] == rb[key], f"step {ra['step']}: {ra[key]} != {rb[key]}"
 
 
 def epoch_lengths(durations, max_batch_seconds: float, world: int, epochs: int, seed: int = 42,

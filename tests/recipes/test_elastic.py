@@ -37,12 +37,12 @@ def ids_per_step(out: Path) -> dict[int, list[str]]:
     return {s: sorted(ids) for s, ids in sorted(steps.items())}
 
 
-def compare(cont: Path, cut: Path) -> tuple[float, float]:
-    """Same ids per step; (max relative loss difference, max absolute weight difference)."""
+def compare(cont: Path, cut: Path, key: str = "loss") -> tuple[float, float]:
+    """Same ids per step; (max relative difference of the logged `key`, max absolute weight difference)."""
     assert ids_per_step(cont) == ids_per_step(cut)
     ma, mb = metrics(cont), metrics(cut)
     assert [r["step"] for r in ma] == [r["step"] for r in mb]
-    loss_rel = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ma, mb))
+    loss_rel = max(abs(a[key] - b[key]) / abs(a[key]) for a, b in zip(ma, mb))
     wa, wb = load_file(cont / "final" / "model.safetensors"), load_file(cut / "final" / "model.safetensors")
     weight_abs = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
     return loss_rel, weight_abs
