@@ -57,7 +57,8 @@ def start_run(cfg, recipe: str) -> Run:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(
         mixed_precision=cfg.mixed_precision, project_dir=str(out),
-        log_with=trackers(cfg.report_to) or None,  # [] makes accelerate warn that none is installed timeout_s=cfg.ddp_timeout,
+        log_with=trackers(cfg.report_to) or None,  # [] makes accelerate warn that none is installed
+        timeout_s=cfg.ddp_timeout,
         deterministic=cfg.deterministic,
     )
     claim_output_dir(accelerator, out, recipe, cfg.overwrite_output_dir)

@@ -1,4 +1,5 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,12 @@ import pytest
 # editable install points at (a second worktree, a copied repository).
 ROOT = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+# A suite started as a background job (`bash .ci/run &`, nohup) inherits SIGINT ignored, and so would
+# every launcher it starts: a test's Ctrl-C (SIGINT to the launcher's group) would not stop the
+# launcher. Launch as a terminal's foreground job does: exec resets a handled signal to its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

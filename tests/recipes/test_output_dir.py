@@ -213,8 +213,6 @@ def test_a_killed_peer_is_reported_as_such(tiny_corpus, tmp_path):
     assert "printed above" not in log
 
 
-@pytest.mark.xfail(strict=False, reason="in a fresh CI clone (2 of 2 runs on 2026-11-24) accelerate's launcher took "
-                   "over 15 s to exit after Ctrl-C (exit 0); passes in a long-lived checkout; under investigation")
 def test_a_relaunch_right_after_ctrl_c_waits_for_the_save(tiny_corpus, tmp_path):
     """Ctrl-C on `accelerate launch` returns to the shell at once while the training process still
     saves (here a 20 s save). The same command, run at once, says so and waits for that save to
