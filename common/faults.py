@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -28,6 +29,10 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the worker processes exit 
 class RunError(RuntimeError):
     """A failure whose message says everything a user needs (what happened, what to do): `run_main`
     prints it as one line, without a traceback."""
+
+
+class NonFiniteError(RunError, FloatingPointError):
+    """The run stopped on non-finite updates: a training outcome with a known fix, so one line too."""
 
 
 class Preemption:
@@ -105,6 +110,11 @@ def run_main(main) -> None:
         rank = os.environ.get("RANK", "0")
         if isinstance(e, RunError):
             print(f"[rank {rank}] error: {e}", file=sys.stderr)
+        elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" writing {e.filename}" if e.filename else ""
+            print(f"[rank {rank}] error: the disk is full{where} ({e.strerror}): free space there, or point "
+                  f"--output_dir / --data_cache_dir at a disk with room; re-running resumes from the last "
+                  f"complete checkpoint", file=sys.stderr)
         elif isinstance(e, KeyboardInterrupt):
             print(f"[rank {rank}] aborted (Ctrl-C twice): no checkpoint saved since the last one", file=sys.stderr)
         elif _is_peer_failure(e):

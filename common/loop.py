@@ -57,7 +57,7 @@ from accelerate import skip_first_batches
 
 from common.checkpoint import ContractError, TrainState, save_checkpoint
 from common.distributed import derive_seed
-from common.faults import PREEMPTED_EXIT_CODE, RunError
+from common.faults import PREEMPTED_EXIT_CODE, NonFiniteError, RunError
 from common.logs import get_logger
 
 logger = get_logger(__name__)  # main process only
@@ -242,7 +242,7 @@ def optimizer_update(accelerator, model, optimizer, state: TrainState, *, max_gr
         logger.warning(f"step {state.step + 1}: non-finite gradient norm, update skipped "
                        f"({state.nonfinite_streak} in a row, {state.skipped_updates} in total)")
         if state.nonfinite_streak >= max_nonfinite_updates:
-            raise FloatingPointError(f"{state.nonfinite_streak} consecutive non-finite updates; "
+            raise NonFiniteError(f"{state.nonfinite_streak} consecutive non-finite updates; "
                                      f"stopping (last good checkpoint kept). Lower --learning_rate?")
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
@@ -274,8 +274,6 @@ def _deepspeed_outcome(engine, optimizer, max_grad_norm: float) -> torch.Tensor:
     rank agrees. DeepSpeed (0.19: fp32 always, bf16 with its default `check_grad_overflow`) skips a
     non-finite update itself and reports the norm as inf: counted here as a skipped update. One it
     applied anyway (bf16 with `check_grad_overflow: false`, older versions) cannot be undone: stop."""
-    from common.faults import RunError
-
     if engine.gradient_accumulation_steps() != 1 or engine.gradient_clipping() != max_grad_norm:
         raise RunError(f"the DeepSpeed profile has gradient_accumulation_steps {engine.gradient_accumulation_steps()} "
                        f"and gradient_clipping {engine.gradient_clipping()}; these recipes need 1 (the loop "
@@ -288,7 +286,7 @@ def _deepspeed_outcome(engine, optimizer, max_grad_norm: float) -> torch.Tensor:
                        "guard needs it: use accelerate_configs/deepspeed_zero2.yaml as shipped")
     grad_norm = torch.as_tensor(norm, dtype=torch.float32).detach().cpu()
     if not torch.isfinite(grad_norm) and not optimizer.step_was_skipped:
-        raise FloatingPointError("DeepSpeed applied an update with a non-finite gradient norm (the weights "
+        raise NonFiniteError("DeepSpeed applied an update with a non-finite gradient norm (the weights "
                                  "are no longer finite); stopping (last good checkpoint kept). Enable "
                                  "bf16.check_grad_overflow in the DeepSpeed config, or lower --learning_rate")
     return grad_norm
