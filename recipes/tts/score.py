@@ -3,6 +3,7 @@
 
     python recipes/tts/score.py --checkpoint outputs/tts --split test
     python recipes/tts/score.py --checkpoint outputs/tts --split test --asr_checkpoint outputs/asr
+    python recipes/tts/score.py --checkpoint outputs/tts --split test --vocoder outputs/vocoder --asr_checkpoint outputs/asr
 
 Data settings (data_dir, built-in corpus, split sizes) come from the checkpoint's config.yaml, so the
 held-out ids are exactly the ones training never saw (`--split validation` scores those instead).
@@ -11,9 +12,10 @@ Per utterance: the model synthesizes the sentence from text alone (predicted dur
 - MCD (dB) against the recording: mel-cepstra c1..c13 = (1/M) · DCT-II of the natural-log mel
   amplitude (½ log power mel, M = 80 bins), c0 excluded; MCD = (10 / ln 10) · sqrt(2 · Σ_d (Δc_d)²),
   averaged over the frame pairs of a Euclidean DTW path. Reported for the model's log-mel
-  (`mcd`, vocoder-independent), for the log-mel re-analysed from the Griffin-Lim audio
-  (`mcd_vocoded`), and for Griffin-Lim of the *recording's* mel (`mcd_vocoder_floor`: what the
-  vocoder alone costs);
+  (`mcd`, vocoder-independent), for the log-mel re-analysed from the vocoded audio (`mcd_vocoded`),
+  and for the vocoder applied to the *recording's* mel (`mcd_vocoder_floor`: what the vocoder alone
+  costs). The vocoder is Griffin-Lim, or with --vocoder a recipes/vocoder model (synthesize.py's
+  check: one trained on another mel is refused);
 - length ratio (synthesized / recorded frames) and the log-energy envelope correlation after DTW;
 - alignment (teacher-forced on the recording): the hard durations sum to the mel length, the path
   is monotonic (each frame's symbol index is the previous one or the next), and how peaked the soft
@@ -25,8 +27,8 @@ and the ASR recipe's evaluator is run on them as a subprocess; its WER/CER are r
 Writes <output>/<split>.json (summary), <output>/<split>.jsonl (per utterance), wavs/, and a
 spectrogram picture <output>/<first id>.png (synthesized above, recording below) and its
 alignment <output>/<first id>_alignment.png (soft above, hard below; symbols up, frames right).
-<output> defaults to <output_dir>/eval/<checkpoint name>/ (e.g. outputs/tts/eval/final/): beside the
-checkpoint, never inside it (final/ and step folders are sealed by their digests).
+<output> defaults to <output_dir>/eval/<checkpoint name>/ (e.g. outputs/tts/eval/final/), and to
+<output_dir>/eval/<checkpoint name>+vocoder/ with --vocoder: beside the checkpoint, never inside it (final/ and step folders are sealed by their digests).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from tools.corpus import resolve_data_dir
 from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
 from data import Collator, TTSDataset, split_manifest
 from model import load_tts, synthesize
+from synthesize import neural_vocoder
 
 RECIPES = Path(__file__).resolve().parents[1]
 
@@ -67,6 +70,7 @@ class EvalConfig:
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # None = <output_dir>/eval/<checkpoint name> (beside it, never inside)
     griffin_lim_iters: Annotated[int, Count] = 60
+    vocoder: Annotated[str | None, ExistingPath] = None  # a recipes/vocoder output_dir or final/ instead of Griffin-Lim
     asr_checkpoint: Annotated[str | None, ExistingPath] = None  # ASR recipe output_dir: also measure intelligibility (WER/CER)
     asr_sample_rate: Annotated[int, Count] = 16000  # Hz of the audio handed to the ASR evaluator
     asr_recordings: bool = True  # also score the held-out *recordings* (the ASR's ceiling on this voice)
@@ -105,7 +109,7 @@ def main():
     model, cfg, symbols, folder = load_tts(args.checkpoint)
     # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
     run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
-    out = Path(args.output) if args.output else run_dir / "eval" / folder.name
+    out = Path(args.output) if args.output else run_dir / "eval" / (folder.name + ("+vocoder" if args.vocoder else ""))
     out.mkdir(parents=True, exist_ok=True)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "ljspeech")
@@ -118,7 +122,10 @@ def main():
     manifest = split_manifest(prepare_manifest(out, "all", data_dir, policy, None), cfg.num_valid,
                               cfg.num_test)[args.split]
     dataset, collate = TTSDataset(manifest, cfg), Collator(cfg)
-    vocoder = make_vocoder(cfg, args.griffin_lim_iters)
+    if args.vocoder:
+        vocoder = neural_vocoder(args.vocoder, cfg)
+    else:
+        vocoder = make_vocoder(cfg, args.griffin_lim_iters)
     frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
     (out / "wavs").mkdir(exist_ok=True)
 
@@ -159,6 +166,7 @@ def main():
     keys = ("mcd", "mcd_vocoded", "mcd_vocoder_floor", "length_ratio", "energy_corr", "soft_peak",
             "soft_hard_agreement", "synth_rms_db")
     summary = {"checkpoint": str(folder), "split": args.split, "utterances": len(rows),
+               "vocoder": args.vocoder or f"griffin-lim ({args.griffin_lim_iters} iterations)",
                **{k: float(np.mean([r[k] for r in rows])) for k in keys},
                "durations_sum_ok": sum(r["durations_sum_ok"] for r in rows),
                "monotonic_ok": sum(r["monotonic_ok"] for r in rows),

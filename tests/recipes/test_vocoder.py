@@ -181,6 +181,13 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
         f"{v}_{m}" for v in ("griffin_lim", "vocoder") for m in ("pesq", "stoi", "mcd")}
     assert len(list(voc.glob("*.png"))) == 1 and "| vocoder |" in (voc / "eval_test.md").read_text()
 
+    chain = subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "score.py"), "--checkpoint", str(tts),
+                            "--vocoder", str(voc), "--split", "validation"], cwd="/", capture_output=True, text=True,
+                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert chain.returncode == 0, chain.stderr
+    summary = json.loads((tts / "eval" / "final+vocoder" / "validation.json").read_text())
+    assert summary["vocoder"] == str(voc) and summary["utterances"] > 0 and summary["mcd_vocoder_floor"] > 0
+
     other = tmp_path / "vocoder_hop128"  # a vocoder of another mel: refused with one line
     run("vocoder", 1, args_for(tiny_corpus, other, "--max_steps", "1", "--hop_length", "128"))
     refused = synthesize("--checkpoint", str(tts), "--vocoder", str(other), "--text", "a cat", "--output", str(wav))
