@@ -145,7 +145,6 @@ logger = get_logger(__name__)
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int):
     """(the checked manifests, items, SpecAugment collators and duration-bucketed loaders, or the
     streamed loaders with --streaming; the tokenizer, built once into <out>/tokenizer/)."""
-    summary = None  # what a checkpoint records about the training data: the manifest's, unless said here
     if cfg.streaming:  # parquet shards read in place (common/source.py); transcripts read without the audio
         train = open_stream(cfg, cfg.train_split_name, text=True, partitions=cfg.stream_partitions)
         valid = open_stream(cfg, cfg.eval_split_name, text=True, partitions=validation_partitions(accelerator, num_workers))
