@@ -242,3 +242,13 @@ def test_map_style_source_trains_resumes_and_decodes(source, tmp_path, env):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = (cut / "decode" / "final" / "validation-greedy.jsonl").read_text().splitlines()
     assert len(summary) == 6
+
+
+def test_a_usage_error_exits_with_code_2_in_one_line():
+    code = ("from common.faults import UsageError, run_main\n"
+            "def main(): raise UsageError('--text_column_name t: no such column in s (it has a, b)')\n"
+            "run_main(main)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert proc.stderr == "[rank 0] error: --text_column_name t: no such column in s (it has a, b)\n"
