@@ -21,7 +21,8 @@ no recipe's field:
   often to log); every other field must match for a resume (`resume_safe_keys`).
 - A recipe re-declares a shared field to change its default (`max_steps: int = 1500`): the field
   keeps RunConfig's rules, comment and place.
-- A Config may add cross-field checks in a `validate(self)` method that raises ValueError.
+- A Config may add cross-field checks in a `validate(self)` method that raises ValueError; there
+  `self._defaults` holds the values a plain run gets (the recipe's YAML over the class defaults).
 
 Unknown keys are refused with the closest valid name (a typo must never silently train the
 default). A mistake is one line on stderr and exit code 2, no traceback. `--help` lists every field
@@ -192,6 +193,54 @@ class RunConfig:
     save_total_limit: Annotated[int, NonNegative, ResumeSafe] = 2  # complete checkpoints kept (oldest pruned after a new one is complete; 0 = all)
     report_to: Annotated[str, Trackers, ResumeSafe] = "tensorboard"  # trackers besides metrics.jsonl: tensorboard, wandb, mlflow, ... (comma-separated), all, none
     dump_batch_ids: Annotated[bool, ResumeSafe] = False  # write each rank's utterance ids per batch (audits DDP sharding)
+
+
+@dataclasses.dataclass
+class DatasetConfig(RunConfig):
+    """RunConfig plus a `datasets` source (common/source.py), with the names of transformers'
+    run_speech_recognition_ctc.py; the recipes that can train from one extend this instead."""
+
+    # --- data ---
+    dataset_name: str | None = None  # a `datasets` source instead of --data_dir: a local folder of data files (e.g. data/train-*.parquet) or a name `datasets` resolves; None = --data_dir
+    dataset_config_name: str | None = None  # its configuration, when it has several
+    train_split_name: str = "train"  # --dataset_name's split to train on
+    eval_split_name: str = "validation"  # --dataset_name's split to validate on
+    audio_column_name: str = "audio"  # its audio column (a datasets Audio column or encoded bytes; decoded with soundfile)
+    text_column_name: str = "text"  # its transcript column (recipes that read transcripts)
+    streaming: bool = False  # read --dataset_name's parquet shards in place, in order, resumable in O(1) (common/stream.py), instead of loading it whole
+    per_device_train_batch_size: Annotated[int | None, Count] = None  # --streaming only, and needed there: utterances per batch per process (streamed batches are counted in utterances, not seconds)
+    stream_partitions: Annotated[int, Count] = 64  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches
+    stream_block_rows: Annotated[int, Count] = 1000  # --streaming: consecutive rows shuffled and bucketed together (the shuffle buffer of each part)
+
+    # What a `datasets` source does not do (no data check; streams: no seconds-sized batches, no RAM
+    # cache): these must keep their defaults there, or the run would silently do something else.
+    NOT_FOR_DATASETS = ("data_check", "on_bad_data", "wrong_sample_rate", "min_seconds", "max_seconds")
+    NOT_FOR_STREAMS = ("max_batch_seconds", "num_buckets", "memory_cache_mb")
+
+    def validate(self) -> None:
+        # A plain run's values (parse_config: the recipe's YAML over the class), else the class's.
+        defaults = getattr(self, "_defaults", None) or {f.name: f.default for f in dataclasses.fields(self)}
+        changed = lambda keys: [k for k in keys if getattr(self, k) != defaults[k]]  # noqa: E731
+        stream_only = ("per_device_train_batch_size", "stream_partitions", "stream_block_rows")
+        if self.dataset_name is None:
+            given = changed(("dataset_config_name", "train_split_name", "eval_split_name", "audio_column_name",
+                             "text_column_name", "streaming") + stream_only)
+            if given:
+                raise ValueError(f"--{given[0]} applies to a --dataset_name source; give --dataset_name, or drop it")
+            return
+        if self.data_dir is not None:
+            raise ValueError("--dataset_name and --data_dir both name the training data: give one")
+        for key in changed(self.NOT_FOR_DATASETS + (self.NOT_FOR_STREAMS if self.streaming else ())):
+            what = "a streamed source" if key in self.NOT_FOR_STREAMS else "a --dataset_name source (it has no data check)"
+            raise ValueError(f"--{key} does not apply to {what}: drop it"
+                             + ("; streamed batches hold --per_device_train_batch_size utterances"
+                                if key == "max_batch_seconds" else ""))
+        if self.streaming and self.per_device_train_batch_size is None:
+            raise ValueError("--streaming needs --per_device_train_batch_size (utterances per batch per process: "
+                             "streamed batches are counted in utterances, not seconds)")
+        if not self.streaming and changed(stream_only):
+            raise ValueError(f"--{changed(stream_only)[0]} sets streamed batches; a map-style source's are sized "
+                             f"in seconds (--max_batch_seconds): drop it, or add --streaming true")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,6 +577,12 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
             print(format_help(cls, Path(sys.argv[0]).name, yaml_path, {k: getattr(cfg, k) for k in loaded}), end="")
             raise SystemExit(0)
         cfg = _apply(cfg, dict(pairs), "command line")
+        # What a plain run gets (the recipe's own YAML over the class defaults): a `validate` can tell
+        # what the user changed from it (DatasetConfig refuses changed settings a source ignores).
+        plain = cfg if yaml_path == default_yaml and not pairs else None
+        if plain is None:
+            plain = _apply(cls(), load_yaml(default_yaml), str(default_yaml)) if default_yaml else cls()
+        cfg._defaults = {f.name: getattr(plain, f.name) for f in dataclasses.fields(cls)}
         validate(cfg)
         return cfg
     except ConfigError as e:

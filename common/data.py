@@ -221,7 +221,10 @@ def make_loader(dataset, durations, collate_fn, *, max_batch_seconds: float, num
 
 @dataclass
 class RecipeData:
-    """What a recipe's `build_data` returns: its train.py, the benchmarks and the tests read the same."""
+    """What a recipe's `build_data` returns: its train.py, the benchmarks and the tests read the same.
+    From a stream (`common.source.build_stream_loaders`) there is no manifest: `train_set` and
+    `valid_set` are None, the loaders are `common.stream.StreamLoader`s and `train_sampler` is the
+    training loader (the object whose epoch `train_batches` sets)."""
 
     train_set: Any  # the checked training manifest (datasets.Dataset: id, path, duration in s, ...)
     valid_set: Any
@@ -231,16 +234,32 @@ class RecipeData:
     train_loader: DataLoader  # for accelerator.prepare; its batches: a multiple of the global batch per epoch
     train_sampler: DurationBatchSampler
     valid_loader: DataLoader  # every validation utterance once, over all processes
-    data_dir: Any = None  # the corpus folder these were read from (the model card names it)
+    data_dir: Any = None  # the corpus folder (or --dataset_name) these were read from (the model card names it)
+    summary: dict | None = None  # what a checkpoint records about the training data (TrainState.data)
+    durations: Any = None  # utterance id → seconds (Throughput; a stream's batches carry their own)
+    stream: Any = None  # the training ShardStream when streamed
+
+    def sample_rows(self, n: int):
+        """About `n` training rows evenly spaced (the feature statistics' sample): every
+        (len // n)-th of the manifest, or of a stream's rows in epoch 0's order."""
+        if self.stream is not None:
+            from common.source import audio_struct
+
+            rows = [self.stream.read_rows(0, i, i + 1)[0] for i in range(0, self.stream.rows, max(1, self.stream.rows // n))]
+            return [{**row, "audio": audio_struct(row["audio"])} for row in rows]
+        return self.train_set.select(range(0, len(self.train_set), max(1, len(self.train_set) // n)))
 
 
 def build_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, train: tuple, valid: tuple,
-                  data_dir=None) -> RecipeData:
+                  data_dir=None, summary: dict | None = None) -> RecipeData:
     """Duration-bucketed loaders over `train` and `valid`, each (manifest, dataset, collator), with the
     items kept in RAM after their first read (`keep_in_memory`). The training batches per epoch are a
     multiple of `global_batch` micro-batches (the resume plan's, `common.run.start_run`), the
     validation batches a multiple of the processes. Reads the shared Config fields max_batch_seconds,
-    num_buckets, seed and memory_cache_mb."""
+    num_buckets, seed and memory_cache_mb. `summary`: what a checkpoint records about the training
+    data; None: `manifest_summary(train manifest)`."""
+    from common.manifest import manifest_summary
+
     (train_set, train_items, collate), (valid_set, valid_items, valid_collate) = train, valid
     world = accelerator.num_processes
     logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
@@ -254,4 +273,5 @@ def build_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, trai
         keep_in_memory(valid_items, cfg.memory_cache_mb, num_workers, "validation"), valid_set["duration"],
         valid_collate, shuffle=False, multiple_of=world, **batching)
     return RecipeData(train_set, valid_set, train_items, valid_items, collate, train_loader, train_sampler,
-                      valid_loader, data_dir)
+                      valid_loader, data_dir, summary=summary or manifest_summary(train_set),
+                      durations=dict(zip(train_set["id"], train_set["duration"])))

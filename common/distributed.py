@@ -214,8 +214,9 @@ def set_threads(requested: int, saved: int | None = None) -> tuple[int, str]:
 
 
 def describe_run(accelerator, max_batch_seconds: float, accumulation: int, threads_why: str = "",
-                 num_workers: int | None = None) -> str:
-    """One line saying what the run really is (logged at start-up by the main process)."""
+                 num_workers: int | None = None, batch_unit: str = "s of audio") -> str:
+    """One line saying what the run really is (logged at start-up by the main process). The batch is
+    `max_batch_seconds` of `batch_unit` (a stream's: utterances)."""
     kind = {"NO": "single process", "MULTI_CPU": "DDP (gloo)", "MULTI_GPU": "DDP (nccl)",
             "FSDP": "FSDP2", "DEEPSPEED": "DeepSpeed"}.get(accelerator.distributed_type.value,
                                                            accelerator.distributed_type.value)
@@ -224,8 +225,8 @@ def describe_run(accelerator, max_batch_seconds: float, accumulation: int, threa
     unit = "GPU(s)" if device == "cuda" else "CPU cores"
     n = accelerator.num_processes
     return (f"run: {kind}, {n} process(es) on {device} ({count} {unit} on this machine), precision "
-            f"{accelerator.mixed_precision}, batch {max_batch_seconds:g} s of audio per process × "
-            f"accumulation {accumulation} → {n * max_batch_seconds * accumulation:g} s per optimizer step"
+            f"{accelerator.mixed_precision}, batch {max_batch_seconds:g} {batch_unit} per process × "
+            f"accumulation {accumulation} → {n * max_batch_seconds * accumulation:g} {batch_unit.split()[0]} per optimizer step"
             + f", {torch.get_num_threads()} thread(s) per process" + (f" ({threads_why})" if threads_why else "")
             + (f", {num_workers} data worker(s) per process" if num_workers is not None else "")
             + (", deterministic kernels" if torch.are_deterministic_algorithms_enabled() else ""))

@@ -28,7 +28,16 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the worker processes exit 
 
 class RunError(RuntimeError):
     """A failure whose message says everything a user needs (what happened, what to do): `run_main`
-    prints it as one line, without a traceback."""
+    prints it as one line, without a traceback, and exits with `exit_code`."""
+
+    exit_code = 1
+
+
+class UsageError(RunError):
+    """A mistake in what the user asked that only the data can reveal (a column or split that is not
+    there): one line, exit code 2, like a mistake on the command line."""
+
+    exit_code = 2
 
 
 class NonFiniteError(RunError, FloatingPointError):
@@ -100,7 +109,8 @@ def run_main(main) -> None:
     """Run `main()`; on an exception print it once (the rank that failed) and end the process now.
 
     `os._exit` skips interpreter shutdown, which could block on a dead peer (process-group
-    teardown, DataLoader workers, trackers). Exit codes: 0 done, 75 preempted, 1 failed.
+    teardown, DataLoader workers, trackers). Exit codes: 0 done, 75 preempted, 1 failed, 2 a
+    `UsageError` (a column or split the data does not have).
     """
     try:
         main()
@@ -125,4 +135,4 @@ def run_main(main) -> None:
             print(f"[rank {rank}] FAILED with {type(e).__name__} (traceback above)", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130 if isinstance(e, KeyboardInterrupt) else 1)
+        os._exit(130 if isinstance(e, KeyboardInterrupt) else getattr(e, "exit_code", 1))

@@ -137,8 +137,14 @@ class Throughput:
         self.accelerator, self.durations = accelerator, durations  # utterance id → seconds
         self.seconds, self.start = 0.0, time.perf_counter()
 
-    def add(self, ids) -> None:
-        self.seconds += sum(self.durations[i] for i in ids)
+    def add(self, batch) -> None:
+        """`batch`: its utterance ids, or the batch (a streamed one carries its `durations`, in s)."""
+        if isinstance(batch, dict):
+            if "durations" in batch:
+                self.seconds += sum(batch["durations"])
+                return
+            batch = batch["ids"]
+        self.seconds += sum(self.durations[i] for i in batch)
 
     def rate(self) -> float:
         """Collective (one all-reduce): call on every rank."""

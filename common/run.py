@@ -71,7 +71,9 @@ def start_run(cfg, recipe: str) -> Run:
                                                    accelerator.is_main_process)
     _, threads_why = set_threads(cfg.num_threads, checkpoint_threads(ckpt))
     num_workers = auto_workers(cfg.num_workers, cuda=accelerator.device.type == "cuda")
-    logger.info(describe_run(accelerator, cfg.max_batch_seconds, accumulation, threads_why, num_workers))
+    streamed = getattr(cfg, "streaming", False)  # batches of per_device_train_batch_size utterances
+    logger.info(describe_run(accelerator, cfg.per_device_train_batch_size if streamed else cfg.max_batch_seconds,
+                             accumulation, threads_why, num_workers, batch_unit="utterances" if streamed else "s of audio"))
     return Run(accelerator, out, preemption, cfg, config_to_dict(cfg), ckpt, accumulation, global_batch, num_workers)
 
 

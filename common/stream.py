@@ -45,9 +45,8 @@ The design, and why (every property below is tested in tests/common/test_stream.
 `IterableDataset` (items and collated batches made in the DataLoader's workers), `StreamLoader` what
 `train_batches` iterates (`set_epoch`, `resume_at`, `__len__`).
 
-Not yet: the recipes do not take a stream (the messages name the flags they are meant to take:
---dataset_name, --train_split_name, --audio_column_name, --text_column_name, --streaming,
---stream_partitions), and rows are not checked (a row whose audio does not decode stops the run
+The recipes take a stream through `common.source` (--dataset_name ... --streaming true; the ASR
+recipe so far). Not yet: rows are not checked (a row whose audio does not decode stops the run
 where it is read; the per-shard check with --on_bad_data is to come).
 """
 
@@ -65,7 +64,7 @@ import soundfile as sf
 import torch
 
 from common.distributed import derive_seed
-from common.faults import RunError
+from common.faults import RunError, UsageError
 
 HEAD_TAIL_BYTES = 64 * 1024  # bytes of a shard's start and end in its content digest
 
@@ -87,11 +86,11 @@ def resolve_shards(dataset_name: str, config_name: str | None = None, split: str
     try:
         builder = datasets.load_dataset_builder(dataset_name, config_name,
                                                 data_files={split: data_files} if data_files else None)
-    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
-        raise RunError(f"--dataset_name {dataset_name}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:  # OSError: not found, offline
+        raise UsageError(f"--dataset_name {dataset_name}: {str(e).splitlines()[0]}") from None
     files = builder.config.data_files or {}
     if split not in files:
-        raise RunError(f"--dataset_name {dataset_name} has no split {split!r} (it has {', '.join(files) or 'none'}): "
+        raise UsageError(f"--dataset_name {dataset_name} has no split {split!r} (it has {', '.join(files) or 'none'}): "
                        f"set --train_split_name / --eval_split_name to one of them")
     paths = sorted(str(f) for f in files[split])
     remote = [p for p in paths if "://" in p]
@@ -129,7 +128,7 @@ def open_shards(paths: list[str], columns: dict[str, str | None]) -> list[Shard]
         have = meta.schema.to_arrow_schema().names
         for ours, theirs in columns.items():
             if theirs is not None and theirs not in have:
-                raise RunError(f"--{ours}_column_name {theirs}: no such column in {path} (it has {', '.join(have)})")
+                raise UsageError(f"--{ours}_column_name {theirs}: no such column in {path} (it has {', '.join(have)})")
         shards.append(Shard(path, meta.num_rows, shard_stamp(path)))
     return shards
 

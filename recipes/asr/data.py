@@ -91,7 +91,11 @@ def read_split(data_dir: str | Path, split: str, read_folder=read_librispeech) -
     `read_folder(data_dir, split)` reads the LibriSpeech layout (train.py passes the checked
     `common.manifest.prepare_manifest`)."""
     folder = Path(data_dir) / split
-    ds = read_hf_split(folder) if (folder / "state.json").is_file() else read_folder(data_dir, split)
+    return transcribed(read_hf_split(folder) if (folder / "state.json").is_file() else read_folder(data_dir, split), split)
+
+
+def transcribed(ds: datasets.Dataset, split: str) -> datasets.Dataset:
+    """`ds` without the utterances whose transcript has no letters (logged)."""
     keep = [i for i, t in enumerate(ds["text"]) if normalize_text(t)]
     if len(keep) < len(ds):
         logging.getLogger(__name__).warning(
@@ -124,13 +128,14 @@ def fixed_subset(ds: datasets.Dataset, ids_file: Path) -> datasets.Dataset:
 
 
 class SpeechDataset(torch.utils.data.Dataset):
-    """Manifest row → (id, log-mel (frames, n_mels), token ids, normalized transcript).
+    """Manifest row → (id, log-mel (frames, n_mels), token ids, normalized transcript): `dataset[i]`,
+    or `item(row)` for a streamed row (`manifest` None).
 
     Speed perturbation (resampling: tempo and pitch, as in Kaldi) is drawn from (seed, epoch, id)."""
 
     def __init__(self, manifest, cfg, tokenizer, speed_perturb: float = 0.0):
         self.manifest, self.cfg, self.tokenizer, self.speed_perturb = manifest, cfg, tokenizer, speed_perturb
-        self.ids = list(manifest["id"])  # read once: a manifest row costs ~0.1 ms, cache_key runs per item
+        self.ids = list(manifest["id"]) if manifest is not None else []  # read once: a manifest row costs ~0.1 ms, cache_key runs per item
         self.logmel = LogMel(cfg.sample_rate, cfg.n_mels)
         self.epoch = 0
 
@@ -151,7 +156,9 @@ class SpeechDataset(torch.utils.data.Dataset):
         return len(self.manifest)
 
     def __getitem__(self, i):
-        row = self.manifest[i]
+        return self.item(self.manifest[i])
+
+    def item(self, row: dict):
         wav = load_wav(row, self.cfg.sample_rate)
         factor = self.speed_factor(row["id"])
         if factor != 1.0:  # played `factor` times faster: fewer samples

@@ -13,7 +13,8 @@
 
 --checkpoint is a training output_dir (its final/ is used), a final/ folder, or a
 checkpoints/step_XXXXXXXX/ folder. Data settings (data_dir, built-in corpus, front end) come from the
-checkpoint's config.yaml unless given here. Writes <output>/<split>-<decoding>.jsonl, one
+checkpoint's config.yaml unless given here; a run trained on --dataset_name decodes that source's
+--split (loaded whole, map-style, also when it was trained --streaming), with its column names. Writes <output>/<split>-<decoding>.jsonl, one
 {"id", "ref", "hyp"} per utterance sorted by id, and <output>/<split>-<decoding>.json with the
 scores; <output> defaults to <output_dir>/decode/<checkpoint name>/ (e.g. outputs/asr/decode/final/):
 beside the checkpoint, never inside it (final/ and step folders are sealed by their digests); prints WER and CER. In N processes each process decodes its share and the main process
@@ -47,14 +48,16 @@ from common.checkpoint import resolve_checkpoint
 from common.config import Count, ExistingPath, NonNegative, Positive, parse_config
 from common.data import make_loader
 from common.distributed import build_accelerator
+from common.faults import RunError
 from common.encoder import encoder_config_from
 from common.hf_export import load_recipe_ctc_weights
 from common.logs import get_logger
+from common.source import load_split
 from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import LmError, ctc_greedy, lm_decode, load_lm_decoder, posteriors, transcribe
-from data import SpecAugmentCollator, SpeechDataset, read_split
+from data import SpecAugmentCollator, SpeechDataset, read_split, transcribed
 from model import ConformerCTC
 from scoring import Scorer, gather_results
 from text import check_transcripts, load_tokenizer
@@ -69,6 +72,7 @@ class EvalConfig:
     checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     split: str = "test"  # subfolder(s) of data_dir, comma-separated
     data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
+    dataset_name: str | None = None  # a `datasets` source (common/source.py) to decode instead; None: the checkpoint's, if it trained on one
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # folder for hypotheses and scores; None = <output_dir>/decode/<checkpoint name>
     decoding: Literal["greedy", "beam"] = "greedy"  # beam: CTC prefix beam search
@@ -101,8 +105,17 @@ def main():
     # final/ holds its tokenizer; a checkpoints/step_X/ folder uses its run's <output_dir>/tokenizer.
     tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
     tokenizer = load_tokenizer(tok_dir)
-    data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
-                                                 cfg.builtin_corpus, "librispeech")
+    if args.data_dir and args.dataset_name:
+        refuse("--dataset_name and --data_dir both name the data to decode: give one")
+    source = None if args.data_dir else (args.dataset_name or getattr(cfg, "dataset_name", None))
+    if source:  # the checkpoint's column names and configuration
+        source = SimpleNamespace(dataset_name=source, dataset_config_name=getattr(cfg, "dataset_config_name", None),
+                                 audio_column_name=getattr(cfg, "audio_column_name", "audio"),
+                                 text_column_name=getattr(cfg, "text_column_name", "text"))
+        data_dir = source.dataset_name
+    else:
+        data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
+                                                     cfg.builtin_corpus, "librispeech")
     try:
         grid = ([float(a) for a in args.lm_alphas.split(",")], [float(b) for b in args.lm_betas.split(",")])
     except ValueError:
@@ -119,7 +132,14 @@ def main():
         refuse(f"--lm {e}")
 
     def loader_for(split):
-        manifest = read_split(data_dir, split)
+        if source:
+            try:
+                with accelerator.main_process_first():  # `datasets` builds its cache once
+                    manifest = transcribed(load_split(source, split)[0], split)
+            except RunError as e:  # a split or column the source does not have
+                refuse(str(e))
+        else:
+            manifest = read_split(data_dir, split)
         # characters the model cannot emit: refused unless the run said --unknown_chars drop
         try:
             check_transcripts(manifest["id"], manifest["text"], tokenizer, split, getattr(cfg, "unknown_chars", "error"))
@@ -138,7 +158,7 @@ def main():
     scorer = Scorer()
 
     if args.tune_lm:  # on the validation split: the test split never chooses a setting
-        _, valid_loader = loader_for(cfg.valid_split)
+        _, valid_loader = loader_for(getattr(cfg, "eval_split_name", "validation") if source else cfg.valid_split)
         valid = posteriors(model, valid_loader)
         best = None
         for alpha in grid[0]:

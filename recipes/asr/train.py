@@ -32,22 +32,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from common.config import (Count, ExistingPath, Fraction, NonNegative, Range, RunConfig,
+from common.config import (Count, DatasetConfig, ExistingPath, Fraction, NonNegative, Range,
                            exit_on_signals_during_start_up, parse_config)
 
 
 @dataclass
-class Config(RunConfig):
+class Config(DatasetConfig):
     """Conformer-CTC ASR. Every field can be set in the YAML (--config) or as --key value; the
-    shared ones (run, data, optimization, logging) and their rules are RunConfig's (common/config.py)."""
+    shared ones (run, data and a `datasets` source, optimization, logging) and their rules are
+    RunConfig's and DatasetConfig's (common/config.py)."""
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/asr"
     data_dir: str | None = None  # LibriSpeech-layout root or datasets.save_to_disk folder (manifest.py); None = built-in corpus
     eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
     # --- data ---
-    train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360)
-    valid_split: str = "validation"
+    train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360); --dataset_name: --train_split_name
+    valid_split: str = "validation"  # subfolder of data_dir; --dataset_name: --eval_split_name
     train_fraction: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
     train_subset: str | None = None  # fixed labelled subset: 10min or 1h (subsets/<name>.txt beside this file: of --builtin_corpus ssl10h) or a file of utterance ids
     n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
@@ -80,6 +81,13 @@ class Config(RunConfig):
     layer_decay: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # encoder block k of N (0 = input projection) learns at encoder LR × this^(N-k)
 
     def validate(self) -> None:
+        super().validate()  # the data source's rules
+        if self.dataset_name and (self.train_split, self.valid_split) != ("train", "validation"):
+            raise ValueError("--train_split and --valid_split name --data_dir subfolders: with --dataset_name "
+                             "use --train_split_name and --eval_split_name")
+        if self.streaming and (self.train_subset or self.train_fraction < 1.0):
+            raise ValueError("--train_subset and --train_fraction choose utterances by id, which a stream cannot "
+                             "do without reading it all: drop them, or use --streaming false")
         if self.train_subset is not None:
             if self.train_fraction < 1.0:
                 raise ValueError("--train_subset and --train_fraction both choose the labelled utterances: set one")
@@ -114,14 +122,17 @@ from common.hf_export import write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches)
-from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
+from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
+from common.source import (build_stream_loaders, load_split, open_stream, stream_column,  # noqa: E402
+                           validation_partitions, with_contents)
 from common.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import evaluate  # noqa: E402
-from data import SpecAugmentCollator, SpeechDataset, fixed_subset, labelled_subset, load_wav, read_split  # noqa: E402
+from data import (SpecAugmentCollator, SpeechDataset, fixed_subset, labelled_subset, load_wav,  # noqa: E402
+                  read_split, transcribed)
 from model import ConformerCTC, ctc_loss, export_hf  # noqa: E402
 from scoring import Scorer  # noqa: E402
 from text import build_tokenizer, check_transcripts, load_tokenizer, read_char_map  # noqa: E402
@@ -132,28 +143,42 @@ logger = get_logger(__name__)
 # ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int):
-    """(the checked manifests, items, SpecAugment collators and duration-bucketed loaders; the tokenizer,
-    built once into <out>/tokenizer/)."""
-    # The built-in corpus is generated once per cache folder (one process builds, the others wait);
-    # LibriSpeech-layout data is checked once per output_dir (--data_check: missing, corrupt, empty, too
-    # short/long, multi-channel audio, duplicate ids, malformed lines).
-    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
-    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=None, on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)  # text: normalize_text decides
-
-    def checked(root, split):
-        return prepare_manifest(out, split, root, policy, split, is_main_process=accelerator.is_main_process)
-
-    train_set = read_split(data_dir, cfg.train_split, checked)
-    if cfg.train_subset:
-        try:
-            train_set = fixed_subset(train_set, subset_file(cfg.train_subset))
-        except ValueError as e:
-            raise RunError(f"--train_subset {cfg.train_subset}: {e} in {data_dir}/{cfg.train_split} "
-                           f"(10min and 1h are subsets of --builtin_corpus ssl10h)") from None
+    """(the checked manifests, items, SpecAugment collators and duration-bucketed loaders, or the
+    streamed loaders with --streaming; the tokenizer, built once into <out>/tokenizer/)."""
+    if cfg.streaming:  # parquet shards read in place (common/source.py); transcripts read without the audio
+        train = open_stream(cfg, cfg.train_split_name, text=True, partitions=cfg.stream_partitions)
+        valid = open_stream(cfg, cfg.eval_split_name, text=True, partitions=validation_partitions(accelerator, num_workers))
+        (_, train_texts), (valid_ids, valid_texts) = stream_column(train, "text"), stream_column(valid, "text")
+        data_dir = cfg.dataset_name
     else:
-        train_set = labelled_subset(train_set, cfg.train_fraction)
-    valid_set = read_split(data_dir, cfg.valid_split, checked)
+        if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
+            with accelerator.main_process_first():
+                (train_set, contents), (valid_set, _) = (load_split(cfg, split) for split in (cfg.train_split_name, cfg.eval_split_name))
+            train_set, valid_set = transcribed(train_set, cfg.train_split_name), transcribed(valid_set, cfg.eval_split_name)
+            data_dir = cfg.dataset_name
+        else:
+            # The built-in corpus is generated once per cache folder (one process builds, the others wait);
+            # LibriSpeech-layout data is checked once per output_dir (--data_check: missing, corrupt, empty,
+            # too short/long, multi-channel audio, duplicate ids, malformed lines).
+            data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
+            policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
+                                charset=None, on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)  # text: normalize_text decides
+
+            def checked(root, split):
+                return prepare_manifest(out, split, root, policy, split, is_main_process=accelerator.is_main_process)
+
+            train_set = read_split(data_dir, cfg.train_split, checked)
+            valid_set = read_split(data_dir, cfg.valid_split, checked)
+        if cfg.train_subset:
+            try:
+                train_set = fixed_subset(train_set, subset_file(cfg.train_subset))
+            except ValueError as e:
+                raise RunError(f"--train_subset {cfg.train_subset}: {e} in {data_dir}/{cfg.train_split} "
+                               f"(10min and 1h are subsets of --builtin_corpus ssl10h)") from None
+        else:
+            train_set = labelled_subset(train_set, cfg.train_fraction)
+        summary = with_contents(train_set, contents) if cfg.dataset_name else None
+        train_texts, valid_ids, valid_texts = train_set["text"], valid_set["id"], valid_set["text"]
 
     # The tokenizer: built once into <output_dir>/tokenizer/ by one process, the others wait. Its
     # symbols come from the training transcripts; validation characters it cannot emit are refused.
@@ -162,26 +187,35 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     except (OSError, ValueError) as e:
         raise RunError(f"--char_map: {e}") from None
     tok_info = {"token_type": cfg.token_type, "bpe_vocab_size": cfg.bpe_vocab_size, "train_split": cfg.train_split,
-                "train_fraction": cfg.train_fraction, "train_subset": cfg.train_subset, "data_dir": cfg.data_dir, **({"char_map": char_map} if char_map else {})}
+                "train_fraction": cfg.train_fraction, "train_subset": cfg.train_subset, "data_dir": cfg.data_dir, **({"char_map": char_map} if char_map else {}),
+                **({"dataset_name": cfg.dataset_name, "train_split_name": cfg.train_split_name} if cfg.dataset_name else {})}
     tok_dir = prepare_once(out / "tokenizer", lambda tmp: build_tokenizer(
-        cfg.token_type, list(train_set["text"]), tmp, cfg.bpe_vocab_size, char_map), info=tok_info)
+        cfg.token_type, list(train_texts), tmp, cfg.bpe_vocab_size, char_map), info=tok_info)
     built = json.loads((tok_dir / ".complete").read_text())
     if any(built.get(k) != v for k, v in tok_info.items()):
         raise RuntimeError(f"{tok_dir} was built with other settings ({built}); use a new --output_dir")
     tokenizer = load_tokenizer(tok_dir)
+    valid_name = cfg.eval_split_name if cfg.dataset_name else cfg.valid_split
     try:
-        check_transcripts(valid_set["id"], valid_set["text"], tokenizer, cfg.valid_split, cfg.unknown_chars)
+        check_transcripts(valid_ids, valid_texts, tokenizer, valid_name, cfg.unknown_chars)
     except ValueError as e:
         raise RunError(str(e)) from None
     logger.info(f"tokens: {cfg.token_type}, {tokenizer.vocab_size} CTC classes (blank included)")
 
     # Training items are kept per (utterance, speed factor); the training set only is augmented.
-    data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                         train=(train_set, SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb),
-                                SpecAugmentCollator(cfg, augment=True)),
-                         valid=(valid_set, SpeechDataset(valid_set, cfg, tokenizer),
-                                SpecAugmentCollator(cfg, augment=False)),
-                         data_dir=data_dir)
+    if cfg.streaming:
+        data = build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                                    train=(train, SpeechDataset(None, cfg, tokenizer, cfg.speed_perturb),
+                                           SpecAugmentCollator(cfg, augment=True)),
+                                    valid=(valid, SpeechDataset(None, cfg, tokenizer), SpecAugmentCollator(cfg, augment=False)),
+                                    data_dir=data_dir)
+    else:
+        data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                             train=(train_set, SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb),
+                                    SpecAugmentCollator(cfg, augment=True)),
+                             valid=(valid_set, SpeechDataset(valid_set, cfg, tokenizer),
+                                    SpecAugmentCollator(cfg, augment=False)),
+                             data_dir=data_dir, summary=summary)
     return data, tokenizer
 
 
@@ -231,7 +265,7 @@ def main(cfg: Config) -> None:
 
     # ---- data, tokenizer, model, optimizer (the seams above) -----------------------------------
     data, tokenizer = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    train_set, train_ds, train_sampler, train_collator = data.train_set, data.train_items, data.train_sampler, data.collate
+    train_ds, train_sampler, train_collator = data.train_items, data.train_sampler, data.collate
     tok_dir = out / "tokenizer"  # built by build_data; exported with the model
     model = build_model(cfg, tokenizer.vocab_size)
     stats_loaded = load_pretrained_encoder(model, cfg.init_from, run.cfg_dict) if cfg.init_from else False  # every rank
@@ -247,12 +281,11 @@ def main(cfg: Config) -> None:
     # What the run is made of: a resume refuses another config (but for the fields that may change on
     # resume) or other training data.
     parts = dict(models=model, optimizers=optimizer, schedulers=scheduler)  # what a checkpoint holds
-    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(train_set))
+    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=data.summary)
     if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None and not stats_loaded:
-        stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
-        logmel = LogMel(cfg.sample_rate, cfg.n_mels)
+        logmel = LogMel(cfg.sample_rate, cfg.n_mels)  # evenly spaced rows: a manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
-            (row["id"], logmel(load_wav(row, cfg.sample_rate))) for row in train_set.select(range(0, len(train_set), stride))))
+            (row["id"], logmel(load_wav(row, cfg.sample_rate))) for row in data.sample_rows(cfg.stats_utterances)))
     metrics = start_logging(run, state)  # config.yaml, metrics.jsonl and trackers from state.step on
     scorer = Scorer()
 
@@ -260,7 +293,7 @@ def main(cfg: Config) -> None:
     preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
-    throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
+    throughput = Throughput(accelerator, data.durations)  # audio s/s
     window = WindowMeans()  # mean CTC loss over the accumulation window
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
@@ -270,7 +303,7 @@ def main(cfg: Config) -> None:
             loss, stats = compute_loss(model, batch)
             accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
         window.add(stats, micro.window_len)
-        throughput.add(batch["ids"])
+        throughput.add(batch)
         if not micro.sync:
             continue
         # Frozen encoder: every parameter still gets its (DDP-reduced) gradient, so the DDP reducer

@@ -1,0 +1,254 @@
+"""The ASR recipe on a `datasets` source (--dataset_name), through `accelerate launch`, on parquet
+shards that `datasets` itself writes from the tiny corpus's audio files (as bytes): streamed, a
+SIGKILLed run re-launched ends bit-identical to an uninterrupted one in 1 and 2 processes, 2 → 1
+processes uses the same global batches, changed shards refuse the resume; map-style trains and
+resumes the same way; column, split and source mistakes are one line, exit code 2."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config import parse_config
+from common.faults import UsageError
+from common.manifest import read_librispeech
+from tests.recipe_import import recipe_modules
+from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, resumed_positions, run
+from tests.recipes.test_asr import TINY
+from tests.recipes.test_elastic import ids_per_step
+
+SPLITS = {"train": [20, 5, 23], "validation": [6]}  # rows per shard: uneven on purpose (48 and 6 utterances)
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # there is no Hub here: fail fast, never retry
+
+
+def write_source(librispeech: Path, folder: Path) -> Path:
+    """<folder>/data/{train,validation}-0000i-of-0000n.parquet, the layout `datasets` resolves into
+    splits; columns id, audio (a datasets Audio column holding the FLAC bytes), sentence."""
+    import datasets
+
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    for split, sizes in SPLITS.items():
+        rows = [{"id": r["id"], "audio": {"bytes": Path(r["path"]).read_bytes(), "path": None}, "sentence": r["text"]}
+                for r in read_librispeech(librispeech, split)]
+        assert len(rows) == sum(sizes)
+        start = 0
+        for i, size in enumerate(sizes):
+            ds = datasets.Dataset.from_list(rows[start : start + size]).cast_column("audio", datasets.Audio(decode=False))
+            ds.to_parquet(str(folder / "data" / f"{split}-{i:05d}-of-{len(sizes):05d}.parquet"), batch_size=8)
+            start += size
+    return folder
+
+
+@pytest.fixture(scope="module")
+def source(tiny_corpus, tmp_path_factory) -> Path:
+    return write_source(tiny_corpus / "librispeech", tmp_path_factory.mktemp("source"))
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    return {**OFFLINE, "HF_DATASETS_CACHE": str(tmp_path / "hf_cache")}
+
+
+def args_for(source: Path, out: Path, *extra: str, streaming: bool = True) -> list[str]:
+    """The test ASR model on `source`; streamed: 4 utterances a batch in 4 partitions (12 global
+    batches an epoch), else batches of 16 s as in test_asr.py."""
+    tiny = TINY if not streaming else [a for i, a in enumerate(TINY) if "--max_batch_seconds" not in TINY[max(0, i - 1) : i + 1]]
+    stream = ["--streaming", "true", "--per_device_train_batch_size", "4", "--stream_partitions", "4",
+              "--stream_block_rows", "8"] if streaming else []
+    return ["--dataset_name", str(source), "--text_column_name", "sentence", "--output_dir", str(out), *tiny,
+            "--eval_steps", "0", *stream, *extra]
+
+
+asr = recipe_modules("asr", "train")
+
+
+def source_cfg(source: Path, **changes):
+    """The data-source settings as the recipe reads them (its Config, parsed as a command line)."""
+    argv = ["--dataset_name", str(source), "--text_column_name", "sentence", "--streaming", "true",
+            "--per_device_train_batch_size", "4", "--stream_partitions", "4", "--max_batch_seconds", "20"]
+    for key, value in changes.items():
+        argv += [f"--{key}", str(value)]
+    return parse_config(asr.train.Config, argv, default_yaml=ROOT / "recipes" / "asr" / "config.yaml")
+
+
+# ---------------------------------------------------------------------------------------------
+# Mistakes: one line each (the command line's at parse time; the data's as UsageError, exit code 2)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--dataset_name", "x", "--data_dir", "."], "--dataset_name and --data_dir both name the training data: give one"),
+    (["--streaming", "true"], "--streaming applies to a --dataset_name source"),
+    (["--text_column_name", "sentence"], "--text_column_name applies to a --dataset_name source"),
+    (["--dataset_name", "x", "--streaming", "true"], "--streaming needs --per_device_train_batch_size"),
+    (["--dataset_name", "x", "--per_device_train_batch_size", "4"], "--per_device_train_batch_size sets streamed batches"),
+    (["--dataset_name", "x", "--streaming", "true", "--per_device_train_batch_size", "4", "--num_buckets", "3"],
+     "--num_buckets does not apply to a streamed source: drop it"),
+    (["--dataset_name", "x", "--on_bad_data", "skip"], "--on_bad_data does not apply to a --dataset_name source"),
+    (["--dataset_name", "x", "--train_split", "dev"], "with --dataset_name use --train_split_name and --eval_split_name"),
+    (["--dataset_name", "x", "--streaming", "true", "--per_device_train_batch_size", "4", "--train_fraction", "0.5"],
+     "--train_subset and --train_fraction choose utterances by id"),
+])
+def test_settings_a_source_cannot_apply_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(asr.train.Config, argv, default_yaml=ROOT / "recipes" / "asr" / "config.yaml")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_plain_run_and_the_recipe_yaml_are_not_refused():
+    """The recipe's YAML sets max_batch_seconds: what a plain run gets is not the user's change."""
+    cfg = parse_config(asr.train.Config, ["--dataset_name", "x", "--streaming", "true",
+                                          "--per_device_train_batch_size", "4"],
+                       default_yaml=ROOT / "recipes" / "asr" / "config.yaml")
+    assert cfg.streaming and cfg.max_batch_seconds == 20.0
+    assert parse_config(asr.train.Config, [], default_yaml=ROOT / "recipes" / "asr" / "config.yaml").dataset_name is None
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+@pytest.mark.parametrize("changes,message", [
+    ({"audio_column_name": "wav"}, r"^--audio_column_name wav: no such column in .* \(it has id, audio, sentence\)$"),
+    ({"text_column_name": "text"}, r"^--text_column_name text: no such column in .* \(it has id, audio, sentence\)$"),
+    ({"train_split_name": "dev"}, r"^--dataset_name .* has no split 'dev' \(it has train, validation\): set "
+                                  r"--train_split_name / --eval_split_name to one of them$"),
+])
+def test_column_and_split_mistakes_name_what_there_is(source, tmp_path, monkeypatch, streaming, changes, message):
+    from common.source import load_split, open_stream
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    cfg = source_cfg(source, **changes, **({} if streaming else {"streaming": "false", "per_device_train_batch_size": "none",
+                                                                  "stream_partitions": 64}))
+    with pytest.raises(UsageError, match=message):
+        if streaming:
+            open_stream(cfg, cfg.train_split_name, text=True, partitions=4)
+        else:
+            load_split(cfg, cfg.train_split_name)
+
+
+def test_a_folder_without_data_files_is_one_line(tmp_path, monkeypatch):
+    from common.source import load_split, open_stream
+
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "empty").mkdir()
+    cfg = source_cfg(tmp_path / "empty")
+    for read in (lambda: open_stream(cfg, "train", text=True, partitions=4), lambda: load_split(cfg, "train")):
+        with pytest.raises(UsageError, match=r"^--dataset_name .*empty: The directory at .* doesn't contain any data files$"):
+            read()
+
+
+@pytest.mark.slow
+def test_a_missing_column_stops_the_recipe_in_one_line_with_exit_code_2(source, tmp_path, env):
+    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "asr" / "train.py"),
+                           *args_for(source, tmp_path / "out", "--text_column_name", "transcript", "--max_steps", "1")],
+                          cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"[rank 0] error: --text_column_name transcript: no such column in {source}/data/train-00000-of-00003.parquet "
+        f"(it has id, audio, sentence)")
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: accelerate launch, SIGKILL, re-launch
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_streamed_1proc_killed_and_resumed_is_bit_identical_and_changed_shards_are_refused(source, tmp_path, env):
+    """8 batches of ≤ 8 an epoch: 10 steps cross into epoch 1; killed after step 3, resumed reading
+    with 2 data workers; validation streamed at steps 5 and 10. Then a rewritten shard (same bytes:
+    its ctime moves) refuses the resume."""
+    data = tmp_path / "source"
+    shutil.copytree(source, data)  # this test rewrites a shard
+    extra = ["--max_steps", "10", "--save_steps", "1", "--eval_steps", "5", "--per_device_train_batch_size", "8"]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run("asr", 1, args_for(data, cont, *extra), env=env)
+    run("asr", 1, args_for(data, cut, *extra), env=env, kill_after_checkpoint=3)
+    log = run("asr", 1, args_for(data, cut, *extra, "--num_workers", "2"), env=env)
+    assert "batch 8 utterances per process × accumulation 1 → 8 utterances per optimizer step" in log
+    [(step, epoch, batch)] = resumed_positions(tmp_path / "interrupted.log")
+    assert epoch == 0 and batch == step >= 3  # mid-epoch
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+    rows = metrics(cut)
+    assert [r["step"] for r in rows] == list(range(1, 11)) and rows[-1]["epoch"] == 1
+    assert [r["eval_wer"] for r in rows if "eval_wer" in r] == [r["eval_wer"] for r in metrics(cont) if "eval_wer" in r]
+    assert len([r for r in rows if "eval_wer" in r]) == 2
+
+    shard = data / "data" / "train-00001-of-00003.parquet"
+    time.sleep(0.01)
+    shard.write_bytes(shard.read_bytes())
+    log = run("asr", 1, args_for(data, cut, *extra), env=env, expect_rc=1)
+    assert "refusing to resume" in log and "training data changed: checkpoint 48 utterances (fingerprint" in log
+
+
+@pytest.mark.slow
+def test_streamed_2proc_killed_and_resumed_is_bit_identical_and_continues_on_1(source, tmp_path, env):
+    """2 processes, 12 batches of ≤ 4 an epoch (6 steps): 8 steps; killed after step 3 and resumed on
+    2 processes: bit-identical; killed after step 3 and resumed on 1 process (accumulation 2): the
+    same utterances at every step, and here bit-identical too (two terms: halving is exact)."""
+    extra = ["--max_steps", "8", "--save_steps", "1", "--dump_batch_ids", "true"]
+    cont, cut, one = tmp_path / "continuous", tmp_path / "interrupted", tmp_path / "on_one"
+    run("asr", 2, args_for(source, cont, *extra), env=env)
+    run("asr", 2, args_for(source, cut, *extra), env=env, kill_after_checkpoint=3)
+    run("asr", 2, args_for(source, cut, *extra), env=env)
+    assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+
+    run("asr", 2, args_for(source, one, *extra), env=env, kill_after_checkpoint=3)
+    log = run("asr", 1, args_for(source, one, *extra), env=env)
+    assert "checkpoint: 2 process(es) × accumulation 1; now: 1 × 2" in log
+    [(step, epoch, batch)] = resumed_positions(tmp_path / "on_one.log")
+    assert epoch == 0 and batch == 2 * step  # global micro-batches, mid-epoch
+    steps = ids_per_step(cont)
+    assert ids_per_step(one) == steps and len(steps) == 8
+    assert sorted(i for s in range(1, 7) for i in steps[s]) == sorted(read_librispeech_ids(source))  # one epoch: each once
+    assert_same_losses(cont, one)
+    assert_same_weights(cont, one)
+
+
+def read_librispeech_ids(source: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return [i for f in sorted((source / "data").glob("train-*.parquet")) for i in pq.read_table(f, columns=["id"])["id"].to_pylist()]
+
+
+@pytest.mark.slow
+def test_map_style_source_trains_resumes_and_decodes(source, tmp_path, env):
+    """--dataset_name without --streaming: loaded whole, batches of 16 s as from a folder; killed
+    after step 2 and resumed: bit-identical; decode.py reads the same source's split."""
+    extra = ["--max_steps", "4", "--save_steps", "1"]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run("asr", 1, args_for(source, cont, *extra, streaming=False), env=env)
+    run("asr", 1, args_for(source, cut, *extra, streaming=False), env=env, kill_after_checkpoint=2)
+    run("asr", 1, args_for(source, cut, *extra, streaming=False), env=env)
+    assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+
+    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "asr" / "decode.py"), "--checkpoint", str(cut),
+                           "--split", "validation"], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = (cut / "decode" / "final" / "validation-greedy.jsonl").read_text().splitlines()
+    assert len(summary) == 6
+
+
+def test_a_usage_error_exits_with_code_2_in_one_line():
+    code = ("from common.faults import UsageError, run_main\n"
+            "def main(): raise UsageError('--text_column_name t: no such column in s (it has a, b)')\n"
+            "run_main(main)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert proc.stderr == "[rank 0] error: --text_column_name t: no such column in s (it has a, b)\n"
