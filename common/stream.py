@@ -73,8 +73,9 @@ HEAD_TAIL_BYTES = 64 * 1024  # bytes of a shard's start and end in its content d
 @dataclass(frozen=True)
 class Shard:
     path: str
-    rows: int
+    rows: int  # rows the stream reads: the file's rows less `skip`
     stamp: str  # size, mtime, ctime and head/tail digest: changes when the file does
+    skip: tuple[int, ...] = ()  # rows of the file the data check drops (`check_shards`), ascending
 
 
 def resolve_shards(dataset_name: str, config_name: str | None = None, split: str = "train",
@@ -177,47 +178,61 @@ class ShardStream:
     def shard_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng(derive_seed(self.seed, "shards", epoch)).permutation(len(self.shards))
 
+    def epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard order, each ordered shard's first row in the epoch): (shards,) each, kept for the
+        last epoch asked (made once per epoch, not once per block read)."""
+        if getattr(self, "_layout", (None,))[0] != epoch:
+            order = self.shard_order(epoch)
+            rows = np.array([s.rows for s in self.shards], dtype=np.int64)[order]
+            self._layout = (epoch, order, np.concatenate([[0], np.cumsum(rows)[:-1]]))
+        return self._layout[1], self._layout[2]
+
     def partition_range(self, p: int) -> tuple[int, int]:
         """Partition p's rows [start, stop) in the epoch's concatenated shard order."""
         return p * self.rows // self.partitions, (p + 1) * self.rows // self.partitions
 
-    def batch_offsets(self, p: int) -> np.ndarray:
-        """Row offsets (K + 1,) of partition p's batches, relative to its start (sizes differ by ≤ 1)."""
+    def batch_offsets(self, p: int, first: int = 0, last: int | None = None) -> np.ndarray:
+        """Row offsets of partition p's batches first … last (K if None), relative to its start:
+        (last - first + 1,). Sizes differ by ≤ 1, the larger first (as np.array_split cuts), computed
+        in O(last - first): a resume near the end of a partition of millions of rows costs a block."""
         start, stop = self.partition_range(p)
-        sizes = [len(a) for a in np.array_split(np.arange(stop - start), self.batches_per_partition)]
-        return np.concatenate([[0], np.cumsum(sizes)])
+        size, extra = divmod(stop - start, self.batches_per_partition)
+        b = np.arange(first, self.batches_per_partition if last is None else last) + 1
+        return np.concatenate([[first * size + min(first, extra)], b * size + np.minimum(b, extra)])
 
     def read_rows(self, epoch: int, start: int, stop: int) -> list[dict]:
         """Rows [start, stop) of the epoch's concatenated order, read by row groups, in order."""
         import pyarrow.parquet as pq
 
-        order = self.shard_order(epoch)
-        out, base = [], 0
+        order, starts = self.epoch_layout(epoch)
+        out = []
         cols = [c for c in self.columns.values() if c is not None]
-        for si in order:
+        # The shards holding [start, stop): found by bisection, not by walking the shards before them.
+        for i in range(int(np.searchsorted(starts, start, side="right")) - 1, len(order)):
+            if starts[i] >= stop:
+                break
+            si, base = int(order[i]), int(starts[i])
             shard = self.shards[si]
             lo, hi = max(start, base), min(stop, base + shard.rows)
             if lo < hi:
-                out += _read_range(pq.ParquetFile(shard.path), cols, lo - base, hi - base, si, self.columns)
-            base += shard.rows
-            if base >= stop:
-                break
+                out += _read_range(pq.ParquetFile(shard.path), cols, lo - base, hi - base, si, self.columns,
+                                   shard.skip)
         self.reads += len(out)
         return out
 
     def partition_batches(self, epoch: int, p: int, first: int = 0) -> Iterator[list[dict]]:
         """Partition p's batches from its batch `first` on; reads from the block holding it."""
         start, _ = self.partition_range(p)
-        offsets = self.batch_offsets(p)
         K, kb = self.batches_per_partition, self.block_batches
         for b0 in range(first // kb * kb, K, kb):
             b1 = min(b0 + kb, K)
-            rows = self.read_rows(epoch, start + int(offsets[b0]), start + int(offsets[b1]))
+            offsets = self.batch_offsets(p, b0, b1)  # (b1 - b0 + 1,) the block's batches
+            rows = self.read_rows(epoch, start + int(offsets[0]), start + int(offsets[-1]))
             rng = np.random.default_rng(derive_seed(self.seed, "block", epoch, p, b0 // kb))
             perm = rng.permutation(len(rows))
             durations = np.array([_duration(rows[i], self.columns) for i in perm])
             ranked = perm[np.argsort(durations, kind="stable")]  # shortest first; ties in random order
-            cuts = offsets[b0 : b1 + 1] - offsets[b0]
+            cuts = offsets - offsets[0]
             batches = [[rows[i] for i in ranked[cuts[j] : cuts[j + 1]]] for j in range(b1 - b0)]
             for position, j in enumerate(rng.permutation(b1 - b0), start=b0):
                 if position >= first:  # the partition's first `first` batches were consumed
@@ -236,9 +251,13 @@ class ShardStream:
             yield k, next(readers[p])
 
 
-def _read_range(f, cols: list[str], lo: int, hi: int, shard_index: int, columns: dict) -> list[dict]:
+def _read_range(f, cols: list[str], lo: int, hi: int, shard_index: int, columns: dict,
+                skip: tuple[int, ...] = ()) -> list[dict]:
     """Rows [lo, hi) of one parquet file as dicts (our column names), reading only the row groups
-    that hold them."""
+    that hold them. With `skip` (file rows, ascending), lo and hi count the rows kept."""
+    if skip:  # the kept rows lo … hi - 1 are file rows keep[lo] … keep[hi - 1]
+        keep = np.delete(np.arange(f.metadata.num_rows), skip)
+        lo, hi, skip = int(keep[lo]), int(keep[hi - 1]) + 1, frozenset(skip)
     out, base = [], 0
     for g in range(f.metadata.num_row_groups):
         n = f.metadata.row_group(g).num_rows
@@ -246,6 +265,8 @@ def _read_range(f, cols: list[str], lo: int, hi: int, shard_index: int, columns:
         if a < b:
             table = f.read_row_group(g, columns=cols).slice(a - base, b - a).to_pylist()
             for r, row in enumerate(table, start=a):
+                if r in skip:
+                    continue
                 item = {ours: row[theirs] for ours, theirs in columns.items() if theirs is not None}
                 item.setdefault("id", f"{shard_index:06d}-{r:08d}")  # a shard's row: stable while the shard is
                 out.append(item)
