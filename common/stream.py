@@ -45,19 +45,29 @@ The design, and why (every property below is tested in tests/common/test_stream.
 `IterableDataset` (items and collated batches made in the DataLoader's workers), `StreamLoader` what
 `train_batches` iterates (`set_epoch`, `resume_at`, `__len__`).
 
+Rows are checked by `check_shards` (once per shard, cached): with --on_bad_data error a bad row is
+refused in one line naming its shard and row, with skip it is left out (`Shard.skip`) by a rule of
+the shard's content alone, so the batches stay the same on every launch and rank.
+
 Not yet: the recipes do not take a stream (the messages name the flags they are meant to take:
 --dataset_name, --train_split_name, --audio_column_name, --text_column_name, --streaming,
---stream_partitions), and rows are not checked (a row whose audio does not decode stops the run
-where it is read; the per-shard check with --on_bad_data is to come).
+--stream_partitions) nor call `check_shards`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
+import logging
 import math
+import multiprocessing
 import os
-from dataclasses import dataclass
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -67,6 +77,7 @@ import torch
 from common.distributed import derive_seed
 from common.faults import RunError
 
+logger = logging.getLogger(__name__)
 HEAD_TAIL_BYTES = 64 * 1024  # bytes of a shard's start and end in its content digest
 
 
@@ -340,3 +351,154 @@ class StreamLoader:
                 yield send_to_device(batch, self.device) if self.device is not None else batch
         finally:
             self.dataset.start = 0
+
+
+# ---- the data check: every row of every shard, once per shard ------------------------------------
+
+CHECK_VERSION = 1  # bump when what a shard's check finds changes meaning (older results are ignored)
+
+
+def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: str | Path, *,
+                 mode: str = "header", on_bad_data: str = "error", is_main_process: bool = True,
+                 workers: int | None = None) -> list[Shard]:
+    """`shards` with their unusable rows in `Shard.skip` ("skip", counts logged), or a one-line
+    refusal naming the first of them ("error"), as the folder data check does (`common.manifest`).
+
+    A row is unusable when, with `mode` (`--data_check`) "header", its audio does not decode (header
+    and last block, as `common.datacheck`) or has no samples, or, with a text column, its
+    transcript is not a non-empty string; "full" decodes every sample and also finds silent and
+    non-finite audio. The verdict depends on the row's content alone, never on the rank, the launch
+    or the pool size, so the rows dropped (and with them every batch) are the same on every launch
+    and rank: a run that skips resumes exactly.
+
+    Each shard is read once: its result is appended to `<out_dir>/stream.check-<mode>-v<N>.jsonl`,
+    keyed by its path, stamp (`shard_stamp`) and columns, as soon as it is known (a killed check
+    resumes; a rewritten shard is read again, alone). The whole result, `problems.jsonl`, is built
+    once in `<out_dir>/stream-check-<mode>-<digest>/` by one process while the others wait
+    (`common.prepare.prepare_once`), so a re-launch opens no shard. `workers` processes read the
+    shards (None: every core this process may use; the result does not depend on it)."""
+    from common.datacheck import MODES, default_workers
+    from common.manifest import REPORT_GRACE_S, DataError
+    from common.prepare import prepare_once
+
+    if mode not in MODES or on_bad_data not in ("error", "skip"):
+        raise ValueError(f"mode must be one of {MODES} and on_bad_data error or skip, not {mode!r}, {on_bad_data!r}")
+    key = f"{columns['audio']}\0{columns.get('text') or ''}"
+    h = hashlib.blake2b(f"{CHECK_VERSION}\0{mode}\0{key}\n".encode(), digest_size=8)
+    for s in shards:
+        h.update(f"{s.path}\0{s.stamp}\n".encode())
+    out_dir = Path(out_dir)
+    final = out_dir / f"stream-check-{mode}-{h.hexdigest()}"
+    cache = out_dir / f"stream.check-{mode}-v{CHECK_VERSION}.jsonl"
+
+    def build(tmp: Path) -> None:
+        found = _check_all(shards, key, mode, cache, default_workers() if workers is None else workers)
+        (tmp / "problems.jsonl").write_text("".join(
+            json.dumps({"shard": s.path, "row": r, "reason": reason, "detail": detail}) + "\n"
+            for s, bad in zip(shards, found) for r, reason, detail in bad))
+
+    prepare_once(final, build)
+    problems = [json.loads(line) for line in (final / "problems.jsonl").read_text().splitlines()]
+    counts = Counter(p["reason"] for p in problems)
+    what = (f"{len(problems)} unusable rows in {len({p['shard'] for p in problems})} of {len(shards)} shards "
+            f"({', '.join(f'{n} {reason}' for reason, n in counts.most_common())})")
+    if problems and on_bad_data == "error":
+        if not is_main_process:  # the main process says it once; its exit makes the launcher stop us
+            time.sleep(REPORT_GRACE_S)
+            raise SystemExit(1)
+        p = problems[0]
+        raise DataError(f"{what}: {p['shard']} row {p['row']}: {p['reason']}"
+                        + (f" ({p['detail']})" if p["detail"] else "")
+                        + (f", and {len(problems) - 1} more" if len(problems) > 1 else "")
+                        + f" (all in {final / 'problems.jsonl'}); re-encode or remove them, or --on_bad_data skip drops them")
+    if problems and is_main_process:
+        logger.warning(f"skipping {what} (list in {final / 'problems.jsonl'})")
+    bad: dict[str, list[int]] = {}
+    for p in problems:
+        bad.setdefault(p["shard"], []).append(p["row"])
+    return [replace(s, rows=s.rows - len(bad.get(s.path, ())), skip=tuple(sorted(bad.get(s.path, ()))))
+            for s in shards]
+
+
+def _check_all(shards: list[Shard], key: str, mode: str, cache: Path, workers: int) -> list[list]:
+    """[[row, reason, detail], ...] per shard, from `cache` or read (by `workers` processes)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    from common.datacheck import _Appender, _worker_init
+
+    known = _read_check_cache(cache)
+    found = [known.get((s.path, s.stamp, key)) for s in shards]
+    todo = [i for i, bad in enumerate(found) if bad is None]
+    if not todo:
+        return found
+    audio, text = key.split("\0")
+    appender, pool = _Appender(cache), None
+    try:
+        if workers == 1:
+            results = ((i, _check_shard(shards[i].path, audio, text or None, mode)) for i in todo)
+        else:  # fork: the children read parquet and decode audio only (see common.datacheck._run)
+            pool = ProcessPoolExecutor(min(workers, len(todo)), initializer=_worker_init,
+                                       mp_context=multiprocessing.get_context("fork"))
+            futures = {pool.submit(_check_shard, shards[i].path, audio, text or None, mode): i for i in todo}
+            results = ((futures[f], f.result()) for f in as_completed(futures))
+        for i, bad in results:
+            found[i] = bad
+            appender.append([((shards[i].path, shards[i].stamp, key), bad)])
+    except BrokenProcessPool:
+        raise RunError(f"a data-check worker died while reading one of {len(todo)} shards (out of memory, or a "
+                       f"crash in libsndfile): run with fewer workers; the shards already checked are cached "
+                       f"in {cache}") from None
+    finally:
+        appender.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    logger.info(f"stream data check ({mode}): read {len(todo)} of {len(shards)} shards")
+    return found
+
+
+def _read_check_cache(path: Path) -> dict[tuple[str, str, str], list]:
+    """Complete, well-formed lines [path, stamp, key, bad rows] of a check cache (a torn last line,
+    from a killed check, is ignored)."""
+    try:
+        lines = path.read_bytes().split(b"\n")[:-1]
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for line in lines:
+        try:
+            p, stamp, key, bad = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        if isinstance(bad, list):
+            out[(p, stamp, key)] = bad
+    return out
+
+
+def _check_shard(path: str, audio: str, text: str | None, mode: str) -> list[list]:
+    """[[row, reason, detail], ...] of one shard's unusable rows, read row group by row group."""
+    import pyarrow.parquet as pq
+
+    from common.datacheck import decoded_facts
+
+    f, bad, r = pq.ParquetFile(path), [], 0
+    for g in range(f.metadata.num_row_groups):
+        for row in f.read_row_group(g, columns=[c for c in (audio, text) if c]).to_pylist():
+            problem = None
+            if text is not None and not isinstance(row[text], str):
+                problem = ["transcript is not text", type(row[text]).__name__]
+            elif text is not None and not row[text].strip():
+                problem = ["empty transcript", ""]
+            else:
+                facts = decoded_facts(audio_bytes({"audio": row[audio]}), mode)
+                if "error" in facts:  # the detail names a BytesIO at an address that changes every run
+                    problem = [facts["error"], re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its bytes",
+                                                      facts.get("detail", "")).replace("\n", " ")]
+                elif facts["frames"] == 0:
+                    problem = ["empty audio", ""]
+                elif facts.get("silent"):
+                    problem = ["empty audio", "silent or non-finite samples"]
+            if problem:
+                bad.append([r, *problem])
+            r += 1
+    return bad
