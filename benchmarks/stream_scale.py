@@ -27,7 +27,8 @@ one untimed warm-up of each first-batch variant, with the same plan (16 partitio
 - the checkpoint's data state: `TrainState` (position + `ShardStream.summary()`) as JSON, bytes.
 Ratios are to 1×; flat means ≈ 1.
 
-Throughput: audio-seconds per second of data loading only (decode, log-mel, collation: BEST-RQ's
+Throughput: audio-seconds per CPU-second (all reading happens in the measuring process, so on an
+idle machine this is the wall-clock rate times the threads it keeps busy) of data loading only (decode, log-mel, collation: BEST-RQ's
 items and `MaskingCollator`, no model) over one epoch of the built-in corpus's training split, read
 map-style (`DurationBatchSampler` over the FLAC files, RAM cache off) and streamed from the same
 audio written as parquet shards, with the map-style epoch's mean utterances per batch; the stream
@@ -232,13 +233,13 @@ def throughput(args) -> None:
         return StreamLoader(StreamDataset(stream, item, r.collator, 0, 1), num_workers=0, seed=cfg.seed)
 
     def epoch(loader) -> float:
-        """Audio-seconds per second of one epoch 0."""
+        """Audio-seconds per CPU-second of one epoch 0 (all in this process: no workers)."""
         loader_epoch = getattr(loader, "set_epoch", None) or sampler.set_epoch
         loader_epoch(0)
-        t, audio = time.perf_counter(), 0.0
+        t, audio = cpu(), 0.0
         for batch in loader:
             audio += sum(seconds[i] for i in batch["ids"])
-        return audio / (time.perf_counter() - t)
+        return audio / (cpu() - t)
 
     variants = {"map-style (FLAC files)": lambda: epoch(map_loader),
                 "stream, no duration column": lambda: epoch(stream_loader(False)),
@@ -252,7 +253,7 @@ def throughput(args) -> None:
           f"{sum(train['duration']) / 3600:.2f} h; map-style {len(sampler)} batches of {per_batch:.1f} utterances "
           f"on average, stream {round(per_batch)} per batch; {args.repeats} epochs each, interleaved, medians")
     for name, v in rates.items():
-        print(f"  {name:28s} {statistics.median(v):8.0f} audio-s/s  ({statistics.median(v) / ref:.2f}× map-style)"
+        print(f"  {name:28s} {statistics.median(v):8.0f} audio-s per CPU-s  ({statistics.median(v) / ref:.2f}× map-style)"
               f"  runs: {', '.join(f'{x:.0f}' for x in v)}")
 
 
