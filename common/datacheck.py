@@ -147,8 +147,14 @@ def audio_facts(path: str, mode: str) -> dict:
     digest = content_digest(path)
     if isinstance(digest, dict):
         return digest
-    facts = _decode_all(path) if mode == "full" else _header_facts(path)
+    facts = decoded_facts(path, mode)
     return facts if "error" in facts else {**facts, "digest": digest}
+
+
+def decoded_facts(source, mode: str) -> dict:
+    """`audio_facts` without the digest, of a path or a file-like object (a parquet row's audio
+    bytes: `common.stream.check_shards`)."""
+    return _decode_all(source) if mode == "full" else _header_facts(source)
 
 
 def _header_facts(path: str) -> dict:

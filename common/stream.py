@@ -46,17 +46,27 @@ The design, and why (every property below is tested in tests/common/test_stream.
 `train_batches` iterates (`set_epoch`, `resume_at`, `__len__`).
 
 The recipes take a stream through `common.source` (--dataset_name ... --streaming true; the ASR
-recipe so far). Not yet: rows are not checked (a row whose audio does not decode stops the run
-where it is read; the per-shard check with --on_bad_data is to come).
+recipe so far). Rows are checked by `check_shards` (once per shard, cached): with --on_bad_data error
+a bad row is refused in one line naming its shard and row, with skip it is left out (`Shard.skip`) by
+a rule of the shard's content alone, so the batches stay the same on every launch and rank. Not yet:
+the recipes do not call `check_shards` (a source refuses --on_bad_data and --data_check), so a row
+whose audio does not decode stops a streamed run where it is read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
+import logging
 import math
+import multiprocessing
 import os
-from dataclasses import dataclass
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -66,14 +76,16 @@ import torch
 from common.distributed import derive_seed
 from common.faults import RunError, UsageError
 
+logger = logging.getLogger(__name__)
 HEAD_TAIL_BYTES = 64 * 1024  # bytes of a shard's start and end in its content digest
 
 
 @dataclass(frozen=True)
 class Shard:
     path: str
-    rows: int
+    rows: int  # rows the stream reads: the file's rows less `skip`
     stamp: str  # size, mtime, ctime and head/tail digest: changes when the file does
+    skip: tuple[int, ...] = ()  # rows of the file the data check drops (`check_shards`), ascending
 
 
 def resolve_shards(dataset_name: str, config_name: str | None = None, split: str = "train",
@@ -176,47 +188,61 @@ class ShardStream:
     def shard_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng(derive_seed(self.seed, "shards", epoch)).permutation(len(self.shards))
 
+    def epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard order, each ordered shard's first row in the epoch): (shards,) each, kept for the
+        last epoch asked (made once per epoch, not once per block read)."""
+        if getattr(self, "_layout", (None,))[0] != epoch:
+            order = self.shard_order(epoch)
+            rows = np.array([s.rows for s in self.shards], dtype=np.int64)[order]
+            self._layout = (epoch, order, np.concatenate([[0], np.cumsum(rows)[:-1]]))
+        return self._layout[1], self._layout[2]
+
     def partition_range(self, p: int) -> tuple[int, int]:
         """Partition p's rows [start, stop) in the epoch's concatenated shard order."""
         return p * self.rows // self.partitions, (p + 1) * self.rows // self.partitions
 
-    def batch_offsets(self, p: int) -> np.ndarray:
-        """Row offsets (K + 1,) of partition p's batches, relative to its start (sizes differ by ≤ 1)."""
+    def batch_offsets(self, p: int, first: int = 0, last: int | None = None) -> np.ndarray:
+        """Row offsets of partition p's batches first … last (K if None), relative to its start:
+        (last - first + 1,). Sizes differ by ≤ 1, the larger first (as np.array_split cuts), computed
+        in O(last - first): a resume near the end of a partition of millions of rows costs a block."""
         start, stop = self.partition_range(p)
-        sizes = [len(a) for a in np.array_split(np.arange(stop - start), self.batches_per_partition)]
-        return np.concatenate([[0], np.cumsum(sizes)])
+        size, extra = divmod(stop - start, self.batches_per_partition)
+        b = np.arange(first, self.batches_per_partition if last is None else last) + 1
+        return np.concatenate([[first * size + min(first, extra)], b * size + np.minimum(b, extra)])
 
     def read_rows(self, epoch: int, start: int, stop: int) -> list[dict]:
         """Rows [start, stop) of the epoch's concatenated order, read by row groups, in order."""
         import pyarrow.parquet as pq
 
-        order = self.shard_order(epoch)
-        out, base = [], 0
+        order, starts = self.epoch_layout(epoch)
+        out = []
         cols = [c for c in self.columns.values() if c is not None]
-        for si in order:
+        # The shards holding [start, stop): found by bisection, not by walking the shards before them.
+        for i in range(int(np.searchsorted(starts, start, side="right")) - 1, len(order)):
+            if starts[i] >= stop:
+                break
+            si, base = int(order[i]), int(starts[i])
             shard = self.shards[si]
             lo, hi = max(start, base), min(stop, base + shard.rows)
             if lo < hi:
-                out += _read_range(pq.ParquetFile(shard.path), cols, lo - base, hi - base, si, self.columns)
-            base += shard.rows
-            if base >= stop:
-                break
+                out += _read_range(pq.ParquetFile(shard.path), cols, lo - base, hi - base, si, self.columns,
+                                   shard.skip)
         self.reads += len(out)
         return out
 
     def partition_batches(self, epoch: int, p: int, first: int = 0) -> Iterator[list[dict]]:
         """Partition p's batches from its batch `first` on; reads from the block holding it."""
         start, _ = self.partition_range(p)
-        offsets = self.batch_offsets(p)
         K, kb = self.batches_per_partition, self.block_batches
         for b0 in range(first // kb * kb, K, kb):
             b1 = min(b0 + kb, K)
-            rows = self.read_rows(epoch, start + int(offsets[b0]), start + int(offsets[b1]))
+            offsets = self.batch_offsets(p, b0, b1)  # (b1 - b0 + 1,) the block's batches
+            rows = self.read_rows(epoch, start + int(offsets[0]), start + int(offsets[-1]))
             rng = np.random.default_rng(derive_seed(self.seed, "block", epoch, p, b0 // kb))
             perm = rng.permutation(len(rows))
             durations = np.array([_duration(rows[i], self.columns) for i in perm])
             ranked = perm[np.argsort(durations, kind="stable")]  # shortest first; ties in random order
-            cuts = offsets[b0 : b1 + 1] - offsets[b0]
+            cuts = offsets - offsets[0]
             batches = [[rows[i] for i in ranked[cuts[j] : cuts[j + 1]]] for j in range(b1 - b0)]
             for position, j in enumerate(rng.permutation(b1 - b0), start=b0):
                 if position >= first:  # the partition's first `first` batches were consumed
@@ -235,9 +261,13 @@ class ShardStream:
             yield k, next(readers[p])
 
 
-def _read_range(f, cols: list[str], lo: int, hi: int, shard_index: int, columns: dict) -> list[dict]:
+def _read_range(f, cols: list[str], lo: int, hi: int, shard_index: int, columns: dict,
+                skip: tuple[int, ...] = ()) -> list[dict]:
     """Rows [lo, hi) of one parquet file as dicts (our column names), reading only the row groups
-    that hold them."""
+    that hold them. With `skip` (file rows, ascending), lo and hi count the rows kept."""
+    if skip:  # the kept rows lo … hi - 1 are file rows keep[lo] … keep[hi - 1]
+        keep = np.delete(np.arange(f.metadata.num_rows), skip)
+        lo, hi, skip = int(keep[lo]), int(keep[hi - 1]) + 1, frozenset(skip)
     out, base = [], 0
     for g in range(f.metadata.num_row_groups):
         n = f.metadata.row_group(g).num_rows
@@ -245,6 +275,8 @@ def _read_range(f, cols: list[str], lo: int, hi: int, shard_index: int, columns:
         if a < b:
             table = f.read_row_group(g, columns=cols).slice(a - base, b - a).to_pylist()
             for r, row in enumerate(table, start=a):
+                if r in skip:
+                    continue
                 item = {ours: row[theirs] for ours, theirs in columns.items() if theirs is not None}
                 item.setdefault("id", f"{shard_index:06d}-{r:08d}")  # a shard's row: stable while the shard is
                 out.append(item)
@@ -318,3 +350,154 @@ class StreamLoader:
                 yield send_to_device(batch, self.device) if self.device is not None else batch
         finally:
             self.dataset.start = 0
+
+
+# ---- the data check: every row of every shard, once per shard ------------------------------------
+
+CHECK_VERSION = 1  # bump when what a shard's check finds changes meaning (older results are ignored)
+
+
+def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: str | Path, *,
+                 mode: str = "header", on_bad_data: str = "error", is_main_process: bool = True,
+                 workers: int | None = None) -> list[Shard]:
+    """`shards` with their unusable rows in `Shard.skip` ("skip", counts logged), or a one-line
+    refusal naming the first of them ("error"), as the folder data check does (`common.manifest`).
+
+    A row is unusable when, with `mode` (`--data_check`) "header", its audio does not decode (header
+    and last block, as `common.datacheck`) or has no samples, or, with a text column, its
+    transcript is not a non-empty string; "full" decodes every sample and also finds silent and
+    non-finite audio. The verdict depends on the row's content alone, never on the rank, the launch
+    or the pool size, so the rows dropped (and with them every batch) are the same on every launch
+    and rank: a run that skips resumes exactly.
+
+    Each shard is read once: its result is appended to `<out_dir>/stream.check-<mode>-v<N>.jsonl`,
+    keyed by its path, stamp (`shard_stamp`) and columns, as soon as it is known (a killed check
+    resumes; a rewritten shard is read again, alone). The whole result, `problems.jsonl`, is built
+    once in `<out_dir>/stream-check-<mode>-<digest>/` by one process while the others wait
+    (`common.prepare.prepare_once`), so a re-launch opens no shard. `workers` processes read the
+    shards (None: every core this process may use; the result does not depend on it)."""
+    from common.datacheck import MODES, default_workers
+    from common.manifest import REPORT_GRACE_S, DataError
+    from common.prepare import prepare_once
+
+    if mode not in MODES or on_bad_data not in ("error", "skip"):
+        raise ValueError(f"mode must be one of {MODES} and on_bad_data error or skip, not {mode!r}, {on_bad_data!r}")
+    key = f"{columns['audio']}\0{columns.get('text') or ''}"
+    h = hashlib.blake2b(f"{CHECK_VERSION}\0{mode}\0{key}\n".encode(), digest_size=8)
+    for s in shards:
+        h.update(f"{s.path}\0{s.stamp}\n".encode())
+    out_dir = Path(out_dir)
+    final = out_dir / f"stream-check-{mode}-{h.hexdigest()}"
+    cache = out_dir / f"stream.check-{mode}-v{CHECK_VERSION}.jsonl"
+
+    def build(tmp: Path) -> None:
+        found = _check_all(shards, key, mode, cache, default_workers() if workers is None else workers)
+        (tmp / "problems.jsonl").write_text("".join(
+            json.dumps({"shard": s.path, "row": r, "reason": reason, "detail": detail}) + "\n"
+            for s, bad in zip(shards, found) for r, reason, detail in bad))
+
+    prepare_once(final, build)
+    problems = [json.loads(line) for line in (final / "problems.jsonl").read_text().splitlines()]
+    counts = Counter(p["reason"] for p in problems)
+    what = (f"{len(problems)} unusable rows in {len({p['shard'] for p in problems})} of {len(shards)} shards "
+            f"({', '.join(f'{n} {reason}' for reason, n in counts.most_common())})")
+    if problems and on_bad_data == "error":
+        if not is_main_process:  # the main process says it once; its exit makes the launcher stop us
+            time.sleep(REPORT_GRACE_S)
+            raise SystemExit(1)
+        p = problems[0]
+        raise DataError(f"{what}: {p['shard']} row {p['row']}: {p['reason']}"
+                        + (f" ({p['detail']})" if p["detail"] else "")
+                        + (f", and {len(problems) - 1} more" if len(problems) > 1 else "")
+                        + f" (all in {final / 'problems.jsonl'}); re-encode or remove them, or --on_bad_data skip drops them")
+    if problems and is_main_process:
+        logger.warning(f"skipping {what} (list in {final / 'problems.jsonl'})")
+    bad: dict[str, list[int]] = {}
+    for p in problems:
+        bad.setdefault(p["shard"], []).append(p["row"])
+    return [replace(s, rows=s.rows - len(bad.get(s.path, ())), skip=tuple(sorted(bad.get(s.path, ()))))
+            for s in shards]
+
+
+def _check_all(shards: list[Shard], key: str, mode: str, cache: Path, workers: int) -> list[list]:
+    """[[row, reason, detail], ...] per shard, from `cache` or read (by `workers` processes)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    from common.datacheck import _Appender, _worker_init
+
+    known = _read_check_cache(cache)
+    found = [known.get((s.path, s.stamp, key)) for s in shards]
+    todo = [i for i, bad in enumerate(found) if bad is None]
+    if not todo:
+        return found
+    audio, text = key.split("\0")
+    appender, pool = _Appender(cache), None
+    try:
+        if workers == 1:
+            results = ((i, _check_shard(shards[i].path, audio, text or None, mode)) for i in todo)
+        else:  # fork: the children read parquet and decode audio only (see common.datacheck._run)
+            pool = ProcessPoolExecutor(min(workers, len(todo)), initializer=_worker_init,
+                                       mp_context=multiprocessing.get_context("fork"))
+            futures = {pool.submit(_check_shard, shards[i].path, audio, text or None, mode): i for i in todo}
+            results = ((futures[f], f.result()) for f in as_completed(futures))
+        for i, bad in results:
+            found[i] = bad
+            appender.append([((shards[i].path, shards[i].stamp, key), bad)])
+    except BrokenProcessPool:
+        raise RunError(f"a data-check worker died while reading one of {len(todo)} shards (out of memory, or a "
+                       f"crash in libsndfile): run with fewer workers; the shards already checked are cached "
+                       f"in {cache}") from None
+    finally:
+        appender.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    logger.info(f"stream data check ({mode}): read {len(todo)} of {len(shards)} shards")
+    return found
+
+
+def _read_check_cache(path: Path) -> dict[tuple[str, str, str], list]:
+    """Complete, well-formed lines [path, stamp, key, bad rows] of a check cache (a torn last line,
+    from a killed check, is ignored)."""
+    try:
+        lines = path.read_bytes().split(b"\n")[:-1]
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for line in lines:
+        try:
+            p, stamp, key, bad = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        if isinstance(bad, list):
+            out[(p, stamp, key)] = bad
+    return out
+
+
+def _check_shard(path: str, audio: str, text: str | None, mode: str) -> list[list]:
+    """[[row, reason, detail], ...] of one shard's unusable rows, read row group by row group."""
+    import pyarrow.parquet as pq
+
+    from common.datacheck import decoded_facts
+
+    f, bad, r = pq.ParquetFile(path), [], 0
+    for g in range(f.metadata.num_row_groups):
+        for row in f.read_row_group(g, columns=[c for c in (audio, text) if c]).to_pylist():
+            problem = None
+            if text is not None and not isinstance(row[text], str):
+                problem = ["transcript is not text", type(row[text]).__name__]
+            elif text is not None and not row[text].strip():
+                problem = ["empty transcript", ""]
+            else:
+                facts = decoded_facts(audio_bytes({"audio": row[audio]}), mode)
+                if "error" in facts:  # the detail names a BytesIO at an address that changes every run
+                    problem = [facts["error"], re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its bytes",
+                                                      facts.get("detail", "")).replace("\n", " ")]
+                elif facts["frames"] == 0:
+                    problem = ["empty audio", ""]
+                elif facts.get("silent"):
+                    problem = ["empty audio", "silent or non-finite samples"]
+            if problem:
+                bad.append([r, *problem])
+            r += 1
+    return bad

@@ -219,3 +219,47 @@ def test_train_batches_resumes_a_stream_mid_epoch_without_reading_what_was_consu
     rest = run(saved)
     assert first + rest == full
     assert len(full) == 24
+
+
+def test_batch_offsets_are_array_splits_computed_for_one_block_only():
+    """The cuts equal np.array_split's; a late block of a partition of 10^11 rows is cut without
+    materializing the partition's offsets (which would need 400 GB: a resume there must cost a block)."""
+    from common.stream import Shard
+
+    cols = {"audio": "audio", "text": None, "id": None, "duration": "duration"}
+    huge = ShardStream([Shard(f"s{i}", 10**9, "") for i in range(100)], cols, seed=0, partitions=2,
+                       block_rows=64, batch_size=32)
+    huge.read_rows = lambda epoch, a, b: [{"id": str(i), "duration": 1.0} for i in range(a, b)]
+    K = huge.batches_per_partition
+    batch = next(huge.partition_batches(0, 1, K - 1))  # the partition's last batch
+    start, stop = huge.partition_range(1)
+    assert len(batch) == 32 and all(stop - 64 <= int(r["id"]) < stop for r in batch)
+    small = ShardStream([Shard("a", 47, ""), Shard("b", 30, "")], cols, seed=0, partitions=4, block_rows=6,
+                        batch_size=3)
+    for p in range(4):
+        start, stop = small.partition_range(p)
+        split = np.concatenate([[0], np.cumsum([len(a) for a in np.array_split(np.arange(stop - start), 7)])])
+        assert small.batches_per_partition == 7 and list(small.batch_offsets(p)) == list(split)
+        assert list(small.batch_offsets(p, 2, 5)) == list(split[2:6])
+
+
+def test_reading_a_block_touches_only_the_shards_that_hold_it(tmp_path):
+    """Rows at the end of an epoch of 20 000 shards are found by bisection over the epoch's shard
+    starts, not by walking every shard before them (a cost growing with the corpus at every block)."""
+    from common.stream import Shard
+
+    write_shards(tmp_path, [8])
+    real = open_shards(resolve_shards(str(tmp_path)), COLUMNS)[0]
+
+    class Counted(list):
+        touched = 0
+
+        def __getitem__(self, i):
+            Counted.touched += 1
+            return super().__getitem__(i)
+
+    shards = Counted(Shard(real.path, 8, real.stamp) for _ in range(20_000))
+    stream = ShardStream(shards, COLUMNS, seed=0, partitions=4, block_rows=6, batch_size=3)
+    rows = stream.read_rows(0, stream.rows - 10, stream.rows)
+    assert [r["id"] for r in rows] == [f"u{i:04d}" for i in range(6, 8)] + [f"u{i:04d}" for i in range(8)]
+    assert Counted.touched <= 2
