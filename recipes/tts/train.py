@@ -72,14 +72,14 @@ class Config(RunConfig):
     dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1
     duration_channels: Annotated[int, Count] = 128  # duration predictor conv channels
     attention_dim: Annotated[int, Count] = 80  # aligner key/query dimension
-    attention_temperature: Annotated[float, Positive] = 0.0005  # score = −temperature · squared distance
+    attention_temperature: Annotated[float, Positive] = 0.005  # score = −temperature · squared distance (0.0005 stalls on a real voice: README)
     prior_scaling: Annotated[float, Positive] = 1.0  # ω of the beta-binomial prior (larger = sharper diagonal)
     blank_logprob: Annotated[float, Range(hi=0)] = -1.0  # score (a log-probability) of the CTC blank column in the forward-sum loss
     # --- losses ---
     duration_loss_weight: Annotated[float, NonNegative] = 0.1
     align_loss_weight: Annotated[float, NonNegative] = 1.0  # forward-sum loss
     binarization_loss_weight: Annotated[float, NonNegative] = 1.0
-    binarization_start_steps: Annotated[int, NonNegative] = 300  # optimizer steps before the binarization loss is switched on
+    binarization_start_steps: Annotated[int | None, NonNegative] = None  # optimizer steps before the binarization loss is switched on; None = never (on a real voice it locks in a wrong path: README)
     # --- logging / checkpoints ---
     num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # fixed validation sentences synthesized into TensorBoard at each validation
     griffin_lim_iters: Annotated[int, Count, ResumeSafe] = 32  # Griffin-Lim iterations for those samples
@@ -247,7 +247,8 @@ def main(cfg: Config) -> None:
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler,),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
-        binarize = state.step >= cfg.binarization_start_steps  # same on every rank
+        start = cfg.binarization_start_steps
+        binarize = start is not None and state.step >= start  # same on every rank
         with no_sync_unless(accelerator, model, micro.sync):
             loss, stats = compute_loss(model, batch, cfg, binarize)
             accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
