@@ -113,11 +113,14 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "ljspeech")
-    # The same check and split as training (the data check's result is cached in <output>/data).
-    # A phoneme model's table holds phonemes: its raw texts (letters) are not checked against it.
-    characters = getattr(cfg, "text_frontend", "characters") == "characters"  # absent: older checkpoint
+    # The same check and split as training (the data check's result is cached in <output>/data):
+    # texts are checked against a given character table only. A derived table (--symbols auto) was
+    # not a check (held-out symbols outside it were refused or dropped by --unknown_chars), and a
+    # phoneme table holds phonemes, not the letters of the texts.
+    fixed_table = (getattr(cfg, "text_frontend", "characters") == "characters"  # absent: older checkpoint
+                   and not getattr(cfg, "symbols_derived", False))
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=cfg.symbols + cfg.symbols.upper() if characters else None, on_bad_data=cfg.on_bad_data,
+                        charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None, on_bad_data=cfg.on_bad_data,
                         data_check=getattr(cfg, "data_check", "header"))  # absent: checkpoint older than the field
     manifest = split_manifest(prepare_manifest(out, "all", data_dir, policy, None), cfg.num_valid,
                               cfg.num_test)[args.split]

@@ -59,6 +59,7 @@ class Config(RunConfig):
     text_frontend: Literal["characters", "phonemes"] = "characters"  # model input: characters, or espeak-ng IPA phonemes of phonemizer_language (needs --symbols auto)
     phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ...
     unknown_chars: Literal["error", "drop"] = "error"  # a validation/test symbol outside the table: refuse, or leave it out of that text
+    symbols_derived: bool = False  # written by training, not set: True when `symbols` came from the training transcripts (no charset check then; score.py repeats it)
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
     win_length: Annotated[int, Count] = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
     hop_length: Annotated[int, Count] = 256  # samples (11.6 ms per frame)
@@ -138,7 +139,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
             symbols.check(splits[split]["id"], splits[split]["text"], split)
     except ValueError as e:
         raise RunError(str(e)) from None
-    cfg = dataclasses.replace(cfg, symbols=symbols.chars)
+    cfg = dataclasses.replace(cfg, symbols=symbols.chars, symbols_derived=not fixed_table)
     logger.info(f"{len(splits['test'])} test utterances held out (score.py)")
     data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
                          train=(splits["train"], TTSDataset(splits["train"], cfg), Collator(cfg)),

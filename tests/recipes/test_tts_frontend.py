@@ -4,6 +4,7 @@ through train.py + synthesize.py, a phoneme model whose derived table travels wi
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import unicodedata
@@ -129,3 +130,12 @@ def test_train_refuses_a_test_symbol_absent_from_training(tiny_corpus, tmp_path)
     errors = [line for line in proc.stdout.splitlines() if "error:" in line]
     assert len(errors) == 1 and f"'ß' (U+00DF) in 1 text(s), e.g. {utt_id}" in errors[0], proc.stdout[-3000:]
     assert "ValueError" not in proc.stdout and not (tmp_path / "out" / "checkpoints").exists()
+
+    # --unknown_chars drop trains, and score.py splits as training did: the test text with 'ß' is
+    # scored without it, not refused by a check against the derived table.
+    run("tts", 1, ["--data_dir", str(corpus), "--output_dir", str(tmp_path / "out"), *TINY, "--max_steps", "1",
+                   "--symbols", "auto", "--unknown_chars", "drop"])
+    subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "score.py"), "--checkpoint", str(tmp_path / "out"),
+                    "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
+    scored = [json.loads(line) for line in (tmp_path / "out" / "eval" / "final" / "test.jsonl").open()]
+    assert utt_id in [r["id"] for r in scored]
