@@ -66,7 +66,7 @@ class BestRQ(StackedLogMelEncoder):
         feats: (B, T, n_mels) raw log-mel, T a multiple of `stack`; feat_lens: (B,) valid frames;
         mask: (B, T // stack) bool, masked 40 ms positions; noise: (B, T, n_mels) ~ N(0, σ²).
         Returns (loss: mean CE over masked positions, accuracy, number of masked positions, the
-        predicted codes of the masked positions (n_masked,)).
+        predicted codes and the labels of the masked positions, each (n_masked,)).
         """
         B, T, D = feats.shape
         x = self.normalize(feats)
@@ -80,26 +80,31 @@ class BestRQ(StackedLogMelEncoder):
         loss = F.cross_entropy(logits.float(), target)
         pred = logits.argmax(-1)
         acc = (pred == target).float().mean()
-        return loss, acc, sel.sum(), pred
+        return loss, acc, sel.sum(), pred, target
 
 
 @torch.no_grad()
 def evaluate(model, loader, accelerator) -> dict:
-    """Masked-prediction loss and accuracy on the validation set (each utterance once), and codebook
+    """Masked-prediction loss and accuracy on the validation set (each utterance once), codebook
     usage: the fraction of codes ever predicted and the perplexity of the predicted-code distribution
-    (a collapsed model predicts few codes). Collective: call on every rank."""
+    (a collapsed model predicts few codes), and `eval_label_entropy` (nats): the entropy of the masked
+    positions' labels, i.e. the loss of a model that predicts their frequencies and has learned
+    nothing from the audio; `eval_loss` below it is what pre-training learned. Collective: call on
+    every rank."""
     model.eval()
     totals = torch.zeros(3, device=accelerator.device)  # Σ loss·n, Σ acc·n, Σ n
-    counts = None  # (codebook_size,) predictions per code
+    counts = None  # (2, codebook_size): predictions, labels per code
     for batch in loader:
-        loss, acc, n, pred = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
+        loss, acc, n, pred, target = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
         totals += torch.stack([loss * n, acc * n, n.float()])
-        hist = torch.bincount(pred, minlength=accelerator.unwrap_model(model).head.out_features).float()
+        size = accelerator.unwrap_model(model).head.out_features
+        hist = torch.stack([torch.bincount(pred, minlength=size), torch.bincount(target, minlength=size)]).float()
         counts = hist if counts is None else counts + hist
     totals = accelerator.reduce(totals, "sum")
     counts = accelerator.reduce(counts, "sum")
-    p = counts / counts.sum()
-    perplexity = torch.exp(-(p[p > 0] * p[p > 0].log()).sum())
+    p = counts / counts.sum(1, keepdim=True)
+    entropy = -torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(1)  # (2,) nats
     model.train()
     return {"eval_loss": (totals[0] / totals[2]).item(), "eval_acc": (totals[1] / totals[2]).item(),
-            "eval_codes_used": (counts > 0).float().mean().item(), "eval_code_perplexity": perplexity.item()}
+            "eval_codes_used": (counts[0] > 0).float().mean().item(), "eval_code_perplexity": entropy[0].exp().item(),
+            "eval_label_entropy": entropy[1].item()}

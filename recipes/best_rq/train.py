@@ -126,7 +126,7 @@ def build_optimizer(cfg: Config, model: BestRQ):
 def compute_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
     """(loss to back-propagate, values to log): cross-entropy of the masked positions' labels, and
     the accuracy there."""
-    loss, acc, _, _ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
+    loss, acc, *_ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
     return loss, {"loss": loss, "acc": acc}
 
 

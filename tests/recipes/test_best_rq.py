@@ -109,7 +109,7 @@ def test_masked_loss_starts_near_chance():
     feats = torch.randn(2, 200, 80)
     mask = torch.zeros(2, 50, dtype=torch.bool)
     mask[:, 10:20] = True
-    loss, acc, n, pred = m(feats, torch.tensor([200, 160]), mask, torch.zeros_like(feats))
+    loss, acc, n, pred, target = m(feats, torch.tensor([200, 160]), mask, torch.zeros_like(feats))
     assert pred.shape == (20,)
     assert n == 20 and abs(loss.item() - math.log(256)) < 1.0
     # labels are computed from the clean input: the noise put into masked frames does not change them
@@ -120,6 +120,28 @@ def test_masked_loss_starts_near_chance():
     assert torch.equal(labels[0], labels[1])
     x = (feats - m.feat_mean) / m.feat_std
     assert torch.equal(labels[0], m.quantizer(x.reshape(2, 50, 320)))
+
+
+def test_evaluate_reports_the_label_entropy():
+    """eval_label_entropy: the loss of predicting the masked labels' own frequencies (the level of a
+    model that learned nothing from the audio), computed over every validation batch."""
+    from types import SimpleNamespace
+
+    from common.encoder import encoder_config
+
+    cfg = encoder_config(input_dim=320, hidden_size=32, num_layers=1, num_heads=2, ffn_dim=64,
+                         conv_kernel=7, dropout=0.0)
+    m = best_rq.model.BestRQ(cfg, n_mels=80, stack_frames=4, codebook_size=16, code_dim=16, quantizer_seed=0)
+    g = torch.Generator().manual_seed(0)
+    batches = [{"feats": torch.randn(2, 200, 80, generator=g), "feat_lens": torch.tensor([200, 120]),
+                "mask": torch.rand(2, 50, generator=g) < 0.5, "noise": torch.zeros(2, 200, 80)} for _ in range(3)]
+    labels = torch.cat([m(**b)[4] for b in batches])
+    p = torch.bincount(labels, minlength=16).float() / len(labels)
+    expected = -(p[p > 0] * p[p > 0].log()).sum().item()
+    accelerator = SimpleNamespace(device=torch.device("cpu"), reduce=lambda x, op: x, unwrap_model=lambda model: model)
+    out = best_rq.model.evaluate(m, batches, accelerator)
+    assert abs(out["eval_label_entropy"] - expected) < 1e-5 and 1.0 < expected < math.log(16)
+    assert 0 < out["eval_codes_used"] <= 1 and out["eval_code_perplexity"] >= 1
 
 
 # ---------------------------------------------------------------------------------------------
