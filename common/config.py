@@ -516,6 +516,15 @@ def _fail(message: str) -> typing.NoReturn:
     raise SystemExit(2)
 
 
+def _inside_an_import(frame) -> bool:
+    """Whether `frame` (where a signal interrupted) runs under an `import` statement."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def exit_on_signals_during_start_up() -> None:
     """Until the training installs its own handlers (`common.faults.Preemption`), SIGINT (Ctrl-C),
     SIGTERM and SIGUSR1 end the process with one line and exit code 75, as Preemption does during
@@ -524,6 +533,11 @@ def exit_on_signals_during_start_up() -> None:
     def stop(signum, frame):
         print(f"{signal.Signals(signum).name} during start-up: stopping (nothing to save yet; exit code "
               f"{START_UP_SIGNAL_EXIT_CODE})", file=sys.stderr, flush=True)
+        if _inside_an_import(frame):
+            # An exception raised in the middle of a library's import is not ours to deliver: a
+            # library may catch it, or leave a half-imported module behind that fails later in
+            # another way (seen: numpy's lazy submodules recursing). Nothing of ours is held yet.
+            os._exit(START_UP_SIGNAL_EXIT_CODE)
         raise SystemExit(START_UP_SIGNAL_EXIT_CODE)  # a SystemExit: every `finally` still runs
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):

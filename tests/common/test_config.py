@@ -425,6 +425,25 @@ def test_ctrl_c_during_the_imports_of_a_recipe_is_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_ctrl_c_inside_an_import_that_swallows_it_still_stops(tmp_path):
+    """A library whose import catches every exception (or breaks on one) cannot keep the run going:
+    a signal that lands inside an import ends the process there, in one line, exit 75."""
+    (tmp_path / "greedy_library.py").write_text(
+        "import time\ntry:\n    time.sleep(30)\nexcept BaseException:\n    pass\n")
+    script = ("import sys; from common.config import exit_on_signals_during_start_up\n"
+              "exit_on_signals_during_start_up(); print('ready', flush=True)\n"
+              "import greedy_library\nprint('went on after the signal', flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(0.5)  # inside greedy_library's sleep
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == START_UP_SIGNAL_EXIT_CODE and "went on" not in out, (out, err)
+    assert err == f"SIGINT during start-up: stopping (nothing to save yet; exit code {START_UP_SIGNAL_EXIT_CODE})\n"
+
+
 def test_parse_config_installs_no_signal_handler():
     """Only a training script asks for the start-up handlers (the tools keep Python's Ctrl-C)."""
     before = signal.getsignal(signal.SIGINT)
