@@ -46,7 +46,7 @@ The design, and why (every property below is tested in tests/common/test_stream.
 `train_batches` iterates (`set_epoch`, `resume_at`, `__len__`).
 
 The recipes take a stream through `common.source` (--dataset_name ... --streaming true; the ASR
-recipe so far). Rows are checked by `check_shards` (once per shard, cached): with --on_bad_data error
+and BEST-RQ recipes). Rows are checked by `check_shards` (once per shard, cached): with --on_bad_data error
 a bad row is refused in one line naming its shard and row, with skip it is left out (`Shard.skip`) by
 a rule of the shard's content alone, so the batches stay the same on every launch and rank. Not yet:
 the recipes do not call `check_shards` (a source refuses --on_bad_data and --data_check), so a row

@@ -252,3 +252,23 @@ def test_a_usage_error_exits_with_code_2_in_one_line():
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert proc.stderr == "[rank 0] error: --text_column_name t: no such column in s (it has a, b)\n"
+
+
+@pytest.mark.slow
+def test_best_rq_streamed_killed_and_resumed_is_bit_identical(source, tmp_path, env):
+    """BEST-RQ reads no transcripts (no --text_column_name); 6 steps, killed after step 2;
+    validation streamed at step 4."""
+    from tests.recipes.test_best_rq import TINY as BEST_RQ
+
+    def args(out):
+        return ["--dataset_name", str(source), "--output_dir", str(out), *BEST_RQ, "--streaming", "true",
+                "--per_device_train_batch_size", "4", "--stream_partitions", "4", "--stream_block_rows", "8",
+                "--stats_utterances", "20", "--max_steps", "6", "--save_steps", "1"]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run("best_rq", 1, args(cont), env=env)
+    run("best_rq", 1, args(cut), env=env, kill_after_checkpoint=2)
+    run("best_rq", 1, args(cut), env=env)
+    assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+    assert [r["eval_loss"] for r in metrics(cut) if "eval_loss" in r] == [r["eval_loss"] for r in metrics(cont) if "eval_loss" in r]
