@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from common.data import load_audio, sample_generator
+from common.data import load_row_audio, sample_generator
 from common.features import LogMel
-from common.stream import audio_bytes
 
 
 class FeatureDataset(torch.utils.data.Dataset):
@@ -30,7 +29,7 @@ class FeatureDataset(torch.utils.data.Dataset):
         return self.item(self.manifest[i])
 
     def item(self, row: dict):
-        return row["id"], self.logmel(load_audio(audio_bytes(row) if "audio" in row else row["path"], self.sample_rate))
+        return row["id"], self.logmel(load_row_audio(row, self.sample_rate))
 
 
 class MaskingCollator:

@@ -43,6 +43,8 @@ class Config(DatasetConfig):
     # --- data ---
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-other-500)
     valid_split: str = "validation"
+    FOLDER_ONLY = dict.fromkeys(("train_split", "valid_split"), "use --train_split_name and --eval_split_name")
+    READS_TEXT = False
     n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
     # --- BEST-RQ ---
     stack_frames: Annotated[int, Count] = 4  # 10 ms frames stacked per label / encoder frame (4 → 40 ms)
@@ -62,14 +64,6 @@ class Config(DatasetConfig):
     dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # residual branches and input projection
     attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on attention probabilities (0 here and below: 1.26× the steps/s on CPU, eval loss within 0.6 % of 0.1's over 600 steps; benchmarks/README.md)
     activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on feed-forward activations
-
-    def validate(self) -> None:
-        super().validate()  # the data source's rules
-        if self.text_column_name != "text":
-            raise ValueError("--text_column_name: BEST-RQ reads no transcripts; drop it")
-        if self.dataset_name and (self.train_split, self.valid_split) != ("train", "validation"):
-            raise ValueError("--train_split and --valid_split name --data_dir subfolders: with --dataset_name "
-                             "use --train_split_name and --eval_split_name")
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
@@ -91,8 +85,7 @@ from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  #
                          optimizer_update, end_step, save_or_preempt, train_batches)
 from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
-from common.source import (build_stream_loaders, load_split, open_stream, validation_partitions,  # noqa: E402
-                           with_contents)
+from common.source import build_stream_loaders, load_splits, open_streams, with_contents  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -108,17 +101,14 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     """The checked manifests, log-mel items, masking collator and duration-bucketed loaders; or a
     `datasets` source's (common/source.py), streamed with --streaming."""
     collator = MaskingCollator(cfg)  # training and validation: the same masking rule
-    if cfg.streaming:  # parquet shards read in place
-        train = open_stream(cfg, cfg.train_split_name, text=False, partitions=cfg.stream_partitions)
-        valid = open_stream(cfg, cfg.eval_split_name, text=False, partitions=validation_partitions(accelerator, num_workers))
+    if cfg.streaming:  # parquet shards read in place, their rows checked once (--on_bad_data)
+        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers)
         return build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
                                     train=(train, FeatureDataset(None, cfg.sample_rate, cfg.n_mels), collator),
                                     valid=(valid, FeatureDataset(None, cfg.sample_rate, cfg.n_mels), collator),
                                     data_dir=cfg.dataset_name)
     if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
-        with accelerator.main_process_first():
-            (train_set, contents), (valid_set, _) = (load_split(cfg, split, text=False)
-                                                     for split in (cfg.train_split_name, cfg.eval_split_name))
+        train_set, valid_set, contents = load_splits(cfg, accelerator, text=False)
         return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
                              train=(train_set, FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), collator),
                              valid=(valid_set, FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), collator),
