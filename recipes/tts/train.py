@@ -7,6 +7,9 @@ Hugging Face Accelerate.
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/tts/train.py
     # the real LJSpeech
     accelerate launch recipes/tts/train.py --data_dir /data/LJSpeech-1.1 --num_valid 100 --num_test 500
+    # a `datasets` source (train/validation splits), its parquet shards streamed in place
+    accelerate launch recipes/tts/train.py --dataset_name data/my_voice_parquet --symbols auto \
+        --streaming true --per_device_train_batch_size 16
     # then
     python recipes/tts/synthesize.py --checkpoint outputs/tts --text "a radio wrote this clever pencil" --output out.wav
     python recipes/tts/score.py --checkpoint outputs/tts --split test

@@ -8,6 +8,9 @@ discriminator (least-squares GAN, feature matching, L1 mel loss), with Hugging F
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/vocoder/train.py
     # a real voice (LJSpeech layout)
     accelerate launch recipes/vocoder/train.py --data_dir /data/LJSpeech-1.1
+    # a `datasets` source (train/validation splits), its parquet shards streamed in place
+    accelerate launch recipes/vocoder/train.py --dataset_name data/my_voice_parquet \
+        --streaming true --per_device_train_batch_size 16
     # then: copy-synthesis scores against Griffin-Lim, and text → TTS → this vocoder
     python recipes/vocoder/evaluate.py --checkpoint outputs/vocoder
     python recipes/tts/synthesize.py --checkpoint outputs/tts --vocoder outputs/vocoder --text "a radio wrote this clever pencil"
