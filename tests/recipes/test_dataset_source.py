@@ -1,8 +1,10 @@
-"""The ASR recipe on a `datasets` source (--dataset_name), through `accelerate launch`, on parquet
-shards that `datasets` itself writes from the tiny corpus's audio files (as bytes): streamed, a
+"""The recipes on a `datasets` source (--dataset_name), on parquet shards that `datasets` itself
+writes from the tiny corpus's audio files (as bytes). ASR through `accelerate launch`: streamed, a
 SIGKILLed run re-launched ends bit-identical to an uninterrupted one in 1 and 2 processes, 2 → 1
 processes uses the same global batches, changed shards refuse the resume; map-style trains and
-resumes the same way; column, split and source mistakes are one line, exit code 2."""
+resumes the same way; column, split and source mistakes are one line, exit code 2. BEST-RQ, TTS and
+the vocoder: their build_data on the source (map-style and streamed), the streamed data check (a bad
+row refused in one line or skipped with its count, checked once), and streamed kill/resume."""
 
 from __future__ import annotations
 
