@@ -212,10 +212,15 @@ class DatasetConfig(RunConfig):
     stream_partitions: Annotated[int, Count] = 64  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches
     stream_block_rows: Annotated[int, Count] = 1000  # --streaming: consecutive rows shuffled and bucketed together (the shuffle buffer of each part)
 
-    # What a `datasets` source does not do (no data check; streams: no seconds-sized batches, no RAM
-    # cache): these must keep their defaults there, or the run would silently do something else.
-    NOT_FOR_DATASETS = ("data_check", "on_bad_data", "wrong_sample_rate", "min_seconds", "max_seconds")
+    # What a `datasets` source does not do (no duration or sample-rate rules; map-style: no data check;
+    # streams: no seconds-sized batches, no RAM cache): these must keep their defaults there, or the
+    # run would silently do something else.
+    NOT_FOR_DATASETS = ("wrong_sample_rate", "min_seconds", "max_seconds")
+    NOT_FOR_MAP_STYLE = ("data_check", "on_bad_data")
     NOT_FOR_STREAMS = ("max_batch_seconds", "num_buckets", "memory_cache_mb")
+    # A recipe's settings of a --data_dir folder that a source replaces: {field: what to use instead}
+    FOLDER_ONLY = {}
+    READS_TEXT = True  # False: the recipe reads no transcripts (--text_column_name is refused)
 
     def validate(self) -> None:
         # A plain run's values (parse_config: the recipe's YAML over the class), else the class's.
@@ -230,8 +235,14 @@ class DatasetConfig(RunConfig):
             return
         if self.data_dir is not None:
             raise ValueError("--dataset_name and --data_dir both name the training data: give one")
-        for key in changed(self.NOT_FOR_DATASETS + (self.NOT_FOR_STREAMS if self.streaming else ())):
-            what = "a streamed source" if key in self.NOT_FOR_STREAMS else "a --dataset_name source (it has no data check)"
+        if not self.READS_TEXT and changed(("text_column_name",)):
+            raise ValueError("--text_column_name: this recipe reads no transcripts; drop it")
+        for key in changed(tuple(self.FOLDER_ONLY)):
+            raise ValueError(f"--{key} applies to a --data_dir folder: with --dataset_name {self.FOLDER_ONLY[key]}")
+        for key in changed(self.NOT_FOR_DATASETS + (self.NOT_FOR_STREAMS if self.streaming else self.NOT_FOR_MAP_STYLE)):
+            what = ("a streamed source" if key in self.NOT_FOR_STREAMS else
+                    "a --dataset_name source without --streaming (no data check; a stream's rows are checked)"
+                    if key in self.NOT_FOR_MAP_STYLE else "a --dataset_name source (no duration or sample-rate check)")
             raise ValueError(f"--{key} does not apply to {what}: drop it"
                              + ("; streamed batches hold --per_device_train_batch_size utterances"
                                 if key == "max_batch_seconds" else ""))

@@ -238,16 +238,36 @@ class RecipeData:
     summary: dict | None = None  # what a checkpoint records about the training data (TrainState.data)
     durations: Any = None  # utterance id → seconds (Throughput; a stream's batches carry their own)
     stream: Any = None  # the training ShardStream when streamed
+    valid_stream: Any = None  # the validation ShardStream when streamed
 
     def sample_rows(self, n: int):
         """About `n` training rows evenly spaced (the feature statistics' sample): every
         (len // n)-th of the manifest, or of a stream's rows in epoch 0's order."""
         if self.stream is not None:
-            from common.source import audio_struct
-
-            rows = [self.stream.read_rows(0, i, i + 1)[0] for i in range(0, self.stream.rows, max(1, self.stream.rows // n))]
-            return [{**row, "audio": audio_struct(row["audio"])} for row in rows]
+            return _stream_rows(self.stream, range(0, self.stream.rows, max(1, self.stream.rows // n)))
         return self.train_set.select(range(0, len(self.train_set), max(1, len(self.train_set) // n)))
+
+    def valid_rows(self, n: int):
+        """The first `n` validation rows (the samples a recipe logs at each validation): of the
+        manifest, or of the validation stream in epoch 0's order."""
+        if self.valid_stream is not None:
+            return _stream_rows(self.valid_stream, range(min(n, self.valid_stream.rows)))
+        return self.valid_set.select(range(min(n, len(self.valid_set))))
+
+
+def _stream_rows(stream, rows) -> list[dict]:
+    """Rows of a stream's epoch 0 (by position), their audio cells as {"bytes", "path"} structs."""
+    from common.source import audio_struct
+
+    return [{**row, "audio": audio_struct(row["audio"])} for row in (stream.read_rows(0, i, i + 1)[0] for i in rows)]
+
+
+def load_row_audio(row: dict, sample_rate: int) -> torch.Tensor:
+    """`load_audio` of a manifest row: its `path` (a folder's), or its `audio` cell (a `datasets`
+    source's, undecoded: bytes or a path)."""
+    from common.stream import audio_bytes
+
+    return load_audio(audio_bytes(row) if "audio" in row else row["path"], sample_rate)
 
 
 def build_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, train: tuple, valid: tuple,

@@ -19,8 +19,17 @@ recipe's `build_data` calls these instead of reading a corpus folder; everything
   streamed too, each utterance once over the processes. The resume is the position (epoch, global
   batches), restored without reading what was consumed; changed shards refuse it.
 
-Neither path checks the audio ahead (no `--data_check`): a row that does not decode stops the run
-where it is read; `DatasetConfig.validate` refuses the settings that would need a check.
+The data check: a stream's rows are checked before training as a folder's files are
+(`common.stream.check_shards`, once per shard, cached in <output_dir>/data): with --on_bad_data error
+(the default) a row whose audio does not decode or has no samples, or whose transcript (recipes that
+read one) is empty, refuses the run in one line naming its shard and row; with skip the bad rows are
+left out with counts logged; --data_check full decodes every sample. A map-style source is not
+checked (`DatasetConfig.validate` refuses --on_bad_data and --data_check there): a row that does not
+decode stops the run where it is read. Neither path has the folder check's duration and sample-rate
+rules (--min_seconds, --max_seconds, --wrong_sample_rate refused); audio at another rate is resampled
+on load, as from a folder with the default --wrong_sample_rate resample.
+
+A recipe's `build_data` branch: `load_splits` (map-style) or `open_streams` then `build_stream_loaders`.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 import soundfile as sf
@@ -36,7 +46,8 @@ from common.data import RecipeData
 from common.faults import UsageError
 from common.logs import get_logger
 from common.manifest import manifest_summary
-from common.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards, shard_stamp
+from common.stream import (ShardStream, StreamDataset, StreamLoader, check_shards, open_shards, resolve_shards,
+                           shard_stamp)
 
 logger = get_logger(__name__)  # main process only
 
@@ -110,14 +121,25 @@ def with_contents(manifest, contents: str) -> dict:
     return {**manifest_summary(manifest), "contents": contents}
 
 
+def load_splits(cfg, accelerator, *, text: bool):
+    """(training manifest, validation manifest, the training files' digest) of --train_split_name and
+    --eval_split_name (`load_split`), built by the main process first (`datasets` caches them once)."""
+    with accelerator.main_process_first():
+        (train_set, contents), (valid_set, _) = (load_split(cfg, split, text=text)
+                                                 for split in (cfg.train_split_name, cfg.eval_split_name))
+    return train_set, valid_set, contents
+
+
 # ---------------------------------------------------------------------------------------------
 # Streamed
 # ---------------------------------------------------------------------------------------------
 
 
-def open_stream(cfg, split: str, *, text: bool, partitions: int) -> ShardStream:
+def open_stream(cfg, split: str, *, text: bool, partitions: int, check_dir=None,
+                is_main_process: bool = True) -> ShardStream:
     """The split's parquet shards as a `ShardStream` of --per_device_train_batch_size batches; the
-    source's `id` column names the utterances where it has one."""
+    source's `id` column names the utterances where it has one. With `check_dir`, its rows are
+    checked first (`check_shards`, --data_check, --on_bad_data; the result cached there)."""
     import pyarrow.parquet as pq
 
     paths = resolve_shards(cfg.dataset_name, cfg.dataset_config_name, split)
@@ -126,21 +148,41 @@ def open_stream(cfg, split: str, *, text: bool, partitions: int) -> ShardStream:
     has_id = "id" in pq.read_schema(paths[0]).names
     columns = {"audio": cfg.audio_column_name, "text": cfg.text_column_name if text else None,
                "id": "id" if has_id else None, "duration": None}
-    return ShardStream(open_shards(paths, columns), columns, seed=cfg.seed, partitions=partitions,
+    shards = open_shards(paths, columns)
+    if check_dir is not None:
+        shards = check_shards(shards, columns, check_dir, mode=cfg.data_check, on_bad_data=cfg.on_bad_data,
+                              is_main_process=is_main_process)
+    return ShardStream(shards, columns, seed=cfg.seed, partitions=partitions,
                        block_rows=cfg.stream_block_rows, batch_size=cfg.per_device_train_batch_size)
 
 
+def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int) -> tuple[ShardStream, ShardStream]:
+    """(training, validation) streams of --train_split_name and --eval_split_name, their rows checked
+    once into <out>/data (one process checks, the others wait for its result)."""
+    check = dict(text=text, check_dir=Path(out) / "data", is_main_process=accelerator.is_main_process)
+    return (open_stream(cfg, cfg.train_split_name, partitions=cfg.stream_partitions, **check),
+            open_stream(cfg, cfg.eval_split_name, partitions=validation_partitions(accelerator, num_workers), **check))
+
+
 def stream_column(stream: ShardStream, name: str) -> tuple[list[str], list]:
-    """(ids, values of our column `name`) of every row, shard by shard, reading that column (and the
-    ids) only: e.g. the transcripts a tokenizer is built from, without the audio."""
+    """(ids, values of our column `name`) of every row the stream reads (not those the data check
+    left out), shard by shard, reading that column (and the ids) only: e.g. the transcripts a
+    tokenizer is built from, without the audio."""
     import pyarrow.parquet as pq
 
     ids, values = [], []
     id_col, col = stream.columns.get("id"), stream.columns[name]
     for s, shard in enumerate(stream.shards):
         table = pq.read_table(shard.path, columns=[col] + ([id_col] if id_col else []))
-        values += table.column(col).to_pylist()
-        ids += table.column(id_col).to_pylist() if id_col else [f"{s:06d}-{r:08d}" for r in range(shard.rows)]
+        skip = frozenset(shard.skip)
+        rows = [r for r in range(table.num_rows) if r not in skip]
+        column = table.column(col).to_pylist()
+        values += [column[r] for r in rows]
+        if id_col:
+            named = table.column(id_col).to_pylist()
+            ids += [named[r] for r in rows]
+        else:
+            ids += [f"{s:06d}-{r:08d}" for r in rows]
     return ids, values
 
 
@@ -191,7 +233,7 @@ def build_stream_loaders(cfg, accelerator, *, global_batch: int, num_workers: in
     valid_loader = StreamLoader(StreamDataset(valid_stream, RowItem(valid_item), WithDurations(valid_collate), rank,
                                               world), **options)
     return RecipeData(None, None, train_item, valid_item, collate, train_loader, train_loader, valid_loader,
-                      data_dir, summary=summary, durations={}, stream=train_stream)
+                      data_dir, summary=summary, durations={}, stream=train_stream, valid_stream=valid_stream)
 
 
 def validation_partitions(accelerator, num_workers: int) -> int:

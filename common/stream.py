@@ -45,12 +45,11 @@ The design, and why (every property below is tested in tests/common/test_stream.
 `IterableDataset` (items and collated batches made in the DataLoader's workers), `StreamLoader` what
 `train_batches` iterates (`set_epoch`, `resume_at`, `__len__`).
 
-The recipes take a stream through `common.source` (--dataset_name ... --streaming true; the ASR
-recipe so far). Rows are checked by `check_shards` (once per shard, cached): with --on_bad_data error
-a bad row is refused in one line naming its shard and row, with skip it is left out (`Shard.skip`) by
-a rule of the shard's content alone, so the batches stay the same on every launch and rank. Not yet:
-the recipes do not call `check_shards` (a source refuses --on_bad_data and --data_check), so a row
-whose audio does not decode stops a streamed run where it is read.
+The recipes take a stream through `common.source` (--dataset_name ... --streaming true; every
+recipe). Rows are checked by `check_shards` (once per shard, cached; `common.source.open_streams`
+runs it before training): with --on_bad_data error a bad row is refused in one line naming its shard
+and row, with skip it is left out (`Shard.skip`) by a rule of the shard's content alone, so the
+batches stay the same on every launch and rank.
 """
 
 from __future__ import annotations

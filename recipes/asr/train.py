@@ -49,6 +49,7 @@ class Config(DatasetConfig):
     # --- data ---
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360); --dataset_name: --train_split_name
     valid_split: str = "validation"  # subfolder of data_dir; --dataset_name: --eval_split_name
+    FOLDER_ONLY = dict.fromkeys(("train_split", "valid_split"), "use --train_split_name and --eval_split_name")
     train_fraction: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
     train_subset: str | None = None  # fixed labelled subset: 10min or 1h (subsets/<name>.txt beside this file: of --builtin_corpus ssl10h) or a file of utterance ids
     n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
@@ -82,9 +83,6 @@ class Config(DatasetConfig):
 
     def validate(self) -> None:
         super().validate()  # the data source's rules
-        if self.dataset_name and (self.train_split, self.valid_split) != ("train", "validation"):
-            raise ValueError("--train_split and --valid_split name --data_dir subfolders: with --dataset_name "
-                             "use --train_split_name and --eval_split_name")
         if self.streaming and (self.train_subset or self.train_fraction < 1.0):
             raise ValueError("--train_subset and --train_fraction choose utterances by id, which a stream cannot "
                              "do without reading it all: drop them, or use --streaming false")
@@ -124,8 +122,7 @@ from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  #
                          optimizer_update, end_step, save_or_preempt, train_batches)
 from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
-from common.source import (build_stream_loaders, load_split, open_stream, stream_column,  # noqa: E402
-                           validation_partitions, with_contents)
+from common.source import build_stream_loaders, load_splits, open_streams, stream_column, with_contents  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
@@ -145,15 +142,13 @@ logger = get_logger(__name__)
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int):
     """(the checked manifests, items, SpecAugment collators and duration-bucketed loaders, or the
     streamed loaders with --streaming; the tokenizer, built once into <out>/tokenizer/)."""
-    if cfg.streaming:  # parquet shards read in place (common/source.py); transcripts read without the audio
-        train = open_stream(cfg, cfg.train_split_name, text=True, partitions=cfg.stream_partitions)
-        valid = open_stream(cfg, cfg.eval_split_name, text=True, partitions=validation_partitions(accelerator, num_workers))
+    if cfg.streaming:  # parquet shards read in place (common/source.py), their rows checked once; transcripts read without the audio
+        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers)
         (_, train_texts), (valid_ids, valid_texts) = stream_column(train, "text"), stream_column(valid, "text")
         data_dir = cfg.dataset_name
     else:
         if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
-            with accelerator.main_process_first():
-                (train_set, contents), (valid_set, _) = (load_split(cfg, split) for split in (cfg.train_split_name, cfg.eval_split_name))
+            train_set, valid_set, contents = load_splits(cfg, accelerator, text=True)
             train_set, valid_set = transcribed(train_set, cfg.train_split_name), transcribed(valid_set, cfg.eval_split_name)
             data_dir = cfg.dataset_name
         else:

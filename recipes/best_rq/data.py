@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from common.data import load_audio, sample_generator
+from common.data import load_row_audio, sample_generator
 from common.features import LogMel
 
 
 class FeatureDataset(torch.utils.data.Dataset):
-    """Manifest row → (id, log-mel (frames, n_mels) float32)."""
+    """Manifest row → (id, log-mel (frames, n_mels) float32): `dataset[i]`, or `item(row)` for a
+    streamed row (`manifest` None). A row's audio is its `path`, or its `audio` cell (a `datasets`
+    source, read undecoded)."""
 
     def __init__(self, manifest, sample_rate: int, n_mels: int):
         self.manifest = manifest
@@ -24,8 +26,10 @@ class FeatureDataset(torch.utils.data.Dataset):
         return len(self.manifest)
 
     def __getitem__(self, i):
-        row = self.manifest[i]
-        return row["id"], self.logmel(load_audio(row["path"], self.sample_rate))
+        return self.item(self.manifest[i])
+
+    def item(self, row: dict):
+        return row["id"], self.logmel(load_row_audio(row, self.sample_rate))
 
 
 class MaskingCollator:

@@ -27,14 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from common.config import (Count, NonNegative, Positive, Range, RunConfig, exit_on_signals_during_start_up,
+from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, exit_on_signals_during_start_up,
                            parse_config)
 
 
 @dataclass
-class Config(RunConfig):
+class Config(DatasetConfig):
     """BEST-RQ pre-training. Every field can be set in the YAML (--config) or as --key value; the
-    shared ones (run, data, optimization, logging) and their rules are RunConfig's (common/config.py)."""
+    shared ones (run, data and a `datasets` source, optimization, logging) and their rules are
+    RunConfig's and DatasetConfig's (common/config.py)."""
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/best_rq"
@@ -42,6 +43,8 @@ class Config(RunConfig):
     # --- data ---
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-other-500)
     valid_split: str = "validation"
+    FOLDER_ONLY = dict.fromkeys(("train_split", "valid_split"), "use --train_split_name and --eval_split_name")
+    READS_TEXT = False
     n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
     # --- BEST-RQ ---
     stack_frames: Annotated[int, Count] = 4  # 10 ms frames stacked per label / encoder frame (4 → 40 ms)
@@ -80,8 +83,9 @@ from common.hf_export import save_feature_extractor, write_model_card  # noqa: E
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar  # noqa: E402
 from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches)
-from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
+from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
+from common.source import build_stream_loaders, load_splits, open_streams, with_contents  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -94,7 +98,21 @@ logger = get_logger(__name__)
 # ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
-    """The checked manifests, log-mel items, masking collator and duration-bucketed loaders."""
+    """The checked manifests, log-mel items, masking collator and duration-bucketed loaders; or a
+    `datasets` source's (common/source.py), streamed with --streaming."""
+    collator = MaskingCollator(cfg)  # training and validation: the same masking rule
+    if cfg.streaming:  # parquet shards read in place, their rows checked once (--on_bad_data)
+        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers)
+        return build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                                    train=(train, FeatureDataset(None, cfg.sample_rate, cfg.n_mels), collator),
+                                    valid=(valid, FeatureDataset(None, cfg.sample_rate, cfg.n_mels), collator),
+                                    data_dir=cfg.dataset_name)
+    if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
+        train_set, valid_set, contents = load_splits(cfg, accelerator, text=False)
+        return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                             train=(train_set, FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), collator),
+                             valid=(valid_set, FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), collator),
+                             data_dir=cfg.dataset_name, summary=with_contents(train_set, contents))
     # The built-in corpus is generated once per cache folder (one process builds, the others wait);
     # the data check runs once per output_dir (missing, corrupt, empty, too short/long,
     # multi-channel, wrong-rate audio, duplicate ids, malformed lines).
@@ -104,7 +122,6 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     is_main = accelerator.is_main_process
     train_set = prepare_manifest(out, "train", data_dir, policy, cfg.train_split, is_main_process=is_main)
     valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=is_main)
-    collator = MaskingCollator(cfg)  # training and validation: the same masking rule
     return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
                          train=(train_set, FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), collator),
                          valid=(valid_set, FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), collator),
@@ -139,7 +156,7 @@ def main(cfg: Config) -> None:
 
     # ---- data, model, optimizer (the seams above) ---------------------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    train_set, train_sampler, collator = data.train_set, data.train_sampler, data.collate
+    train_sampler, collator = data.train_sampler, data.collate
     model = build_model(cfg)
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters")
     optimizer, scheduler = build_optimizer(cfg, model)
@@ -151,11 +168,10 @@ def main(cfg: Config) -> None:
     # What the run is made of: a resume refuses another config (but for the fields that may change on
     # resume) or other training data.
     parts = dict(models=model, optimizers=optimizer, schedulers=scheduler)  # what a checkpoint holds
-    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(train_set))
-    if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None:
-        stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced: the manifest is sorted by speaker
+    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=data.summary)
+    if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None:  # evenly spaced rows: a manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
-            data.train_items[i] for i in range(0, len(train_set), stride)))
+            data.train_items.item(row) for row in data.sample_rows(cfg.stats_utterances)))
     metrics = start_logging(run, state)  # config.yaml, metrics.jsonl and trackers from state.step on
 
     # ---- training loop ----------------------------------------------------------------------
@@ -163,7 +179,7 @@ def main(cfg: Config) -> None:
     preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
-    throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
+    throughput = Throughput(accelerator, data.durations)  # audio s/s
     window = WindowMeans()  # loss, accuracy: means over the accumulation window
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
@@ -173,7 +189,7 @@ def main(cfg: Config) -> None:
             loss, stats = compute_loss(model, batch)
             accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
         window.add(stats, micro.window_len)
-        throughput.add(batch["ids"])
+        throughput.add(batch)
         if not micro.sync:
             continue
         grad_norm = optimizer_update(accelerator, model, optimizer, state, max_grad_norm=cfg.max_grad_norm,

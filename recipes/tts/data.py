@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from common.data import load_audio
+from common.data import load_row_audio
 from audio import mel_frontend
 from frontend import Symbols
 from model import NEG, beta_binomial_prior
@@ -23,12 +23,15 @@ def split_manifest(manifest, num_valid: int, num_test: int):
 
 
 class TTSDataset(torch.utils.data.Dataset):
-    """Manifest row → (id, symbol ids (N,), log-mel (frames, n_mels))."""
+    """Manifest row → (id, symbol ids (N,), log-mel (frames, n_mels)): `dataset[i]`, or `item(row)`
+    for any row (a streamed one: `manifest` None). A row's audio is its `path`, or its `audio` cell
+    (a `datasets` source's)."""
 
     def __init__(self, manifest, cfg):
         self.manifest = manifest
         self.symbols = Symbols.from_config(cfg)
-        self.tokens = [self.symbols.encode(t) for t in manifest["text"]]  # once: phonemizing is not free
+        # once per manifest: phonemizing is not free (a streamed row is encoded when it is read)
+        self.tokens = None if manifest is None else [self.symbols.encode(t) for t in manifest["text"]]
         self.sample_rate = cfg.sample_rate
         self.logmel = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
 
@@ -36,9 +39,11 @@ class TTSDataset(torch.utils.data.Dataset):
         return len(self.manifest)
 
     def __getitem__(self, i):
-        row = self.manifest[i]
-        tokens = torch.tensor(self.tokens[i])
-        mel = self.logmel(load_audio(row["path"], self.sample_rate))
+        return self.item(self.manifest[i], self.tokens[i])
+
+    def item(self, row: dict, tokens: list[int] | None = None):
+        tokens = torch.tensor(self.symbols.encode(row["text"]) if tokens is None else tokens)
+        mel = self.logmel(load_row_audio(row, self.sample_rate))
         if mel.shape[0] < len(tokens):
             raise ValueError(f"{row['id']}: {mel.shape[0]} frames cannot hold {len(tokens)} symbols")
         return row["id"], tokens, mel

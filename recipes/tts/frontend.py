@@ -144,5 +144,6 @@ class Symbols:
                 first.setdefault(c, utt_id)
         if counts and self.unknown == "error":
             listed = ", ".join(f"{c!r} (U+{ord(c):04X}) in {n} text(s), e.g. {first[c]}" for c, n in counts.most_common())
-            raise ValueError(f"{split}: symbols the model was not trained on (absent from the training transcripts): "
+            raise ValueError(f"{split}: symbols outside the model's symbol table (--symbols, or with auto the training "
+                             f"transcripts' symbols): "
                              f"{listed}; --unknown_chars drop leaves them out")

@@ -111,6 +111,10 @@ def main():
     run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
     out = Path(args.output) if args.output else run_dir / "eval" / (folder.name + ("+vocoder" if args.vocoder else ""))
     out.mkdir(parents=True, exist_ok=True)
+    if args.data_dir is None and getattr(cfg, "dataset_name", None):  # a source's run holds out no test utterances
+        print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
+              f"utterances: give --data_dir (an LJSpeech-layout folder of the same voice)", file=sys.stderr)
+        raise SystemExit(2)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "ljspeech")
     # The same check and split as training (the data check's result is cached in <output>/data):

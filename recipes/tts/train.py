@@ -7,6 +7,9 @@ Hugging Face Accelerate.
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/tts/train.py
     # the real LJSpeech
     accelerate launch recipes/tts/train.py --data_dir /data/LJSpeech-1.1 --num_valid 100 --num_test 500
+    # a `datasets` source (train/validation splits), its parquet shards streamed in place
+    accelerate launch recipes/tts/train.py --dataset_name data/my_voice_parquet --symbols auto \
+        --streaming true --per_device_train_batch_size 16
     # then
     python recipes/tts/synthesize.py --checkpoint outputs/tts --text "a radio wrote this clever pencil" --output out.wav
     python recipes/tts/score.py --checkpoint outputs/tts --split test
@@ -31,16 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from common.config import (Count, NonNegative, Positive, Range, ResumeSafe, RunConfig,
+from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
 LOSSES = ("mel_loss", "dur_loss", "align_loss", "bin_loss")
 
 
 @dataclass
-class Config(RunConfig):
+class Config(DatasetConfig):
     """TTS training. Every field can be set in the YAML (--config) or as --key value; the shared
-    ones (run, data, optimization, logging) and their rules are RunConfig's (common/config.py)."""
+    ones (run, data and a `datasets` source, optimization, logging) and their rules are RunConfig's
+    and DatasetConfig's (common/config.py)."""
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/tts"
@@ -55,6 +59,8 @@ class Config(RunConfig):
     # --- data ---
     num_valid: Annotated[int, NonNegative] = 20  # utterances for validation: the num_valid ids just before the test ids
     num_test: Annotated[int, NonNegative] = 20  # held-out utterances for score.py: the last num_test ids (sorted)
+    FOLDER_ONLY = dict.fromkeys(("num_valid", "num_test"), "--eval_split_name validates and no test utterances are "
+                                "held out (score.py takes --data_dir)")
     symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # the symbol table (text is NFKC-normalized and lowercased first); "auto": every symbol of the training transcripts (frontend.py)
     text_frontend: Literal["characters", "phonemes"] = "characters"  # model input: characters, or espeak-ng IPA phonemes of phonemizer_language (needs --symbols auto)
     phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ...
@@ -93,7 +99,7 @@ import torch  # noqa: E402
 
 from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
-from common.data import RecipeData, build_loaders, load_audio  # noqa: E402
+from common.data import RecipeData, build_loaders, load_row_audio  # noqa: E402
 from common.distributed import check_fsdp_wrap  # noqa: E402
 from common.faults import RunError, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
@@ -101,8 +107,9 @@ from common.hf_export import write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches)
-from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
+from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
+from common.source import build_stream_loaders, load_splits, open_streams, stream_column, with_contents  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -120,31 +127,50 @@ logger = get_logger(__name__)
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int
                ) -> tuple[RecipeData, Config]:
     """The checked manifest split into training/validation/test, its items (symbols, log-mels),
-    collators and duration-bucketed loaders; and `cfg` with the symbol table the items were encoded
-    with (`--symbols auto`: derived from the training transcripts)."""
-    # The built-in corpus is generated once per cache folder (one process builds, the others wait);
-    # the data check runs once per output_dir: bad audio, and characters outside the symbol table.
-    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
+    collators and duration-bucketed loaders; or a `datasets` source's (common/source.py): its
+    --train_split_name trains, its --eval_split_name validates, streamed with --streaming. And `cfg`
+    with the symbol table the items were encoded with (`--symbols auto`: derived from the training
+    transcripts)."""
     fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
-    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None,
-                        on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
-    manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
-    splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
+    data_dir, summary = cfg.dataset_name, None
+    if cfg.streaming:  # parquet shards read in place, their rows checked once; transcripts read without the audio
+        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers)
+        texts = {"train": stream_column(train, "text"), "validation": stream_column(valid, "text")}
+    else:
+        if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
+            train_set, valid_set, contents = load_splits(cfg, accelerator, text=True)
+            splits, summary = {"train": train_set, "validation": valid_set}, with_contents(train_set, contents)
+        else:
+            # The built-in corpus is generated once per cache folder (one process builds, the others wait);
+            # the data check runs once per output_dir: bad audio, and characters outside the symbol table.
+            data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
+            policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
+                                charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None,
+                                on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
+            manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
+            splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
+            logger.info(f"{len(splits['test'])} test utterances held out (score.py)")
+        texts = {name: (split["id"], split["text"]) for name, split in splits.items()}
     # The symbol table: --symbols, or derived from the training transcripts and written into the
-    # run's config (checkpoints, final/), so that resume and synthesis read the same table.
+    # run's config (checkpoints, final/), so that resume and synthesis read the same table. A fixed
+    # table's training texts are checked too (a folder's were by its data check).
     try:
-        symbols = Symbols.derived(cfg, splits["train"]["text"])
-        for split in ("validation", "test"):
-            symbols.check(splits[split]["id"], splits[split]["text"], split)
+        symbols = Symbols.derived(cfg, texts["train"][1])
+        for split, (ids, split_texts) in texts.items():
+            if split != "train" or fixed_table:
+                symbols.check(ids, split_texts, split)
     except ValueError as e:
         raise RunError(str(e)) from None
     cfg = dataclasses.replace(cfg, symbols=symbols.chars, symbols_derived=not fixed_table)
-    logger.info(f"{len(splits['test'])} test utterances held out (score.py)")
-    data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                         train=(splits["train"], TTSDataset(splits["train"], cfg), Collator(cfg)),
-                         valid=(splits["validation"], TTSDataset(splits["validation"], cfg), Collator(cfg)),
-                         data_dir=data_dir)
+    if cfg.streaming:
+        data = build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                                    train=(train, TTSDataset(None, cfg), Collator(cfg)),
+                                    valid=(valid, TTSDataset(None, cfg), Collator(cfg)), data_dir=data_dir)
+    else:
+        data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                             train=(splits["train"], TTSDataset(splits["train"], cfg), Collator(cfg)),
+                             valid=(splits["validation"], TTSDataset(splits["validation"], cfg), Collator(cfg)),
+                             data_dir=data_dir, summary=summary)
     return data, cfg
 
 
@@ -180,14 +206,14 @@ def evaluate(model, loader, accelerator) -> dict:
 
 
 @torch.no_grad()
-def log_samples(model, dataset, cfg: Config, writer, vocoder, step: int) -> None:
+def log_samples(model, items, rows, cfg: Config, writer, vocoder, step: int) -> None:
     """Main process only: predicted vs target mel, the soft and hard alignment, and Griffin-Lim
-    audio of the first `num_samples` validation sentences (no collectives in here)."""
+    audio of the validation `rows` (`items.item(row)`; no collectives in here)."""
     model.eval()
     collate = Collator(cfg)
-    for i in range(min(cfg.num_samples, len(dataset))):
-        utt_id, tokens, mel = dataset[i]
-        batch = collate([dataset[i]])
+    for i, row in enumerate(rows):
+        utt_id, tokens, mel = item = items.item(row)
+        batch = collate([item])
         out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
         pred, lens, _ = model.infer(tokens[None], torch.tensor([len(tokens)]))
         pred = pred[0, : int(lens[0])]
@@ -198,7 +224,7 @@ def log_samples(model, dataset, cfg: Config, writer, vocoder, step: int) -> None
         writer.add_image(f"alignment/{i}_soft_hard", align[None], step)  # symbols up, frames right
         writer.add_audio(f"audio/{i}", vocoder(pred)[None], step, sample_rate=cfg.sample_rate)
         if step == cfg.eval_steps:  # the recording, once
-            writer.add_audio(f"audio/{i}_recording", load_audio(dataset.manifest[i]["path"], cfg.sample_rate)[None],
+            writer.add_audio(f"audio/{i}_recording", load_row_audio(row, cfg.sample_rate)[None],
                              step, sample_rate=cfg.sample_rate)
     model.train()
 
@@ -213,7 +239,7 @@ def main(cfg: Config) -> None:
     # ---- data, model, optimizer (the seams above) ---------------------------------------------
     data, cfg = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
     run = dataclasses.replace(run, cfg=cfg, cfg_dict=config_to_dict(cfg))  # the symbol table read: recorded with the run
-    train_set, train_sampler = data.train_set, data.train_sampler
+    train_sampler = data.train_sampler
     model = build_model(cfg)
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
@@ -226,15 +252,15 @@ def main(cfg: Config) -> None:
     # What the run is made of: a resume refuses another config (but for the fields that may change on
     # resume) or other training data.
     parts = dict(models=model, optimizers=optimizer, schedulers=scheduler)  # what a checkpoint holds
-    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(train_set))
-    if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None:
-        stride = max(1, len(train_set) // cfg.stats_utterances)  # evenly spaced over the sorted ids
+    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=data.summary)
+    if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None:  # evenly spaced rows: over the sorted ids
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
-            (utt_id, mel) for utt_id, _, mel in (data.train_items[i] for i in range(0, len(train_set), stride))))
+            (utt_id, mel) for utt_id, _, mel in (data.train_items.item(row) for row in data.sample_rows(cfg.stats_utterances))))
     metrics = start_logging(run, state)  # config.yaml, metrics.jsonl and trackers from state.step on
     writer = vocoder = None
     if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):
         writer = accelerator.get_tracker("tensorboard", unwrap=True)  # the SummaryWriter
+        samples = data.valid_rows(cfg.num_samples)  # the validation sentences synthesized at each validation
         vocoder = GriffinLim(mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length),
                              n_iter=cfg.griffin_lim_iters)
 
@@ -242,7 +268,7 @@ def main(cfg: Config) -> None:
     preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
     model.train()
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
-    throughput = Throughput(accelerator, dict(zip(train_set["id"], train_set["duration"])))  # audio s/s
+    throughput = Throughput(accelerator, data.durations)  # audio s/s
     window = WindowMeans()  # loss, mel, dur, align, bin: means over the accumulation window
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
@@ -254,7 +280,7 @@ def main(cfg: Config) -> None:
             loss, stats = compute_loss(model, batch, cfg, binarize)
             accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
         window.add(stats, micro.window_len)
-        throughput.add(batch["ids"])
+        throughput.add(batch)
         if not micro.sync:
             continue
         grad_norm = optimizer_update(accelerator, model, optimizer, state, max_grad_norm=cfg.max_grad_norm,
@@ -267,7 +293,7 @@ def main(cfg: Config) -> None:
             row = evaluate(model, valid_loader, accelerator)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
             if writer is not None:  # main process only; no collectives inside
-                log_samples(accelerator.unwrap_model(model), data.valid_items, cfg, writer, vocoder, state.step)
+                log_samples(accelerator.unwrap_model(model), data.valid_items, samples, cfg, writer, vocoder, state.step)
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
             row = metrics.log_step(state, window, throughput, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
                                    extra=row)  # collective

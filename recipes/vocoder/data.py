@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from common.data import load_audio, sample_generator
+from common.data import load_row_audio, sample_generator
 from common.features import mel_frontend
 
 
@@ -25,7 +25,9 @@ def split_manifest(manifest, num_valid: int, num_test: int) -> dict:
 
 
 class Waveforms(torch.utils.data.Dataset):
-    """Manifest row → (id, waveform (samples,) at the recipe's sample rate)."""
+    """Manifest row → (id, waveform (samples,) at the recipe's sample rate): `dataset[i]`, or
+    `item(row)` for any row (a streamed one: `manifest` None). A row's audio is its `path`, or its
+    `audio` cell (a `datasets` source's)."""
 
     def __init__(self, manifest, sample_rate: int):
         self.manifest, self.sample_rate = manifest, sample_rate
@@ -34,8 +36,10 @@ class Waveforms(torch.utils.data.Dataset):
         return len(self.manifest)
 
     def __getitem__(self, i):
-        row = self.manifest[i]
-        return row["id"], load_audio(row["path"], self.sample_rate)
+        return self.item(self.manifest[i])
+
+    def item(self, row: dict):
+        return row["id"], load_row_audio(row, self.sample_rate)
 
 
 class SegmentCollator:

@@ -52,6 +52,10 @@ def main() -> None:
 
     generator, cfg = load_vocoder(args.checkpoint)
     folder = Path(args.checkpoint)
+    if args.data_dir is None and getattr(cfg, "dataset_name", None):  # a source's run holds out no test utterances
+        print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
+              f"utterances: give --data_dir (an LJSpeech-layout folder)", file=sys.stderr)
+        raise SystemExit(2)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
     manifest = read_ljspeech(data_dir).sort("id")
     num_test = args.num_test or cfg.num_test

@@ -8,6 +8,9 @@ discriminator (least-squares GAN, feature matching, L1 mel loss), with Hugging F
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/vocoder/train.py
     # a real voice (LJSpeech layout)
     accelerate launch recipes/vocoder/train.py --data_dir /data/LJSpeech-1.1
+    # a `datasets` source (train/validation splits), its parquet shards streamed in place
+    accelerate launch recipes/vocoder/train.py --dataset_name data/my_voice_parquet \
+        --streaming true --per_device_train_batch_size 16
     # then: copy-synthesis scores against Griffin-Lim, and text → TTS → this vocoder
     python recipes/vocoder/evaluate.py --checkpoint outputs/vocoder
     python recipes/tts/synthesize.py --checkpoint outputs/tts --vocoder outputs/vocoder --text "a radio wrote this clever pencil"
@@ -23,18 +26,20 @@ Outputs: <output_dir>/final/{model.safetensors (the generator), config.yaml, voc
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from common.config import (Count, NonNegative, Positive, Range, ResumeSafe, RunConfig,
+from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
 
 @dataclass
-class Config(RunConfig):
+class Config(DatasetConfig):
     """Vocoder training. Every field can be set in the YAML (--config) or as --key value; the shared
-    ones (run, data, optimization, logging) and their rules are RunConfig's (common/config.py)."""
+    ones (run, data and a `datasets` source, optimization, logging) and their rules are RunConfig's
+    and DatasetConfig's (common/config.py)."""
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/vocoder"
@@ -51,6 +56,9 @@ class Config(RunConfig):
     # --- data ---
     num_valid: Annotated[int, NonNegative] = 20  # validation utterances: the num_valid ids just before the test ids
     num_test: Annotated[int, NonNegative] = 20  # held-out utterances for evaluate.py: the last num_test ids (as the TTS recipe's)
+    FOLDER_ONLY = dict.fromkeys(("num_valid", "num_test"), "--eval_split_name validates and no test utterances are "
+                                "held out (evaluate.py takes --data_dir)")
+    READS_TEXT = False
     segment_frames: Annotated[int, Count] = 32  # mel frames per training segment (32 × 256 = 8192 samples, 0.37 s: HiFi-GAN's)
     # --- the mel (must equal the TTS model's: synthesize.py --vocoder refuses another) ---
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
@@ -90,8 +98,9 @@ from common.features import mel_frontend  # noqa: E402
 from common.hf_export import write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.loop import end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches  # noqa: E402
-from common.manifest import DataPolicy, manifest_summary, prepare_manifest  # noqa: E402
+from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
+from common.source import build_stream_loaders, load_splits, open_streams, with_contents  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -107,7 +116,22 @@ HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 am
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
     """The checked manifest (no transcripts needed) split into training/validation/test, and
-    duration-bucketed loaders: training batches of random segments, validation of whole utterances."""
+    duration-bucketed loaders: training batches of random segments, validation of whole utterances;
+    or a `datasets` source's (common/source.py): its --train_split_name trains, its --eval_split_name
+    validates, streamed with --streaming."""
+    train_collate = SegmentCollator(cfg)
+    if cfg.streaming:  # parquet shards read in place, their rows checked once (--on_bad_data)
+        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers)
+        return build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                                    train=(train, Waveforms(None, cfg.sample_rate), train_collate),
+                                    valid=(valid, Waveforms(None, cfg.sample_rate), collate_whole),
+                                    data_dir=cfg.dataset_name)
+    if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
+        train_set, valid_set, contents = load_splits(cfg, accelerator, text=False)
+        return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
+                             train=(train_set, Waveforms(train_set, cfg.sample_rate), train_collate),
+                             valid=(valid_set, Waveforms(valid_set, cfg.sample_rate), collate_whole),
+                             data_dir=cfg.dataset_name, summary=with_contents(train_set, contents))
     data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
                         on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
@@ -117,7 +141,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     except ValueError as e:
         raise RunError(str(e)) from None
     return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                         train=(splits["train"], Waveforms(splits["train"], cfg.sample_rate), SegmentCollator(cfg)),
+                         train=(splits["train"], Waveforms(splits["train"], cfg.sample_rate), train_collate),
                          valid=(splits["validation"], Waveforms(splits["validation"], cfg.sample_rate), collate_whole),
                          data_dir=data_dir)
 
@@ -184,12 +208,12 @@ def to_image(mel: torch.Tensor, lo: float, hi: float) -> np.ndarray:
 
 
 @torch.no_grad()
-def log_samples(generator, dataset, frontend, cfg: Config, writer, step: int) -> None:
-    """Main process only (no collectives): vocoded audio and real-over-vocoded mel images of the first
-    `num_samples` validation utterances, and the recordings once."""
+def log_samples(generator, items, rows, frontend, cfg: Config, writer, step: int) -> None:
+    """Main process only (no collectives): vocoded audio and real-over-vocoded mel images of the
+    validation `rows` (`items.item(row)`), and the recordings once."""
     generator.eval()
-    for i in range(min(cfg.num_samples, len(dataset))):
-        _, wav = dataset[i]
+    for i, row in enumerate(rows):
+        _, wav = items.item(row)
         mel = frontend(wav)
         fake = generator(mel[None])[0].clamp(-1, 1)
         lo, hi = float(mel.min()), float(mel.max())
@@ -224,12 +248,13 @@ def main(cfg: Config) -> None:
     # ---- resume, or start ------------------------------------------------------------------
     parts = dict(models={"generator": generator, "discriminator": discriminator},
                  optimizers={"generator": g_opt, "discriminator": d_opt}, schedulers=schedulers)
-    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=manifest_summary(data.train_set))
+    state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=data.summary)
     resume_from_checkpoint(accelerator, run.ckpt, state, **parts)
     metrics = start_logging(run, state)
     writer = None
     if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):
         writer = accelerator.get_tracker("tensorboard", unwrap=True)
+        samples = data.valid_rows(cfg.num_samples)  # the validation utterances vocoded at each validation
 
     # ---- training loop ----------------------------------------------------------------------
     preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
@@ -238,7 +263,7 @@ def main(cfg: Config) -> None:
     critic = accelerator.unwrap_model(discriminator)  # the generator's losses reach D outside DDP: no D reduction
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     segment_s = cfg.segment_frames * cfg.hop_length / cfg.sample_rate
-    throughput = Throughput(accelerator, dict.fromkeys(data.train_set["id"], segment_s))  # segment audio s/s
+    throughput = Throughput(accelerator, defaultdict(lambda: segment_s))  # segment audio s/s (every utterance gives one)
     window = WindowMeans()
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds the global RNG from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
@@ -274,7 +299,7 @@ def main(cfg: Config) -> None:
             row = evaluate(accelerator.unwrap_model(generator), valid_loader, frontend, accelerator)  # collective
             logger.info(f"step {state.step}: eval_mel_loss {row['eval_mel_loss']:.4f}")
             if writer is not None:  # main process only; no collectives inside
-                log_samples(accelerator.unwrap_model(generator), data.valid_items, frontend, cfg, writer, state.step)
+                log_samples(accelerator.unwrap_model(generator), data.valid_items, samples, frontend, cfg, writer, state.step)
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
             row = metrics.log_step(state, window, throughput, lr=schedulers["generator"].get_last_lr()[0],
                                    grad_norm=g_norm, extra={"d_lr": schedulers["discriminator"].get_last_lr()[0],

@@ -1,11 +1,14 @@
-"""The ASR recipe on a `datasets` source (--dataset_name), through `accelerate launch`, on parquet
-shards that `datasets` itself writes from the tiny corpus's audio files (as bytes): streamed, a
+"""The recipes on a `datasets` source (--dataset_name), on parquet shards that `datasets` itself
+writes from the tiny corpus's audio files (as bytes). ASR through `accelerate launch`: streamed, a
 SIGKILLed run re-launched ends bit-identical to an uninterrupted one in 1 and 2 processes, 2 → 1
 processes uses the same global batches, changed shards refuse the resume; map-style trains and
-resumes the same way; column, split and source mistakes are one line, exit code 2."""
+resumes the same way; column, split and source mistakes are one line, exit code 2. BEST-RQ, TTS and
+the vocoder: their build_data on the source (map-style and streamed), the streamed data check (a bad
+row refused in one line or skipped with its count, checked once), and streamed kill/resume."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -252,3 +255,185 @@ def test_a_usage_error_exits_with_code_2_in_one_line():
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert proc.stderr == "[rank 0] error: --text_column_name t: no such column in s (it has a, b)\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Every recipe on a source: its build_data, in this process (a real Accelerator on the CPU)
+# ---------------------------------------------------------------------------------------------
+
+RECIPES = ("best_rq", "tts", "vocoder")
+
+
+def without(args: list[str], *keys: str) -> list[str]:
+    """`args` less the `--key value` pairs of `keys`."""
+    out, skip = [], False
+    for a in args:
+        if skip or a in keys:
+            skip = not skip and a in keys
+            continue
+        out.append(a)
+    return out
+
+
+def recipe_args(recipe: str, source: Path, out: Path, *extra: str, streaming: bool = True) -> list[str]:
+    """The recipe's test model on `source`: its TINY flags less those of a folder (and, streamed, of
+    seconds-sized batches); 4 utterances a batch in 4 partitions when streamed."""
+    tiny = {"best_rq": "tests.recipes.test_best_rq", "tts": "tests.recipes.test_tts",
+            "vocoder": "tests.recipes.test_vocoder"}[recipe]
+    args = without(__import__(tiny, fromlist=["TINY"]).TINY, "--num_valid", "--num_test", "--eval_steps",
+                   *(["--max_batch_seconds"] if streaming else []))
+    stream = ["--streaming", "true", "--per_device_train_batch_size", "4", "--stream_partitions", "4",
+              "--stream_block_rows", "8"] if streaming else []
+    text = ["--text_column_name", "sentence"] if recipe == "tts" else []
+    return ["--dataset_name", str(source), "--output_dir", str(out), *text, *args, *stream, *extra]
+
+
+def build(recipe: str, argv: list[str], out: Path):
+    """(the recipe's RecipeData, its config) from its own `build_data`, as its train.py calls it."""
+    from accelerate import Accelerator
+
+    train = recipe_modules(recipe, "train").train
+    cfg = parse_config(train.Config, argv, default_yaml=ROOT / "recipes" / recipe / "config.yaml")
+    return train.build_data(cfg, Accelerator(cpu=True), out, global_batch=1, num_workers=0)  # tts: (data, cfg)
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.mark.parametrize("recipe", ["tts", "vocoder"])
+def test_a_recipe_refuses_the_settings_of_a_folder_or_what_it_does_not_read(recipe, capsys):
+    train = recipe_modules(recipe, "train").train
+    yaml = ROOT / "recipes" / recipe / "config.yaml"
+    stream = ["--dataset_name", "x", "--streaming", "true", "--per_device_train_batch_size", "4"]
+    cfg = parse_config(train.Config, [*stream, "--on_bad_data", "skip", "--data_check", "full"], default_yaml=yaml)
+    assert (cfg.on_bad_data, cfg.data_check) == ("skip", "full")  # a stream's rows are checked
+    cases = [(["--dataset_name", "x", "--num_valid", "3"], "--num_valid applies to a --data_dir folder: with "
+              "--dataset_name --eval_split_name validates and no test utterances are held out"),
+             (["--dataset_name", "x", "--on_bad_data", "skip"], "--on_bad_data does not apply to a --dataset_name "
+              "source without --streaming"),
+             ([*stream, "--max_seconds", "9"], "--max_seconds does not apply to a --dataset_name source")]
+    if recipe == "vocoder":
+        cases.append(([*stream, "--text_column_name", "s"], "--text_column_name: this recipe reads no transcripts"))
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as e:
+            parse_config(train.Config, argv, default_yaml=yaml)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["streamed", "map-style"])
+@pytest.mark.parametrize("recipe", ["tts", "vocoder"])
+def test_tts_and_vocoder_build_their_data_from_a_source(recipe, streaming, source, tmp_path, offline):
+    """build_data on the source: training batches of the source's utterances (resampled to the
+    recipe's rate, as from a folder), the summary a checkpoint compares, the validation rows logged
+    as samples; TTS: the symbol table of --symbols auto from the training transcripts."""
+    import pyarrow.parquet as pq
+
+    extra = ["--symbols", "auto"] if recipe == "tts" else []
+    data = build(recipe, recipe_args(recipe, source, tmp_path / "out", *extra, streaming=streaming), tmp_path / "out")
+    if recipe == "tts":
+        data, cfg = data
+        texts = [t for f in sorted((source / "data").glob("train-*.parquet"))
+                 for t in pq.read_table(f, columns=["sentence"])["sentence"].to_pylist()]
+        assert cfg.symbols == "".join(sorted(set(" ".join(texts).lower())))
+    batch = next(iter(data.train_loader))
+    assert set(batch["ids"]) <= set(read_librispeech_ids(source))
+    assert data.summary["utterances"] == 48
+    assert ("fingerprint" if streaming else "contents") in data.summary
+    if streaming:
+        assert len(batch["ids"]) == 4 and len(batch["durations"]) == 4
+    rows = data.valid_rows(2)
+    items = [data.valid_items.item(row) for row in rows]
+    assert [item[0] for item in items] == [row["id"] for row in rows] and len(rows) == 2
+    wav = items[0][-1] if recipe == "vocoder" else None
+    if wav is not None:  # 16 kHz audio resampled to the recipe's 22 050 Hz
+        from common.source import audio_seconds
+
+        assert abs(len(wav) / 22050 - audio_seconds(rows[0]["audio"])) < 0.01
+
+
+@pytest.fixture(scope="module")
+def bad_source(source, tmp_path_factory) -> tuple[Path, str]:
+    """`source` with row 2 of its second training shard no longer audio: (folder, that row's id)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("bad_source")
+    shutil.copytree(source, folder, dirs_exist_ok=True)
+    shard = folder / "data" / "train-00001-of-00003.parquet"
+    table = pq.read_table(shard)
+    audio = table.column("audio").to_pylist()
+    audio[2] = {"bytes": b"not audio at all", "path": None}
+    pq.write_table(table.set_column(table.schema.get_field_index("audio"), "audio",
+                                    pa.array(audio, table.schema.field("audio").type)), shard)
+    return folder, table.column("id")[2].as_py()
+
+
+def test_a_streamed_bad_row_refuses_the_run_in_one_line(bad_source, tmp_path, offline):
+    from common.faults import RunError
+
+    folder, _ = bad_source
+    with pytest.raises(RunError) as e:
+        build("vocoder", recipe_args("vocoder", folder, tmp_path / "out"), tmp_path / "out")
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("1 unusable rows in 1 of 3 shards (1 unreadable audio): ")
+    assert f"{folder}/data/train-00001-of-00003.parquet row 2: unreadable audio" in message
+    assert message.endswith("re-encode or remove them, or --on_bad_data skip drops them")
+
+
+def test_a_streamed_bad_row_is_skipped_with_its_count_and_checked_once(bad_source, tmp_path, offline, caplog,
+                                                                        monkeypatch):
+    """--on_bad_data skip: the row is left out of the stream and of the transcripts (TTS's symbol
+    table), the count logged; a second launch on the same output_dir reads no shard."""
+    import common.stream
+    from common.source import stream_column
+
+    folder, bad_id = bad_source
+    argv = recipe_args("tts", folder, tmp_path / "out", "--on_bad_data", "skip")
+    with caplog.at_level(logging.INFO):
+        data, _ = build("tts", argv, tmp_path / "out")
+    assert "skipping 1 unusable rows in 1 of 3 shards (1 unreadable audio)" in caplog.text
+    assert "stream data check (header): read 3 of 3 shards" in caplog.text
+    ids, texts = stream_column(data.stream, "text")
+    assert data.stream.rows == len(ids) == len(texts) == 47 and bad_id not in ids
+    epoch = [i for batch in data.train_loader for i in batch["ids"]]
+    assert sorted(epoch) == sorted(ids)
+
+    caplog.clear()
+    read = []
+    monkeypatch.setattr(common.stream, "_check_shard", lambda path, *a: read.append(path) or [])
+    with caplog.at_level(logging.INFO):
+        data, _ = build("tts", argv, tmp_path / "out")
+    assert read == [] and "stream data check" not in caplog.text and data.stream.rows == 47
+    assert "skipping 1 unusable rows in 1 of 3 shards (1 unreadable audio)" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_streamed_killed_and_resumed_is_bit_identical_in_every_recipe(recipe, source, tmp_path, env):
+    """BEST-RQ, TTS and the vocoder streamed (ASR: above): 4 steps, killed after step 2, validation
+    streamed at step 4. TTS and the vocoder: their scoring scripts then refuse the checkpoint without
+    --data_dir (a source holds out no test utterances), rather than score another corpus."""
+    extra = ["--stats_utterances", "20", "--max_steps", "4", "--save_steps", "1", "--eval_steps", "4"]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run(recipe, 1, recipe_args(recipe, source, cont, *extra), env=env, timeout=1200)
+    run(recipe, 1, recipe_args(recipe, source, cut, *extra), env=env, kill_after_checkpoint=2, timeout=1200)
+    run(recipe, 1, recipe_args(recipe, source, cut, *extra), env=env, timeout=1200)
+    assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut, key="loss" if recipe != "vocoder" else "g_loss")
+    evals = [{k: v for k, v in r.items() if k.startswith("eval_")} for r in metrics(cut) if "step" in r]
+    assert evals == [{k: v for k, v in r.items() if k.startswith("eval_")} for r in metrics(cont) if "step" in r]
+    assert evals[-1]
+    if recipe in ("tts", "vocoder"):
+        script = {"tts": ["score.py", "--split", "test"], "vocoder": ["evaluate.py"]}[recipe]
+        proc = subprocess.run([sys.executable, str(ROOT / "recipes" / recipe / script[0]), "--checkpoint", str(cut / "final"),
+                               *script[1:]], cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 2 and proc.stderr.endswith(
+            f"was trained on --dataset_name {source}, which held out no test utterances: give --data_dir "
+            f"(an LJSpeech-layout folder{' of the same voice' if recipe == 'tts' else ''})\n"), proc.stderr[-2000:]
