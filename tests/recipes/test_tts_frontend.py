@@ -139,3 +139,12 @@ def test_train_refuses_a_test_symbol_absent_from_training(tiny_corpus, tmp_path)
                     "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
     scored = [json.loads(line) for line in (tmp_path / "out" / "eval" / "final" / "test.jsonl").open()]
     assert utt_id in [r["id"] for r in scored]
+
+
+def test_symbols_derived_never_refuses_a_resume():
+    """`symbols_derived` is written by training, a function of --symbols and the front end that the
+    resume compares anyway: a checkpoint written before the field existed (an --symbols auto run)
+    resumes instead of being refused for 'symbols_derived: None != True'."""
+    from common.config import resume_safe_keys
+
+    assert "symbols_derived" in resume_safe_keys(tts.train.Config)
