@@ -204,7 +204,7 @@ def build(accelerator, size: dict, n_mels: int = 80, stack: int = 4):
 
 def train_step(accelerator, model, optimizer, batch):
     """One optimizer step as the recipe takes it (no accumulation); returns the loss."""
-    loss, _, _, _ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
+    loss, *_ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
     accelerator.backward(loss)
     accelerator.clip_grad_norm_(model.parameters(), 5.0)
     optimizer.step()
