@@ -51,12 +51,25 @@ class RandomProjectionQuantizer(nn.Module):
             return (self.project(x) @ self.codebook.T).argmax(dim=-1)
 
 
+def utterance_normalize(feats: torch.Tensor, feat_lens: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """(B, T, n_mels) → each utterance's bins to zero mean, unit variance over its valid frames
+    (padding ignored; padded frames come out as garbage the loss never reads). Float32."""
+    with torch.autocast(feats.device.type, enabled=False):
+        x = feats.float()
+        valid = (torch.arange(x.shape[1], device=x.device)[None, :] < feat_lens[:, None]).unsqueeze(-1)  # (B, T, 1)
+        n = feat_lens.clamp(min=1).to(x.dtype)[:, None, None]
+        mean = torch.where(valid, x, 0).sum(1, keepdim=True) / n  # (B, 1, n_mels)
+        var = torch.where(valid, (x - mean) ** 2, 0).sum(1, keepdim=True) / n
+        return (x - mean) / torch.sqrt(var + eps)
+
+
 class BestRQ(StackedLogMelEncoder):
     """The shared encoder (common/encoder.py: statistics, stacking, Conformer) + quantizer + head."""
 
     def __init__(self, config: Wav2Vec2BertConfig, *, n_mels: int, stack_frames: int,
-                 codebook_size: int, code_dim: int, quantizer_seed: int):
+                 codebook_size: int, code_dim: int, quantizer_seed: int, label_norm: str = "global"):
         super().__init__(config, n_mels=n_mels, stack_frames=stack_frames)
+        self.label_norm = label_norm  # what the quantizer sees: "global" or "utterance" statistics
         self.quantizer = RandomProjectionQuantizer(n_mels * stack_frames, code_dim, codebook_size, quantizer_seed)
         self.head = nn.Linear(config.hidden_size, codebook_size)
 
@@ -70,7 +83,10 @@ class BestRQ(StackedLogMelEncoder):
         """
         B, T, D = feats.shape
         x = self.normalize(feats)
-        labels = self.quantizer(x.reshape(B, T // self.stack, self.stack * D))  # (B, L), from the clean input
+        # Labels from the clean input; per-utterance statistics take level, channel and stationary
+        # noise out of them (the encoder still gets the global ones: the contract with ASR/export).
+        q = utterance_normalize(feats, feat_lens) if self.label_norm == "utterance" else x
+        labels = self.quantizer(q.reshape(B, T // self.stack, self.stack * D))  # (B, L)
         frame_mask = mask.repeat_interleave(self.stack, dim=1).unsqueeze(-1)  # (B, T, 1)
         hidden, out_lens = self.encode(torch.where(frame_mask, noise, x), feat_lens)  # (B, L, hidden)
         valid = torch.arange(hidden.shape[1], device=feats.device)[None, :] < out_lens[:, None]

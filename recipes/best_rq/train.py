@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, exit_on_signals_during_start_up,
                            parse_config)
@@ -51,6 +51,7 @@ class Config(DatasetConfig):
     codebook_size: Annotated[int, Count] = 8192  # labels; chance-level loss is ln(codebook_size)
     code_dim: Annotated[int, Count] = 16  # random-projection dimension
     quantizer_seed: int = 1234  # the quantizer depends on this seed only
+    label_norm: Literal["global", "utterance"] = "global"  # statistics the quantizer's input is normalized with: the encoder's global ones, or each utterance's own (per mel bin; README)
     mask_prob: Annotated[float, Range(0, 1, lo_open=True)] = 0.0394  # probability that a 40 ms position starts a masked span
     # (0.0394 = 1 - 0.99^4: the paper's 0.01 per 10 ms frame, a third of the frames masked)
     mask_span_ms: Annotated[float, Positive] = 400.0  # span length in ms (paper: 400)
@@ -130,7 +131,8 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
 
 def build_model(cfg: Config) -> BestRQ:
     return BestRQ(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                  codebook_size=cfg.codebook_size, code_dim=cfg.code_dim, quantizer_seed=cfg.quantizer_seed)
+                  codebook_size=cfg.codebook_size, code_dim=cfg.code_dim, quantizer_seed=cfg.quantizer_seed,
+                  label_norm=cfg.label_norm)
 
 
 def build_optimizer(cfg: Config, model: BestRQ):

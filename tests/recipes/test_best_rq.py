@@ -122,6 +122,37 @@ def test_masked_loss_starts_near_chance():
     assert torch.equal(labels[0], m.quantizer(x.reshape(2, 50, 320)))
 
 
+def test_utterance_label_norm_ignores_level_and_padding():
+    """label_norm utterance: each utterance's own per-bin statistics over its valid frames feed the
+    quantizer, so a level change (a constant added to the log-mel) and the batch's padding leave the
+    labels unchanged; the global statistics do neither."""
+    from common.encoder import encoder_config
+
+    cfg = encoder_config(input_dim=320, hidden_size=32, num_layers=1, num_heads=2, ffn_dim=64,
+                         conv_kernel=7, dropout=0.0)
+    models = {norm: best_rq.model.BestRQ(cfg, n_mels=80, stack_frames=4, codebook_size=256, code_dim=16,
+                                         quantizer_seed=0, label_norm=norm) for norm in ("global", "utterance")}
+    feats = torch.randn(1, 160, 80) * torch.linspace(0.5, 2, 80) + torch.linspace(-3, 3, 80)
+    mask = torch.zeros(1, 40, dtype=torch.bool)
+    mask[:, 5:15] = True
+
+    def labels(model, x, lens, m):
+        out = []
+        hook = model.quantizer.register_forward_hook(lambda module, args, o: out.append(o))
+        model(x, lens, m, torch.zeros_like(x))
+        hook.remove()
+        return out[0]
+
+    one = labels(models["utterance"], feats, torch.tensor([160]), mask)
+    louder = labels(models["utterance"], feats + 2.3, torch.tensor([160]), mask)  # +10 dB
+    padded = torch.cat([feats, torch.full((1, 80, 80), -13.8)], 1)  # beside a longer utterance
+    in_batch = labels(models["utterance"], torch.cat([padded, torch.randn(1, 240, 80)]), torch.tensor([160, 240]),
+                      torch.cat([torch.cat([mask, torch.zeros(1, 20, dtype=torch.bool)], 1)] * 2))
+    assert torch.equal(one, louder) and torch.equal(one[0], in_batch[0, :40])
+    g = labels(models["global"], feats, torch.tensor([160]), mask)
+    assert not torch.equal(g, labels(models["global"], feats + 2.3, torch.tensor([160]), mask))
+
+
 def test_evaluate_reports_the_label_entropy():
     """eval_label_entropy: the loss of predicting the masked labels' own frequencies (the level of a
     model that learned nothing from the audio), computed over every validation batch."""
