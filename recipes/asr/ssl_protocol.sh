@@ -13,6 +13,8 @@
 #
 # Settings (environment): OUT (outputs/ssl_protocol), CORPUS (ssl10h), PRETRAIN_STEPS (9000),
 # FINETUNE_STEPS (2000), SUBSETS ("10min 1h", or files of utterance ids), FT_ARGS (what the BEST-RQ-initialized runs add),
+# PROBE_STEPS (pre-training checkpoints also fine-tuned on the first subset: the gain as a function
+# of pre-training steps; "" for none),
 # ACCELERATE (accelerate). Extra arguments go to every training run. A stage whose output is
 # complete is not run again (re-running the script resumes); its time then reads "done before".
 set -euo pipefail
@@ -24,6 +26,7 @@ CORPUS=${CORPUS:-ssl10h}
 PRETRAIN_STEPS=${PRETRAIN_STEPS:-9000}    # BEST-RQ optimizer steps of 60 s batches (~90 min on 2 cores)
 FINETUNE_STEPS=${FINETUNE_STEPS:-2000}    # ASR optimizer steps, every run
 SUBSETS=${SUBSETS:-"10min 1h"}
+PROBE_STEPS=${PROBE_STEPS-"1000 3000 6000"}  # must be multiples of the pre-training's --save_steps (1000)
 # Fine-tuning the pre-trained encoder: the new CTC head alone first, then the encoder at half the
 # head's learning rate (recipes/asr/README.md: what each option did).
 FT_ARGS=${FT_ARGS:-"--freeze_encoder_steps 100 --encoder_lr_scale 0.5"}
@@ -47,7 +50,7 @@ stage "corpus $CORPUS (generated once per machine)" /nonexistent \
     "$PYTHON" -m tools.corpus --profile "$CORPUS"
 stage "BEST-RQ pre-training, $PRETRAIN_STEPS steps" "$OUT/best_rq/final/COMPLETE" \
     "$ACCELERATE" launch recipes/best_rq/train.py --builtin_corpus "$CORPUS" --output_dir "$OUT/best_rq" \
-    --max_steps "$PRETRAIN_STEPS" --save_steps 1000 "$@"
+    --max_steps "$PRETRAIN_STEPS" --save_steps 1000 --save_total_limit 0 "$@"  # every checkpoint kept: PROBE_STEPS
 
 # The named labelled subsets are committed files; one missing (1h.txt until someone generated the
 # whole corpus once) is written from the corpus now, by the same rule: commit it.
@@ -76,6 +79,16 @@ for subset_arg in $SUBSETS; do
         "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/best_rq_$subset" \
         --init_from "$OUT/best_rq" $FT_ARGS
     runs+=("scratch_$subset" "best_rq_$subset")
+    if [ "$subset_arg" = "${SUBSETS%% *}" ]; then  # the first subset: also from earlier pre-training checkpoints
+        for step in $PROBE_STEPS; do
+            [ "$step" -lt "$PRETRAIN_STEPS" ] || continue
+            # shellcheck disable=SC2086
+            stage "ASR $subset, BEST-RQ step $step init" "$OUT/best_rq-step${step}_$subset/final/COMPLETE" \
+                "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/best_rq-step${step}_$subset" \
+                --init_from "$(printf '%s/best_rq/checkpoints/step_%08d' "$OUT" "$step")" $FT_ARGS
+            runs+=("best_rq-step${step}_$subset")
+        done
+    fi
 done
 
 # A word n-gram LM (lm.py: from a run's training transcripts: data_dir and train_split, i.e. every
@@ -114,12 +127,14 @@ for run in runs:
     greedy, lm = score(out / run / "decode" / "final" / "test-greedy.json"), score(out / run / "decode_lm" / "test-lm.json")
     cers[run] = greedy["cer"]
     lm_cells = f"{100 * lm['cer']:.1f} | {100 * lm['wer']:.1f}" if lm else "– | –"
-    print(f"| {subset} | {'BEST-RQ' if init == 'best_rq' else 'scratch'} | {100 * greedy['cer']:.1f} | "
+    name = {"scratch": "scratch", "best_rq": f"BEST-RQ, {pretrain_steps} steps"}.get(init) or f"BEST-RQ, {init.split('step')[1]} steps"
+    print(f"| {subset} | {name} | {100 * greedy['cer']:.1f} | "
           f"{100 * greedy['wer']:.1f} | {lm_cells} |")
 for run in runs:
-    if run.startswith("best_rq_"):
-        subset = run.removeprefix("best_rq_")
-        print(f"\n{subset}: relative test-CER reduction from pre-training (greedy): "
+    if run.startswith("best_rq"):
+        init, subset = run.rsplit("_", 1)
+        steps = pretrain_steps if init == "best_rq" else init.split("step")[1]
+        print(f"\n{subset}, {steps} pre-training steps: relative test-CER reduction from pre-training (greedy): "
               f"{100 * (1 - cers[run] / cers['scratch_' + subset]):.1f} %", end="")
 print("\n\n| stage | wall time |\n|---|---|")
 for line in (out / "times.tsv").read_text().splitlines():
