@@ -66,7 +66,7 @@ PROFILES: dict[str, dict[str, int]] = {
 # ids, texts, voices), so results compare with it; train is replaced by `train_speakers` ×
 # `train_utts` new utterances: every voice+variant pair but the base's test voices, new sentences
 # (none of the base's), per-utterance rate and pitch jitter, and acoustic augmentation (AUGMENT_*).
-# ssl10h: 216 voices × 70 = 15120 utterances, ~10.5 h.
+# ssl10h: 216 voices × 70 = 15120 utterances, 10.7 h.
 SSL_PROFILES: dict[str, dict] = {
     "ssl10h": dict(base="default", train_speakers=216, train_utts=70),
     "ssltiny": dict(base="tiny", train_speakers=4, train_utts=6),

@@ -6,8 +6,9 @@
 #   FRACTION=0.2 STEPS=1500 bash recipes/asr/compare_pretraining.sh
 #
 # Uses the BEST-RQ run in $BEST_RQ (default outputs/best_rq; trained first with its default config
-# if absent, ~6 min on 2 CPU cores). Each ASR run is ~3 min on 2 CPU cores. Extra arguments go to
-# both ASR runs (e.g. --report_to none).
+# and $BRQ_ARGS if absent, ~6 min on 2 CPU cores). The fine-tuned run adds $FT_ARGS (default none,
+# as ssl_protocol.sh). Each ASR run is ~3 min on 2 CPU cores. Extra arguments go to both ASR runs
+# (e.g. --report_to none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ACCELERATE=${ACCELERATE:-accelerate}
@@ -15,17 +16,21 @@ BEST_RQ=${BEST_RQ:-outputs/best_rq}
 FRACTION=${FRACTION:-0.1}        # labelled subset (deterministic: the same utterances in both runs)
 STEPS=${STEPS:-1000}             # optimizer steps, both runs
 OUT=${OUT:-outputs/compare_pretraining}
+BRQ_ARGS=${BRQ_ARGS-""}
+FT_ARGS=${FT_ARGS-""}
 
 if [ ! -f "$BEST_RQ/final/model.safetensors" ]; then
-    "$ACCELERATE" launch recipes/best_rq/train.py --output_dir "$BEST_RQ"
+    # shellcheck disable=SC2086  # a list of flags
+    "$ACCELERATE" launch recipes/best_rq/train.py --output_dir "$BEST_RQ" $BRQ_ARGS
 fi
 common=(--train_fraction "$FRACTION" --max_steps "$STEPS" --eval_steps 250 --save_steps 500 "$@")
 # From scratch: the default recipe (config.yaml), feature statistics from the labelled subset.
 "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/scratch"
-# Fine-tuned: BEST-RQ's encoder and feature statistics; the new CTC head trains alone for 100 steps,
-# then the encoder follows at half the head's learning rate.
+# Fine-tuned: BEST-RQ's encoder and feature statistics, every weight trained from step 1 unless
+# FT_ARGS says otherwise (--freeze_encoder_steps, --encoder_lr_scale, --layer_decay).
+# shellcheck disable=SC2086  # a list of flags
 "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/best_rq" \
-    --init_from "$BEST_RQ" --freeze_encoder_steps 100 --encoder_lr_scale 0.5
+    --init_from "$BEST_RQ" $FT_ARGS
 
 for run in scratch best_rq; do
     "$ACCELERATE" launch recipes/asr/decode.py --checkpoint "$OUT/$run" --split test
