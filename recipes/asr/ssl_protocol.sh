@@ -6,12 +6,12 @@
 # heard, none of its sentences in any training split) greedily and, when decode.py has --lm, with a
 # word n-gram LM; print a markdown table with the wall time of every stage.
 #
-#   bash recipes/asr/ssl_protocol.sh                                   # the full protocol, ~1.5 h on 2 cores
-#   python -m tools.corpus --profile ssltiny --subset 10 > /tmp/10s.txt         # a smoke run, ~5 min:
-#   CORPUS=ssltiny SUBSETS=/tmp/10s.txt PRETRAIN_STEPS=20 FINETUNE_STEPS=20 OUT=/tmp/ssl_smoke \
-#       bash recipes/asr/ssl_protocol.sh --report_to none
+#   bash recipes/asr/ssl_protocol.sh                                   # the full protocol, ~2.5 h on 2 cores
+#   python -m tools.corpus --profile ssltiny --subset 10 > /tmp/10s.txt         # a smoke run, ~20 min:
+#   CORPUS=ssltiny SUBSETS=/tmp/10s.txt PRETRAIN_STEPS=20 FINETUNE_STEPS=20 PROBE_STEPS=10 OUT=/tmp/ssl_smoke \
+#       bash recipes/asr/ssl_protocol.sh --report_to none --save_steps 10
 #
-# Settings (environment): OUT (outputs/ssl_protocol), CORPUS (ssl10h), PRETRAIN_STEPS (9000),
+# Settings (environment): OUT (outputs/ssl_protocol), CORPUS (ssl10h), PRETRAIN_STEPS (12000),
 # FINETUNE_STEPS (2000), SUBSETS ("10min 1h", or files of utterance ids), FT_ARGS (what the BEST-RQ-initialized runs add),
 # PROBE_STEPS (pre-training checkpoints also fine-tuned on the first subset: the gain as a function
 # of pre-training steps; "" for none),
@@ -23,10 +23,10 @@ ACCELERATE=${ACCELERATE:-accelerate}
 PYTHON=${PYTHON:-python}
 OUT=${OUT:-outputs/ssl_protocol}
 CORPUS=${CORPUS:-ssl10h}
-PRETRAIN_STEPS=${PRETRAIN_STEPS:-8000}    # BEST-RQ optimizer steps of 60 s batches (~43 min, 1 thread)
+PRETRAIN_STEPS=${PRETRAIN_STEPS:-12000}   # BEST-RQ optimizer steps of 60 s batches (~64 min, 1 thread)
 FINETUNE_STEPS=${FINETUNE_STEPS:-2000}    # ASR optimizer steps, every run
 SUBSETS=${SUBSETS:-"10min 1h"}
-PROBE_STEPS=${PROBE_STEPS-"1000 3000 6000"}  # must be multiples of the pre-training's --save_steps (1000)
+PROBE_STEPS=${PROBE_STEPS-"1000 3000 6000 8000"}  # must be multiples of the pre-training's --save_steps (1000)
 # Fine-tuning the pre-trained encoder: none of the options by default, every weight at the recipe's
 # learning rate from step 1 (recipes/asr/README.md: what freezing and a lower encoder LR did).
 FT_ARGS=${FT_ARGS-""}
@@ -121,11 +121,12 @@ def score(path):
     return json.loads(path.read_text()) if path.exists() else None
 print("| labels | init | test CER % greedy | test WER % greedy | test CER % LM | test WER % LM |")
 print("|---|---|---|---|---|---|")
-cers = {}
+cers, lm_cers = {}, {}
 for run in runs:
     init, subset = run.rsplit("_", 1)
     greedy, lm = score(out / run / "decode" / "final" / "test-greedy.json"), score(out / run / "decode_lm" / "test-lm.json")
     cers[run] = greedy["cer"]
+    lm_cers[run] = lm["cer"] if lm else None
     lm_cells = f"{100 * lm['cer']:.1f} | {100 * lm['wer']:.1f}" if lm else "– | –"
     name = {"scratch": "scratch", "best_rq": f"BEST-RQ, {pretrain_steps} steps"}.get(init) or f"BEST-RQ, {init.split('step')[1]} steps"
     print(f"| {subset} | {name} | {100 * greedy['cer']:.1f} | "
@@ -134,8 +135,10 @@ for run in runs:
     if run.startswith("best_rq"):
         init, subset = run.rsplit("_", 1)
         steps = pretrain_steps if init == "best_rq" else init.split("step")[1]
+        with_lm = lm_cers[run] is not None and lm_cers["scratch_" + subset] is not None
         print(f"\n{subset}, {steps} pre-training steps: relative test-CER reduction from pre-training (greedy): "
-              f"{100 * (1 - cers[run] / cers['scratch_' + subset]):.1f} %", end="")
+              f"{100 * (1 - cers[run] / cers['scratch_' + subset]):.1f} %"
+              + (f"; with the LM: {100 * (1 - lm_cers[run] / lm_cers['scratch_' + subset]):.1f} %" if with_lm else ""), end="")
 print("\n\n| stage | wall time |\n|---|---|")
 for line in (out / "times.tsv").read_text().splitlines():
     name, seconds = line.split("\t")
