@@ -99,7 +99,11 @@ def test_a_killed_launcher_stops_its_workers_and_an_immediate_relaunch_resumes_e
         env={"PYTHONPATH": str(SUPPORT), "SLOW_SAVE": "3"})
     try:
         assert all(running(w) for w in workers)  # survived the group kill ...
-        log = run("best_rq", 2, args)  # ... and the re-launch, at once, waits for them
+        deadline = time.monotonic() + 30  # ... and mark the run lock: a re-launch meanwhile waits, never refused
+        while json.loads((out / ".run.lock").read_text())["state"] != "stopping":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        log = run("best_rq", 2, args)
         assert not [w for w in workers if running(w)]
     finally:
         for w in workers:
