@@ -50,6 +50,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 
+from common.launcher import stop_reason, watch_launcher
+
 T = TypeVar("T")
 
 # Exit code of a process stopped by a signal before training (= common.faults.PREEMPTED_EXIT_CODE:
@@ -540,9 +542,10 @@ def exit_on_signals_during_start_up() -> None:
     """Until the training installs its own handlers (`common.faults.Preemption`), SIGINT (Ctrl-C),
     SIGTERM and SIGUSR1 end the process with one line and exit code 75, as Preemption does during
     start-up, instead of a KeyboardInterrupt traceback from the middle of `import torch`. A
-    training script calls it first thing."""
+    training script calls it first thing. Under a launcher it also starts `watch_launcher`: once
+    the launcher is gone, this process gets a SIGTERM (it stops, or saves and stops, with it)."""
     def stop(signum, frame):
-        print(f"{signal.Signals(signum).name} during start-up: stopping (nothing to save yet; exit code "
+        print(f"{stop_reason(signum)} during start-up: stopping (nothing to save yet; exit code "
               f"{START_UP_SIGNAL_EXIT_CODE})", file=sys.stderr, flush=True)
         if _inside_an_import(frame):
             # An exception raised in the middle of a library's import is not ours to deliver: a
@@ -553,6 +556,7 @@ def exit_on_signals_during_start_up() -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, stop)
+    watch_launcher()  # from now on, the launcher's end is a SIGTERM: the workers stop with it
 
 
 def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
