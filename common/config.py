@@ -15,8 +15,14 @@ no recipe's field:
 
 - `Range(lo, hi, lo_open=, hi_open=)` bounds a number (`Count` ≥ 1, `NonNegative` ≥ 0, `Positive`
   > 0, `Fraction` in [0, 1]). A float must be finite (no nan/inf) unless its Range says `finite=False`.
-- `ExistingPath`: must exist when given. `typing.Literal[...]` fields take one of their values;
-  `bool` fields take true/false.
+- `ExistingPath`: must exist when given. `Folder`: a folder to write into, made if missing (not a
+  file, nor under one). `typing.Literal[...]` fields take one of their values; `bool` fields take
+  true/false (also yes/no, on/off, 1/0).
+- A list field's rules hold for each of its values (`list[Annotated[int, Count]]`, or the rule on
+  the field); a list needs at least one value unless the field carries `MayBeEmpty` (an empty value
+  must never silently turn something off). On the command line it is comma-separated.
+- `Internal`: written by the program (recorded in the run's config.yaml): not in `--help`, refused on
+  the command line.
 - `ResumeSafe`: may differ between a checkpoint and its re-launch (where to write, when to stop, how
   often to log); every other field must match for a resume (`resume_safe_keys`).
 - A recipe re-declares a shared field to change its default (`max_steps: int = 1500`): the field
@@ -25,7 +31,10 @@ no recipe's field:
   `self._defaults` holds the values a plain run gets (the recipe's YAML over the class defaults).
 
 Unknown keys are refused with the closest valid name (a typo must never silently train the
-default). A mistake is one line on stderr and exit code 2, no traceback. `--help` lists every field
+default). A number is written with the digits 0-9 (int() also reads '١٢'). YAML files are read as YAML
+1.2's core schema (`_ConfigLoader`: `010` is 10, `1:30` and `0x10` are strings, a key given twice is
+refused). A mistake is one line on stderr and exit code 2, no traceback; a bad value from a YAML file
+names the file and the key's line. `--help` lists every field
 with its type, rules, effective default (the YAML's value where it sets one) and comment.
 `exit_on_signals_during_start_up` makes a Ctrl-C during a training script's slow imports one line.
 """
@@ -637,10 +646,9 @@ _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^(?:~
                                     ["~", "n", "N", ""])
 _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                     list("tTfF"))
-_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(f"^{_INT.pattern}$"), list("-+0123456789"))
 _ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    "tag:yaml.org,2002:float", re.compile(rf"^(?:{_FLOAT.pattern}|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
     list("-+.0123456789"))
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_int)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_float)
