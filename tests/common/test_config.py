@@ -648,3 +648,15 @@ def test_tts_symbols_derived_is_internal(capsys):
     assert "symbols_derived" not in capsys.readouterr().out
     assert "set by the program itself" in _refused(tts.Config, ["--symbols_derived", "true"], capsys)
     assert "symbols_derived" in resume_safe_keys(tts.Config)  # resume: see test_tts_frontend
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lm_alphas", "0.5,nan"], "--lm_alphas: must be a finite number, got nan"),  # was a grid with a nan weight
+    (["--lm_alphas", "-1"], "--lm_alphas: must be ≥ 0, got -1.0 (in [-1.0])"),
+    (["--lm_betas", ""], "--lm_betas: needs at least one value (comma-separated on the command line, a list in the YAML)"),
+])
+def test_asr_decode_lm_grids_are_checked_lists(argv, message, capsys, tmp_path):
+    decode = recipe_modules("asr", "decode").decode
+    checkpoint = ["--checkpoint", str(tmp_path)]
+    assert parse_config(decode.EvalConfig, checkpoint).lm_betas == [0.0, 0.5, 1.0, 2.0, 3.0]
+    assert _refused(decode.EvalConfig, checkpoint + argv, capsys) == f"error: {message}\n"
