@@ -34,7 +34,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, NoReturn
 from types import SimpleNamespace
@@ -84,8 +84,8 @@ class EvalConfig:
     lm_alpha: float | None = None  # weight of the LM's natural-log probability; None: the LM folder's attrs.json
     lm_beta: float | None = None  # score bonus per word; None: the LM folder's attrs.json
     tune_lm: bool = False  # choose lm_alpha, lm_beta on the validation split (grid below)
-    lm_alphas: str = "0.25,0.5,0.75,1.0,1.5"  # --tune_lm grid, comma-separated
-    lm_betas: str = "0,0.5,1,2,3"  # --tune_lm grid, comma-separated
+    lm_alphas: list[Annotated[float, NonNegative]] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])  # --tune_lm grid of lm_alpha
+    lm_betas: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 2.0, 3.0])  # --tune_lm grid of lm_beta (a negative one penalizes words)
 
 
 def refuse(message: str) -> NoReturn:
@@ -116,10 +116,7 @@ def main():
     else:
         data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                      cfg.builtin_corpus, "librispeech")
-    try:
-        grid = ([float(a) for a in args.lm_alphas.split(",")], [float(b) for b in args.lm_betas.split(",")])
-    except ValueError:
-        refuse(f"--lm_alphas {args.lm_alphas!r} / --lm_betas {args.lm_betas!r}: comma-separated numbers, e.g. 0.5,1")
+    grid = (list(args.lm_alphas), list(args.lm_betas))  # numbers, checked by parse_config
     if not args.lm and (args.tune_lm or args.lm_alpha is not None or args.lm_beta is not None):
         refuse("--tune_lm, --lm_alpha and --lm_beta set the LM decoding; give the LM with --lm DIR")
     if args.lm and args.decoding != "greedy":

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, ResumeSafe,
+from common.config import (Count, DatasetConfig, Internal, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
 LOSSES = ("mel_loss", "dur_loss", "align_loss", "bin_loss")
@@ -65,7 +65,7 @@ class Config(DatasetConfig):
     text_frontend: Literal["characters", "phonemes"] = "characters"  # model input: characters, or espeak-ng IPA phonemes of phonemizer_language (needs --symbols auto)
     phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ...
     unknown_chars: Literal["error", "drop"] = "error"  # a validation/test symbol outside the table: refuse, or leave it out of that text
-    symbols_derived: Annotated[bool, ResumeSafe] = False  # written by training, not set (a checkpoint from before the field resumes): True when `symbols` came from the training transcripts (no charset check then; score.py repeats it)
+    symbols_derived: Annotated[bool, ResumeSafe, Internal] = False  # written by training, not set (refused on the command line, not in --help; a checkpoint from before the field resumes): True when `symbols` came from the training transcripts (no charset check then; score.py repeats it)
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
     win_length: Annotated[int, Count] = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
     hop_length: Annotated[int, Count] = 256  # samples (11.6 ms per frame)

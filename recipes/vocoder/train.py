@@ -69,9 +69,11 @@ class Config(DatasetConfig):
     hidden_dim: Annotated[int, Count] = 768  # ConvNeXt pointwise MLP width
     layers: Annotated[int, Count] = 6  # ConvNeXt blocks
     # --- discriminators ---
-    periods: list[int] = field(default_factory=lambda: [2, 3, 5, 7, 11])  # multi-period discriminator (HiFi-GAN)
-    period_channels: list[int] = field(default_factory=lambda: [16, 64, 128, 128])  # its conv channels (HiFi-GAN: 32 128 512 1024 1024)
-    resolutions: list[int] = field(default_factory=lambda: [512, 1024, 2048])  # multi-resolution STFT discriminator: n_fft each (hop n_fft / 4)
+    # Each list needs at least one value (an empty one would silently drop a discriminator; to train
+    # the generator alone, raise --gan_start_steps); periods and n_fft are at most a training segment.
+    periods: list[Annotated[int, Count]] = field(default_factory=lambda: [2, 3, 5, 7, 11])  # multi-period discriminator (HiFi-GAN): samples per period
+    period_channels: list[Annotated[int, Count]] = field(default_factory=lambda: [16, 64, 128, 128])  # its conv channels (HiFi-GAN: 32 128 512 1024 1024)
+    resolutions: list[Annotated[int, Range(4)]] = field(default_factory=lambda: [512, 1024, 2048])  # multi-resolution STFT discriminator: n_fft each (hop n_fft / 4)
     resolution_channels: Annotated[int, Count] = 16  # its conv channels (Vocos: 32)
     # --- losses and schedule ---
     lr_decay: Annotated[float, Range(0, 1, lo_open=True)] = 0.99995  # LR × this per optimizer step, both schedules
@@ -80,6 +82,16 @@ class Config(DatasetConfig):
     gan_start_steps: Annotated[int, NonNegative] = 0  # optimizer steps of generator-only training on the mel loss first
     # --- logging ---
     num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # validation utterances vocoded into TensorBoard at each validation
+
+    def validate(self) -> None:
+        super().validate()
+        segment = self.segment_frames * self.hop_length  # samples each training step discriminates
+        for name in ("periods", "resolutions"):
+            too_long = [v for v in getattr(self, name) if v > segment]
+            if too_long:
+                raise ValueError(f"--{name}: {too_long[0]} is longer than a training segment ({segment} samples = "
+                                 f"--segment_frames {self.segment_frames} × --hop_length {self.hop_length}): lower it "
+                                 f"or raise --segment_frames")
 
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
