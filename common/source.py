@@ -34,9 +34,7 @@ A recipe's `build_data` branch: `load_splits` (map-style) or `open_streams` then
 
 from __future__ import annotations
 
-import hashlib
-import io
-import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,9 +43,9 @@ import soundfile as sf
 from common.data import RecipeData
 from common.faults import UsageError
 from common.logs import get_logger
-from common.manifest import manifest_summary
-from common.stream import (ShardStream, StreamDataset, StreamLoader, check_shards, open_shards, resolve_shards,
-                           shard_stamp)
+from common.manifest import DataError, manifest_summary
+from common.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, check_shards,
+                           open_shards, parquet_footer, resolve_shards, shard_files)
 
 logger = get_logger(__name__)  # main process only
 
@@ -62,9 +60,38 @@ def audio_struct(value) -> dict:
 
 def audio_seconds(audio) -> float:
     """Duration of an audio cell, from its header."""
-    audio = audio_struct(audio)
-    info = sf.info(io.BytesIO(audio["bytes"]) if audio.get("bytes") else audio["path"])
+    info = sf.info(audio_source(audio))
     return info.frames / info.samplerate
+
+
+def _checked_row(cfg, split: str, text: bool):
+    """A `datasets.map` function (audio, text?, row index) → {"duration"} that refuses, in one line
+    naming the split and row, what the streamed check refuses: an audio cell that is not encoded
+    bytes or a regular file's path, audio that does not decode, has no frames or several channels
+    (refused as from a folder, not averaged), and (`text`) a transcript that is not a non-empty string."""
+    where = f"--dataset_name {cfg.dataset_name} split {split}"
+
+    def check(audio, *rest):
+        *transcript, row = rest
+        try:
+            info = sf.info(audio_source(audio))
+        except BadAudioCell as e:
+            problem = str(e)
+        except Exception as e:  # noqa: BLE001 — libsndfile raises several types for bad audio
+            # the message names a BytesIO at an address that changes every run
+            problem = "unreadable audio (" + re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its bytes", str(e))[:120] + ")"
+        else:
+            problem = ("multi-channel audio ({} channels)".format(info.channels) if info.channels != 1 else
+                       "empty audio" if info.frames == 0 else None)
+        if problem is None and transcript and not (isinstance(transcript[0], str) and transcript[0].strip()):
+            problem = "empty transcript" if isinstance(transcript[0], str) else \
+                f"transcript is not text ({type(transcript[0]).__name__})"
+        if problem:
+            raise DataError(f"{where} row {row}: {problem}; re-encode or remove it (a map-style source is not "
+                            f"filtered: --streaming true checks every row and --on_bad_data skip drops such rows)")
+        return {"duration": info.frames / info.samplerate}
+
+    return check
 
 
 def _split_files(cfg, split: str) -> tuple[Any, list[str]]:
@@ -83,11 +110,18 @@ def _split_files(cfg, split: str) -> tuple[Any, list[str]]:
     return builder, sorted(str(f) for f in files[split])
 
 
-def files_digest(paths: list[str]) -> str:
-    h = hashlib.blake2b(digest_size=8)
-    for path in paths:
-        h.update(f"{os.path.basename(path)}\0{shard_stamp(path)}\n".encode())
-    return h.hexdigest()
+def _odd_schema(paths: list[str]) -> str:
+    """", in <file> (columns …, where <first file> has …)" for the first parquet file whose columns
+    differ from the first one's, or "" (what a failed `datasets` build does not say)."""
+    import pyarrow.parquet as pq
+
+    parquet = [p for p in paths if p.endswith(".parquet")]
+    schemas = [pq.read_schema(p).remove_metadata() for p in parquet]
+    for path, schema in zip(parquet[1:], schemas[1:]):
+        if not schema.equals(schemas[0]):
+            show = lambda sc: ", ".join(f"{f.name}: {f.type}" for f in sc)[:200]  # noqa: E731
+            return f", in {path} ({show(schema)}, where {parquet[0]} has {show(schemas[0])})"
+    return ""
 
 
 def load_split(cfg, split: str, *, text: bool = True):
@@ -98,7 +132,17 @@ def load_split(cfg, split: str, *, text: bool = True):
     import datasets
 
     builder, paths = _split_files(cfg, split)
-    builder.download_and_prepare()
+    local = [p for p in paths if "://" not in p]
+    for path in local:
+        if path.endswith(".parquet"):
+            parquet_footer(path)
+    try:
+        builder.download_and_prepare()
+    except datasets.exceptions.DatasetGenerationError as e:  # its cause is what went wrong, in which file
+        cause = e.__cause__ or e
+        raise DataError(f"--dataset_name {cfg.dataset_name}: `datasets` cannot build its splits: "
+                        f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+                        f"{_odd_schema(local)} (every data file of a split needs the same columns and types)") from None
     ds = builder.as_dataset(split=split)
     ours = {"audio": cfg.audio_column_name, **({"text": cfg.text_column_name} if text else {})}
     for name, theirs in ours.items():
@@ -108,17 +152,24 @@ def load_split(cfg, split: str, *, text: bool = True):
     keep = list(ours.values()) + (["id"] if "id" in ds.column_names and "id" not in ours.values() else [])
     ds = ds.select_columns(keep)
     ds = ds.rename_columns({theirs: name for name, theirs in ours.items() if theirs != name})
+    feature = ds.features["audio"]
+    if not (isinstance(feature, (datasets.Audio, dict)) or getattr(feature, "dtype", "") in (
+            "binary", "large_binary", "string", "large_string")):
+        raise DataError(f"--audio_column_name {cfg.audio_column_name} of --dataset_name {cfg.dataset_name} split "
+                        f"{split} holds {getattr(feature, 'dtype', type(feature).__name__)}, not audio (encoded "
+                        f"bytes, a file path, or a datasets Audio column): name the audio column")
     ds = ds.cast_column("audio", datasets.Audio(decode=False))  # also from a column of bytes or paths
-    ds = ds.map(lambda audio: {"duration": audio_seconds(audio)}, input_columns="audio",
-                desc=f"{split}: durations from the audio headers")
+    ds = ds.map(_checked_row(cfg, split, text), input_columns=["audio"] + (["text"] if text else []),
+                with_indices=True, desc=f"{split}: durations from the audio headers")
     if "id" not in ds.column_names:
         ds = ds.add_column("id", [f"{i:08d}" for i in range(len(ds))])
-    return ds, files_digest([p for p in paths if "://" not in p])
+    return ds, shard_files(local)
 
 
-def with_contents(manifest, contents: str) -> dict:
-    """What a checkpoint records about training data loaded by `load_split` (then subset or filtered)."""
-    return {**manifest_summary(manifest), "contents": contents}
+def with_contents(manifest, contents: dict[str, str]) -> dict:
+    """What a checkpoint records about training data loaded by `load_split` (then subset or
+    filtered): the manifest's summary, and each data file's content digest by name (`shard_files`)."""
+    return {**manifest_summary(manifest), "shard_files": contents}
 
 
 def load_splits(cfg, accelerator, *, text: bool):
@@ -136,7 +187,7 @@ def load_splits(cfg, accelerator, *, text: bool):
 
 
 def open_stream(cfg, split: str, *, text: bool, partitions: int, check_dir=None,
-                is_main_process: bool = True) -> ShardStream:
+                is_main_process: bool = True, too_few: str = "lower --stream_partitions") -> ShardStream:
     """The split's parquet shards as a `ShardStream` of --per_device_train_batch_size batches; the
     source's `id` column names the utterances where it has one. With `check_dir`, its rows are
     checked first (`check_shards`, --data_check, --on_bad_data; the result cached there)."""
@@ -153,7 +204,8 @@ def open_stream(cfg, split: str, *, text: bool, partitions: int, check_dir=None,
         shards = check_shards(shards, columns, check_dir, mode=cfg.data_check, on_bad_data=cfg.on_bad_data,
                               is_main_process=is_main_process)
     return ShardStream(shards, columns, seed=cfg.seed, partitions=partitions,
-                       block_rows=cfg.stream_block_rows, batch_size=cfg.per_device_train_batch_size)
+                       block_rows=cfg.stream_block_rows, batch_size=cfg.per_device_train_batch_size,
+                       too_few=too_few)
 
 
 def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int) -> tuple[ShardStream, ShardStream]:
@@ -161,7 +213,11 @@ def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int) -> tupl
     once into <out>/data (one process checks, the others wait for its result)."""
     check = dict(text=text, check_dir=Path(out) / "data", is_main_process=accelerator.is_main_process)
     return (open_stream(cfg, cfg.train_split_name, partitions=cfg.stream_partitions, **check),
-            open_stream(cfg, cfg.eval_split_name, partitions=validation_partitions(accelerator, num_workers), **check))
+            open_stream(cfg, cfg.eval_split_name, partitions=validation_partitions(accelerator, num_workers), **check,
+                        too_few=f"the validation split (--eval_split_name {cfg.eval_split_name}) is read in one "
+                                f"partition per process × data worker ({accelerator.num_processes} × "
+                                f"{max(1, num_workers)}), each needing a row: give it more rows, or launch "
+                                f"fewer processes (--num_processes) or data workers (--num_workers)"))
 
 
 def stream_column(stream: ShardStream, name: str) -> tuple[list[str], list]:
