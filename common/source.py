@@ -112,7 +112,8 @@ def _split_files(cfg, split: str) -> tuple[Any, list[str]]:
 
 def _odd_schema(paths: list[str]) -> str:
     """", in <file> (columns …, where <first file> has …)" for the first parquet file whose columns
-    differ from the first one's, or "" (what a failed `datasets` build does not say)."""
+    differ from the first one's, or "" (what a failed `datasets` build does not say; it builds every
+    split with one schema)."""
     import pyarrow.parquet as pq
 
     parquet = [p for p in paths if p.endswith(".parquet")]
@@ -133,6 +134,7 @@ def load_split(cfg, split: str, *, text: bool = True):
 
     builder, paths = _split_files(cfg, split)
     local = [p for p in paths if "://" not in p]
+    every = sorted(str(f) for files in builder.config.data_files.values() for f in files if "://" not in str(f))
     for path in local:
         if path.endswith(".parquet"):
             parquet_footer(path)
@@ -142,7 +144,7 @@ def load_split(cfg, split: str, *, text: bool = True):
         cause = e.__cause__ or e
         raise DataError(f"--dataset_name {cfg.dataset_name}: `datasets` cannot build its splits: "
                         f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
-                        f"{_odd_schema(local)} (every data file of a split needs the same columns and types)") from None
+                        f"{_odd_schema(every)} (every data file of a split needs the same columns and types)") from None
     ds = builder.as_dataset(split=split)
     ours = {"audio": cfg.audio_column_name, **({"text": cfg.text_column_name} if text else {})}
     for name, theirs in ours.items():
