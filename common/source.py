@@ -34,6 +34,7 @@ A recipe's `build_data` branch: `load_splits` (map-style) or `open_streams` then
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -44,8 +45,9 @@ from common.data import RecipeData
 from common.faults import UsageError
 from common.logs import get_logger
 from common.manifest import DataError, manifest_summary
-from common.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, check_shards,
-                           open_shards, parquet_footer, resolve_shards, shard_files)
+from common.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, auto_partitions,
+                           batch_shortfall, batch_sizes, check_shards, open_shards, parquet_footer, resolve_shards,
+                           shard_files)
 
 logger = get_logger(__name__)  # main process only
 
@@ -188,11 +190,13 @@ def load_splits(cfg, accelerator, *, text: bool):
 # ---------------------------------------------------------------------------------------------
 
 
-def open_stream(cfg, split: str, *, text: bool, partitions: int, check_dir=None,
-                is_main_process: bool = True, too_few: str = "lower --stream_partitions") -> ShardStream:
+def open_stream(cfg, split: str, *, text: bool, partitions: int | None, check_dir=None,
+                is_main_process: bool = True, too_few: str = "lower --stream_partitions",
+                multiple_of: int = 1) -> ShardStream:
     """The split's parquet shards as a `ShardStream` of --per_device_train_batch_size batches; the
     source's `id` column names the utterances where it has one. With `check_dir`, its rows are
-    checked first (`check_shards`, --data_check, --on_bad_data; the result cached there)."""
+    checked first (`check_shards`, --data_check, --on_bad_data; the result cached there).
+    `partitions` None: `auto_partitions` of the rows read, a multiple of `multiple_of`."""
     import pyarrow.parquet as pq
 
     paths = resolve_shards(cfg.dataset_name, cfg.dataset_config_name, split)
@@ -205,21 +209,58 @@ def open_stream(cfg, split: str, *, text: bool, partitions: int, check_dir=None,
     if check_dir is not None:
         shards = check_shards(shards, columns, check_dir, mode=cfg.data_check, on_bad_data=cfg.on_bad_data,
                               is_main_process=is_main_process)
+    if partitions is None:
+        partitions = auto_partitions(sum(s.rows for s in shards), cfg.per_device_train_batch_size, multiple_of)
     return ShardStream(shards, columns, seed=cfg.seed, partitions=partitions,
                        block_rows=cfg.stream_block_rows, batch_size=cfg.per_device_train_batch_size,
                        too_few=too_few)
 
 
-def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int) -> tuple[ShardStream, ShardStream]:
+def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int,
+                 global_batch: int = 1) -> tuple[ShardStream, ShardStream]:
     """(training, validation) streams of --train_split_name and --eval_split_name, their rows checked
-    once into <out>/data (one process checks, the others wait for its result)."""
+    once into <out>/data (one process checks, the others wait for its result).
+
+    --stream_partitions unset (None) is resolved here, and `cfg.stream_partitions` set to it (what
+    the checkpoint records and a resume compares): the value a checkpoint of <out> recorded (a
+    resume keeps its batches: 64 for a run from before the automatic value), else, for a fresh run,
+    `auto_partitions` of the checked training rows, a multiple of the readers (processes × data
+    workers) and of `global_batch`."""
     check = dict(text=text, check_dir=Path(out) / "data", is_main_process=accelerator.is_main_process)
-    return (open_stream(cfg, cfg.train_split_name, partitions=cfg.stream_partitions, **check),
+    auto = cfg.stream_partitions is None
+    if auto:
+        cfg.stream_partitions = recorded_partitions(out)
+    readers = accelerator.num_processes * max(1, num_workers)
+    train = open_stream(cfg, cfg.train_split_name, partitions=cfg.stream_partitions, **check,
+                        multiple_of=math.lcm(readers, global_batch),
+                        **({} if not auto else dict(too_few=(
+                            f"the fewest partitions this launch can read ({readers} processes × data workers and a "
+                            f"global batch of {global_batch}) need more rows: launch fewer processes "
+                            f"(--num_processes) or data workers (--num_workers), or train on more rows"))))
+    cfg.stream_partitions = train.partitions
+    return (train,
             open_stream(cfg, cfg.eval_split_name, partitions=validation_partitions(accelerator, num_workers), **check,
                         too_few=f"the validation split (--eval_split_name {cfg.eval_split_name}) is read in one "
                                 f"partition per process × data worker ({accelerator.num_processes} × "
                                 f"{max(1, num_workers)}), each needing a row: give it more rows, or launch "
                                 f"fewer processes (--num_processes) or data workers (--num_workers)"))
+
+
+def recorded_partitions(out) -> int | None:
+    """--stream_partitions as the newest complete checkpoint of <out> recorded it (every checkpoint of
+    a run has the same: a changed value is refused on resume), or None (no checkpoint)."""
+    import json
+
+    from common.checkpoint import list_checkpoints
+
+    for ckpt in reversed(list_checkpoints(out)):
+        try:
+            value = json.loads((ckpt / "train_state.json").read_text())["config"].get("stream_partitions")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a damaged checkpoint: the resume chooses (and names) another
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def stream_column(stream: ShardStream, name: str) -> tuple[list[str], list]:
@@ -281,9 +322,14 @@ def build_stream_loaders(cfg, accelerator, *, global_batch: int, num_workers: in
     train_stream.check_world(world, num_workers, global_batch)
     valid_stream.check_world(world, num_workers, world)
     summary = train_stream.summary()
+    lo, hi, _ = batch_sizes(train_stream.rows, train_stream.partitions, train_stream.batch_size)
     logger.info(f"streamed: {summary['utterances']} training utterances in {summary['shards']} shards, "
-                f"{len(train_stream)} batches of ≤ {cfg.per_device_train_batch_size} an epoch in "
+                f"{len(train_stream)} batches of {lo}–{hi} an epoch in "
                 f"{train_stream.partitions} partitions; {valid_stream.rows} validation, {world} process(es)")
+    short = batch_shortfall(train_stream.rows, train_stream.partitions, train_stream.batch_size,
+                            math.lcm(world * max(1, num_workers), global_batch))
+    if short:
+        logger.warning(short)
     options = dict(num_workers=num_workers, seed=cfg.seed, device=accelerator.device,
                    pin_memory=accelerator.device.type == "cuda")
     train_loader = StreamLoader(StreamDataset(train_stream, RowItem(train_item), WithDurations(collate), rank, world),

@@ -197,6 +197,53 @@ def parquet_footer(path: str):
                         f"re-download or re-write it, or remove it from the split") from None
 
 
+AUTO_PARTITIONS = 64  # the most partitions an unset --stream_partitions gives
+FULL_BATCH = 0.9  # batches "hold what was asked" when the smallest holds ≥ this share of the batch size (rounded down)
+
+
+def batch_sizes(rows: int, partitions: int, batch_size: int) -> tuple[int, int, float]:
+    """(smallest, largest, mean) utterances per batch of `rows` rows in `partitions` partitions of
+    K batches each (`ShardStream`): a partition of fewer than `batch_size` rows is one short batch."""
+    per = math.ceil(rows / partitions)
+    k = max(1, math.ceil(per / batch_size))
+    return rows // partitions // k, math.ceil(per / k), rows / (k * partitions)
+
+
+def full_batches(rows: int, partitions: int, batch_size: int) -> bool:
+    """Whether every batch holds what was asked: at least 90 % of `batch_size` (rounded down; 7 of 8)."""
+    return batch_sizes(rows, partitions, batch_size)[0] >= math.floor(FULL_BATCH * batch_size)
+
+
+def auto_partitions(rows: int, batch_size: int, multiple_of: int = 1) -> int:
+    """--stream_partitions unset: the most of 64, 32, …, 1 partitions whose batches hold what was
+    asked (`full_batches`: large splits get 64, a split of 200 rows in batches of 8 gets 4: 7–8
+    utterances a batch), as a multiple of `multiple_of` (processes × data workers and the global batch:
+    every partition has one reader). A function of the source and the launch's shape: a resume
+    takes the checkpoint's value instead (`common.source.open_streams`)."""
+    p = AUTO_PARTITIONS
+    while p > 1 and not full_batches(rows, p, batch_size):
+        p //= 2
+    return math.lcm(p, multiple_of)
+
+
+def batch_shortfall(rows: int, partitions: int, batch_size: int, multiple_of: int = 1) -> str | None:
+    """One line saying why batches of `rows` in `partitions` partitions hold fewer utterances than
+    `batch_size` and which --stream_partitions would fill them, or None when they hold what was asked."""
+    if full_batches(rows, partitions, batch_size):
+        return None
+    lo, hi, _ = batch_sizes(rows, partitions, batch_size)
+    why = (f"streamed batches hold {lo}–{hi} utterances, not --per_device_train_batch_size {batch_size}: "
+           f"{rows} rows in {partitions} partitions are {rows // partitions}–{math.ceil(rows / partitions)} a "
+           f"partition, cut into batches of equal count")
+    fits = [p for p in range(multiple_of, partitions, multiple_of) if full_batches(rows, p, batch_size)]
+    if fits:
+        lo, hi, _ = batch_sizes(rows, fits[-1], batch_size)
+        return (f"{why}; --stream_partitions {fits[-1]} would give batches of {lo}–{hi} (in a new --output_dir: "
+                f"the partitions decide the batches)")
+    return (f"{why}; even {multiple_of} partitions (one per reader) would not fill them: a smaller "
+            f"--per_device_train_batch_size, or more rows")
+
+
 class ShardStream:
     """The plan of every epoch: which rows make global batch k. Identical on every rank."""
 

@@ -162,3 +162,50 @@ def test_a_shard_without_the_id_column_the_others_have_names_no_flag(tmp_path):
     assert str(e.value) == (f"{paths[1]} has no id column, which {paths[0]} has (it has audio, sentence): every "
                             "shard of a split needs the same columns; add it, or drop it from all")
     assert "--id_column_name" not in str(e.value)
+
+
+def stream_settings(folder, partitions):
+    return SimpleNamespace(**vars(cfg(folder)), train_split_name="train", eval_split_name="validation", seed=0,
+                           stream_partitions=partitions, stream_block_rows=1000, per_device_train_batch_size=8,
+                           data_check="header", on_bad_data="error")
+
+
+def test_streamed_batches_hold_what_was_asked_or_the_run_says_which_partitions_would(tmp_path, caplog):
+    """200 rows in batches of 8: unset, --stream_partitions becomes 4 (batches of 7–8, not 3–4 in the
+    old 64) and is set on the config (the checkpoint records it); a resume keeps the value its
+    checkpoint recorded (64 before the automatic value); 64 asked for is said in one line."""
+    import json
+    import logging
+
+    from common.source import build_stream_loaders, open_streams
+
+    folder = source(tmp_path / "src", [good()] * 200)
+    accelerator = SimpleNamespace(num_processes=1, is_main_process=True, process_index=0,
+                                  device=SimpleNamespace(type="cpu"))
+    settings = stream_settings(folder, None)
+    train, valid = open_streams(settings, accelerator, tmp_path / "fresh", text=False, num_workers=0)
+    assert settings.stream_partitions == train.partitions == 4 and len(train) == 4 * 7
+
+    def loaders(partitions, out):
+        settings = stream_settings(folder, partitions)
+        streams = open_streams(settings, accelerator, out, text=False, num_workers=0)
+        with caplog.at_level(logging.INFO):
+            build_stream_loaders(settings, accelerator, global_batch=1, num_workers=0,
+                                 train=(streams[0], None, list), valid=(streams[1], None, list))
+        return settings.stream_partitions
+
+    caplog.clear()
+    assert loaders(None, tmp_path / "fresh") == 4
+    assert "800 batches" not in caplog.text and "28 batches of 7–8 an epoch in 4 partitions" in caplog.text
+    assert "streamed batches hold" not in caplog.text
+
+    ckpt = tmp_path / "old" / "checkpoints" / "step_00000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "train_state.json").write_text(json.dumps({"config": {"stream_partitions": 64}}))
+    (ckpt / "COMPLETE").write_text("")
+    caplog.clear()
+    assert loaders(None, tmp_path / "old") == 64  # a resume: the checkpoint's partitions, its batches
+    short = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert short == ["streamed batches hold 3–4 utterances, not --per_device_train_batch_size 8: 200 rows in 64 "
+                     "partitions are 3–4 a partition, cut into batches of equal count; --stream_partitions 28 would "
+                     "give batches of 7–8 (in a new --output_dir: the partitions decide the batches)"]

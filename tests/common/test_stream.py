@@ -279,3 +279,16 @@ def test_reading_a_block_touches_only_the_shards_that_hold_it(tmp_path):
     rows = stream.read_rows(0, stream.rows - 10, stream.rows)
     assert [r["id"] for r in rows] == [f"u{i:04d}" for i in range(6, 8)] + [f"u{i:04d}" for i in range(8)]
     assert Counted.touched <= 2
+
+
+def test_unset_partitions_adapt_to_a_small_split_and_a_short_batch_is_explained():
+    from common.stream import auto_partitions, batch_shortfall, batch_sizes
+
+    assert auto_partitions(100_000, 8) == 64 and batch_sizes(100_000, 64, 8)[:2] == (7, 8)
+    assert auto_partitions(200, 8) == 4 and batch_sizes(200, 4, 8)[:2] == (7, 8)  # 64 would give 3–4
+    assert auto_partitions(200, 8, multiple_of=8) == 8  # one partition per reader at least
+    assert batch_shortfall(200, 4, 8) is None
+    assert batch_shortfall(200, 8, 8, multiple_of=8) == (
+        "streamed batches hold 6–7 utterances, not --per_device_train_batch_size 8: 200 rows in 8 partitions are "
+        "25–25 a partition, cut into batches of equal count; even 8 partitions (one per reader) would not fill "
+        "them: a smaller --per_device_train_batch_size, or more rows")
