@@ -11,8 +11,9 @@ recipe's `build_data` calls these instead of reading a corpus folder; everything
   manifest's: `audio`, `text`, `id` (the source's `id` column, else the row number, zero-padded),
   `duration` (seconds, from the audio headers, cached by `datasets`). The recipe's duration-bucketed
   loaders take it as they take a folder's manifest: batches sized in seconds, the same resume. Its
-  summary (what a checkpoint compares) adds `contents`, a digest of the split's data files (size,
-  mtime, ctime, first and last 64 KiB): a rewritten file refuses the resume.
+  summary (what a checkpoint compares) adds `shard_files`, each data file's content digest by name
+  (`common.stream.shard_files`: size and sampled bytes, not file times): a copied folder resumes, a
+  rewritten file refuses the resume, named.
 - **Streamed** (`open_stream`, `build_stream_loaders`; --streaming true): `common.stream` reads the
   split's parquet shards in place. Batches hold --per_device_train_batch_size utterances, not seconds
   (a fixed count per partition is what lets every rank end the epoch together); the validation split is
@@ -23,9 +24,13 @@ The data check: a stream's rows are checked before training as a folder's files 
 (`common.stream.check_shards`, once per shard, cached in <output_dir>/data): with --on_bad_data error
 (the default) a row whose audio does not decode or has no samples, or whose transcript (recipes that
 read one) is empty, refuses the run in one line naming its shard and row; with skip the bad rows are
-left out with counts logged; --data_check full decodes every sample. A map-style source is not
-checked (`DatasetConfig.validate` refuses --on_bad_data and --data_check there): a row that does not
-decode stops the run where it is read. Neither path has the folder check's duration and sample-rate
+left out with counts logged; --data_check full decodes every sample. An audio cell must be encoded
+bytes or the path of a regular file (checked before soundfile opens it: an integer would be read as a
+file descriptor, 0 = stdin, and a FIFO blocks its opener); multi-channel audio is refused, as from a
+folder. A map-style source has no skip (`DatasetConfig.validate` refuses --on_bad_data and
+--data_check there): its rows are read once for their durations, and the first row that the stream
+check would refuse (header mode) stops the run there in one line naming split and row (`DataError`,
+exit code 2), as do a 0-byte parquet file and data files whose columns disagree. Neither path has the folder check's duration and sample-rate
 rules (--min_seconds, --max_seconds, --wrong_sample_rate refused); audio at another rate is resampled
 on load, as from a folder with the default --wrong_sample_rate resample.
 

@@ -38,8 +38,13 @@ The design, and why (every property below is tested in tests/common/test_stream.
   holds: O(1) in size. Restoring it computes, for each partition, its block and the batches to drop
   in that block, and reads that one block (O(block), not O(position)): nothing consumed is read
   again. The same position converts to any W that divides P (elastic N → M gives the same global
-  batches). Changed shards (size, mtime, ctime, a digest of their first and last 64 KiB, row
-  count) change `summary()['fingerprint']`, and a resume on them is refused like a changed folder.
+  batches). Changed shards (their content digest, `shard_stamp`: size and sampled bytes, not file
+  times, so a copied folder resumes; their row counts) change `summary()['fingerprint']`, and a
+  resume on them is refused like a changed folder, naming the shard that appeared, vanished or
+  changed (`summary()['shard_files']`).
+- **Partitions by default.** --stream_partitions unset: 64, or fewer where a small split would
+  leave batches short of the batch size (`auto_partitions`); a resume keeps its checkpoint's value.
+  A run whose batches fall short (a P given) says so at start, naming the P that would fill them.
 
 `ShardStream` is the plan (what every rank computes alike), `StreamDataset` the per-rank
 `IterableDataset` (items and collated batches made in the DataLoader's workers), `StreamLoader` what
@@ -492,8 +497,10 @@ def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: s
     """`shards` with their unusable rows in `Shard.skip` ("skip", counts logged), or a one-line
     refusal naming the first of them ("error"), as the folder data check does (`common.manifest`).
 
-    A row is unusable when, with `mode` (`--data_check`) "header", its audio does not decode (header
-    and last block, as `common.datacheck`) or has no samples, or, with a text column, its
+    A row is unusable when its audio cell is not encoded bytes or a regular file's path
+    (`audio_source`: never opened then), or, with `mode` (`--data_check`) "header", its audio does
+    not decode (header and last block, as `common.datacheck`), has no samples or several channels
+    (refused, as from a folder), or, with a text column, its
     transcript is not a non-empty string; "full" decodes every sample and also finds silent and
     non-finite audio. The verdict depends on the row's content alone, never on the rank, the launch
     or the pool size, so the rows dropped (and with them every batch) are the same on every launch
