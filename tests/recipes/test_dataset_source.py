@@ -197,6 +197,22 @@ def test_streamed_1proc_killed_and_resumed_is_bit_identical_and_changed_shards_a
 
 
 @pytest.mark.slow
+def test_unset_partitions_fill_the_batches_and_a_resume_keeps_them(source, tmp_path, env):
+    """--stream_partitions unset, 48 rows in batches of 8: 2 partitions (64 would give batches of at
+    most 1), recorded in the checkpoint; a re-launch with more steps resumes with them."""
+    args = args_for(source, tmp_path / "out", "--max_steps", "2", "--save_steps", "1")
+    i = args.index("--stream_partitions")
+    args = args[:i] + args[i + 2 :]
+    args[args.index("--per_device_train_batch_size") + 1] = "8"
+    log = run("asr", 1, args, env=env)
+    assert "6 batches of 8–8 an epoch in 2 partitions" in log and "streamed batches hold" not in log
+    args[args.index("--max_steps") + 1] = "3"
+    log = run("asr", 1, args, env=env)
+    assert "refusing" not in log and len(resumed_positions(tmp_path / "out.log")) == 1
+    assert [r["step"] for r in metrics(tmp_path / "out") if "step" in r] == [1, 2, 3]
+
+
+@pytest.mark.slow
 def test_streamed_2proc_killed_and_resumed_is_bit_identical_and_continues_on_1(source, tmp_path, env):
     """2 processes, 12 batches of ≤ 4 an epoch (6 steps): 8 steps; killed after step 3 and resumed on
     2 processes: bit-identical; killed after step 3 and resumed on 1 process (accumulation 2): the
