@@ -274,7 +274,7 @@ class DatasetConfig(RunConfig):
     text_column_name: str = "text"  # its transcript column (recipes that read transcripts)
     streaming: bool = False  # read --dataset_name's parquet shards in place, in order, resumable in O(1) (common/stream.py), instead of loading it whole
     per_device_train_batch_size: Annotated[int | None, Count] = None  # --streaming only, and needed there: utterances per batch per process (streamed batches are counted in utterances, not seconds)
-    stream_partitions: Annotated[int, Count] = 64  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches
+    stream_partitions: Annotated[int | None, Count] = None  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches. None = auto: up to 64, fewer where a small split would leave batches short of --per_device_train_batch_size (a resume keeps its checkpoint's)
     stream_block_rows: Annotated[int, Count] = 1000  # --streaming: consecutive rows shuffled and bucketed together (the shuffle buffer of each part)
 
     # What a `datasets` source does not do (no duration or sample-rate rules; map-style: no data check;

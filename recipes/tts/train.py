@@ -134,7 +134,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
     data_dir, summary = cfg.dataset_name, None
     if cfg.streaming:  # parquet shards read in place, their rows checked once; transcripts read without the audio
-        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers)
+        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers, global_batch=global_batch)
         texts = {"train": stream_column(train, "text"), "validation": stream_column(valid, "text")}
     else:
         if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded

@@ -133,7 +133,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     validates, streamed with --streaming."""
     train_collate = SegmentCollator(cfg)
     if cfg.streaming:  # parquet shards read in place, their rows checked once (--on_bad_data)
-        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers)
+        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers, global_batch=global_batch)
         return build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
                                     train=(train, Waveforms(None, cfg.sample_rate), train_collate),
                                     valid=(valid, Waveforms(None, cfg.sample_rate), collate_whole),
