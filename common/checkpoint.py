@@ -55,12 +55,16 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import logging
 import math
 import os
 import re
 import shutil
+import sys
 import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -72,7 +76,7 @@ import yaml
 from accelerate.utils import broadcast_object_list
 from accelerate.utils import load as accelerate_load
 
-from common.faults import RunError
+from common.faults import NonFiniteError, RunError, UsageError
 from common.manifest import data_change
 from common.prepare import fsync_path
 
@@ -178,46 +182,126 @@ def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The folder holding `model.safetensors` + `config.yaml` for a `--checkpoint` argument: a
-    training output_dir (its `final/`), a `final/`, or a `checkpoints/step_XXXXXXXX/`. An export
-    that did not finish, or whose files do not match its marker, is refused (`unfinished_export`)."""
+def resolve_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Path:
+    """The sealed folder for a tool's `flag` argument: a training output_dir (its `final/`), a
+    `final/`, or a `checkpoints/step_XXXXXXXX/`. Every tool that reads a trained model goes through
+    here, before it reads any of the folder's files: a folder is used only when its `COMPLETE`
+    marker lists every file in it with the size and digest the file has now (`seal_problem`).
+    Anything else is a `UsageError` (one line, exit code 2) naming the folder, what is wrong and
+    how to get a good one."""
     path = Path(path)
+    unfinished = unfinished_export(path)
+    if unfinished:
+        raise UsageError(f"{flag} {path}: {unfinished}")
     for folder in (path / "final", path):
-        if (folder / "model.safetensors").is_file() and (folder / "config.yaml").is_file():
-            problem = unfinished_export(folder)
+        if any((folder / name).exists() for name in (MARKER, "model.safetensors", "encoder")):
+            problem = seal_problem(folder)
             if problem:
-                raise RunError(f"--checkpoint {folder}: {problem}")
+                raise UsageError(f"{flag} {folder}: {problem}")
             return folder
-    problem = unfinished_export(path)
+    if (path / "checkpoints").is_dir():
+        raise UsageError(f"{flag} {path}: this run has no final/ yet (training did not finish): give one of its "
+                         f"checkpoints/step_*/ folders, or re-run its training command to finish and export")
+    raise UsageError(f"{flag} {path}: no trained model in it or in its final/ (expected model.safetensors and a "
+                     f"{MARKER} marker): give a training output_dir, its final/, or a checkpoints/step_*/ folder")
+
+
+def read_config(folder: Path) -> dict:
+    """The `config.yaml` of a folder from `resolve_checkpoint`, as a dict (`UsageError` if it is none:
+    a sealed folder whose config was written by someone else)."""
+    try:
+        cfg = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(f"{folder / 'config.yaml'} cannot be read ({type(e).__name__}): {RE_EXPORT}") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{folder / 'config.yaml'} is not a training config (a mapping of settings): {RE_EXPORT}")
+    return cfg
+
+
+# What a folder that fails its seal needs: the run that wrote it can write it again.
+RE_EXPORT = ("re-run the training command that made it (same --output_dir: a finished run exports final/ "
+             "again from its last checkpoint), or copy the whole folder again from where it was made")
+
+
+def seal_problem(folder: str | Path) -> str | None:
+    """None when `folder` is as training wrote it: a `COMPLETE` marker, every file it lists present
+    with its size and digest, and no file that it does not list (bar `__pycache__/`, which Python
+    writes beside imported code; `import_export` never reads it). Else what is wrong and what to do.
+
+    This proves integrity, not authorship: nothing was cut short or changed since the folder was
+    sealed. Anyone can seal a folder of their own making; load only folders you trust."""
+    folder = Path(folder)
+    if not (folder / MARKER).is_file():
+        return (f"no {MARKER} marker, so nothing says its files are whole and unchanged (an export that did not "
+                f"finish, a partial copy, or files put there by hand); it is not loaded: {RE_EXPORT}")
+    problem = verify_checkpoint(folder)
     if problem:
-        raise RunError(f"--checkpoint {path}: {problem}")
-    raise FileNotFoundError(f"--checkpoint {path}: no model.safetensors + config.yaml in it or in its final/")
+        return f"damaged ({problem}): {RE_EXPORT}, or use a checkpoints/step_*/ folder"
+    listed = set(json.loads((folder / MARKER).read_text())["files"]) | {MARKER}
+    extra = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                   if p.is_file() and "__pycache__" not in p.relative_to(folder).parts
+                   and str(p.relative_to(folder)) not in listed)
+    if extra:
+        return (f"{extra[0]} is not covered by its {MARKER} marker (added after the folder was sealed"
+                + (f", with {len(extra) - 1} more" if len(extra) > 1 else "") + f"): remove it, or {RE_EXPORT}")
+    return None
+
+
+class _SealedSource(importlib.machinery.SourceFileLoader):
+    """Imports a module from a sealed folder's own source, and only if its bytes are the sealed ones:
+    never from bytecode (`__pycache__/` is not sealed, and Python would run a planted .pyc whose
+    recorded source size and time match), and writes none."""
+
+    def __init__(self, name: str, path: str, sha256: str):
+        super().__init__(name, path)
+        self.sha256 = sha256
+
+    def path_stats(self, path):
+        # SourceLoader.get_code treats an OSError here as "no source time": it then compiles the
+        # source and neither reads nor writes a .pyc (importlib._bootstrap_external, Python 3.9-3.13)
+        raise OSError("sealed source: no bytecode cache")
+
+    def get_data(self, path):
+        data = super().get_data(path)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise UsageError(f"{path} changed after its folder was verified: not imported: {RE_EXPORT}")
+        return data
+
+
+class _SealedFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, folder: Path, modules: dict[str, str]):
+        self.folder, self.modules = folder, modules
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.modules:
+            return None
+        file = str(self.folder / f"{name}.py")
+        return importlib.util.spec_from_file_location(name, file, loader=_SealedSource(name, file, self.modules[name]))
+
+
+def import_export(folder: str | Path, module: str):
+    """Import `module` (e.g. "tts_model") from an exported `final/` outside this repository: the
+    folder is verified first (`resolve_checkpoint`), and the module and the folder's modules it
+    imports come from their sealed source, checked against the marker's digests as they are read.
+    (A plain `sys.path.insert(0, folder)` + `import` runs the folder's code before anything checks it.)"""
+    folder = resolve_checkpoint(folder, flag="import_export")
+    files = json.loads((folder / MARKER).read_text())["files"]
+    modules = {name[:-3]: meta["sha256"] for name, meta in files.items()
+               if name.endswith(".py") and "/" not in name and "sha256" in meta}
+    if module not in modules:
+        raise UsageError(f"{folder}: no sealed {module}.py in it (sealed modules: {', '.join(sorted(modules)) or 'none'})")
+    sys.meta_path.insert(0, _SealedFinder(folder, modules))
+    return importlib.import_module(module)
 
 
 def unfinished_export(folder: str | Path) -> str | None:
-    """None if `folder` (an export, a checkpoint, or an output_dir) is not a half-written export;
-    else what is wrong and what to do.
-
-    An export is written into `.final.tmp/` and renamed to `final/` with a `COMPLETE` marker (file
-    sizes and digests) inside, so a `final/` always looks finished; what is refused here is a
-    `.final.tmp/` (the export was killed), a marked folder whose files do not match the marker, and
-    a `final/` from before exports were atomic whose config.yaml was cut short."""
+    """What to do when `folder` is (or holds only) an export killed before it finished: it is
+    written into `.final.tmp/` and renamed to `final/` with its `COMPLETE` marker inside, so a kill
+    leaves `.final.tmp/` and no `final/`. None otherwise (`seal_problem` judges a folder itself)."""
     folder = Path(folder)
-    rerun = "re-run the training command (same --output_dir) to finish the export"
     if folder.name == ".final.tmp" or (not (folder / "final").exists() and (folder / ".final.tmp").is_dir()):
-        return f"the export of this run did not finish (a kill during it left .final.tmp/, no final/): {rerun}"
-    if (folder / MARKER).is_file():
-        problem = verify_checkpoint(folder)
-        return f"damaged ({problem}): {rerun}, or use a checkpoints/step_*/ folder" if problem else None
-    config = folder / "config.yaml"
-    if (folder / "model.safetensors").is_file() and config.is_file():
-        try:
-            ok = isinstance(yaml.safe_load(config.read_text()), dict)
-        except (OSError, yaml.YAMLError):
-            ok = False
-        if not ok:
-            return f"half-written (config.yaml is empty or cut short, no {MARKER} marker): {rerun}"
+        return ("the export of this run did not finish (a kill during it left .final.tmp/, no final/): re-run the "
+                "training command (same --output_dir) to finish the export")
     return None
 
 
@@ -283,7 +367,9 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, m
     # The training loop skips non-finite updates; this is the last line of defence.
     bad = _nonfinite_models(accelerator, models)
     if bad:
-        raise RuntimeError(f"refusing to save step {state.step}: non-finite weights in {', '.join(bad)}")
+        raise NonFiniteError(f"refusing to save step {state.step}: non-finite weights in {', '.join(bad)} (the last "
+                             f"complete checkpoint is kept): re-run to resume from it; if it recurs, lower "
+                             f"--learning_rate")
     final = checkpoint_dir(output_dir, state.step)
     tmp = final.parent / f".{final.name}.tmp"
     if accelerator.is_main_process:
@@ -549,7 +635,7 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     if accelerator.is_main_process:
         remove_leftovers(output_dir)
         for ckpt in reversed(list_checkpoints(output_dir)):
-            problem = verify_checkpoint(ckpt) or _unloadable_pickle(ckpt)
+            problem = verify_checkpoint(ckpt) or _unloadable_pickle(ckpt) or _nonfinite_weights(ckpt)
             if problem is None:
                 choice = [str(ckpt)]
                 break
@@ -575,6 +661,26 @@ def _unloadable_pickle(ckpt: Path) -> str | None:
             # torch's weights-only refusal says what it refused in its second paragraph
             reason = lines[1] if lines[0].startswith("Weights only load failed") and len(lines) > 1 else lines[0]
             return f"{path.name} cannot be loaded safely ({type(e).__name__}: {reason[:200]})"
+    return None
+
+
+def _nonfinite_weights(ckpt: Path) -> str | None:
+    """None if every floating-point tensor in the checkpoint's safetensors files is finite, else the
+    file and tensor that is not. `save_checkpoint` never writes non-finite weights, so such a file
+    was damaged before it was sealed or crafted and re-sealed: it is skipped like any damaged
+    checkpoint, instead of training on from NaN and failing at the next save. (FSDP and DeepSpeed
+    weights are not in safetensors files: not checked, see the module docstring.)"""
+    from safetensors import safe_open
+
+    for path in sorted(ckpt.rglob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    tensor = f.get_tensor(key)
+                    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                        return f"{path.relative_to(ckpt)} holds non-finite weights ({key})"
+        except Exception as e:  # noqa: BLE001 — SafetensorError: a file that matches its digest but is no safetensors
+            return f"{path.relative_to(ckpt)} cannot be read ({type(e).__name__}: {str(e)[:200]})"
     return None
 
 
