@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import Annotated
 from types import SimpleNamespace
 
-import yaml
 
-from common.checkpoint import resolve_checkpoint
+from common.checkpoint import read_config, resolve_checkpoint
 from common.config import ExistingPath, parse_config
+from common.faults import run_main
 from common.hf_export import load_recipe_ctc_weights
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import LmError, export_lm, load_lm_decoder
 from model import export_hf
-from text import load_tokenizer
+from text import checkpoint_tokenizer
 
 
 @dataclass
@@ -51,10 +51,9 @@ def main():
     folder, out = resolve_checkpoint(args.checkpoint), Path(args.output_dir)
     if out.exists():
         raise SystemExit(f"error: --output_dir {out} exists; choose a new folder")
-    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
+    cfg = SimpleNamespace(**read_config(folder))
     # final/ holds its tokenizer; a checkpoints/step_X/ folder uses its run's <output_dir>/tokenizer.
-    tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
-    tokenizer = load_tokenizer(tok_dir)
+    tokenizer = checkpoint_tokenizer(folder)
     if not args.lm and (args.lm_alpha is not None or args.lm_beta is not None):
         raise SystemExit("error: --lm_alpha and --lm_beta are the shipped LM's weights; give the LM with --lm DIR")
     if args.lm and tokenizer.kind != "char":
@@ -77,4 +76,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # a refused --checkpoint (common.checkpoint.resolve_checkpoint): one line, exit code 2

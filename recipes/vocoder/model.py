@@ -178,13 +178,12 @@ def build_discriminators(cfg) -> Discriminators:
 def load_vocoder(checkpoint: str | Path):
     """(generator in eval mode, its training config as a namespace) from a vocoder's final/ (or its
     training output_dir): `model.safetensors` (the generator) + `config.yaml`."""
-    import yaml
     from safetensors.torch import load_file
 
-    from common.checkpoint import resolve_checkpoint  # refuses an export that did not finish
+    from common.checkpoint import read_config, resolve_checkpoint
 
-    folder = resolve_checkpoint(checkpoint)
-    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
+    folder = resolve_checkpoint(checkpoint)  # verified (COMPLETE digests) before any file is read
+    cfg = SimpleNamespace(**read_config(folder))
     generator = build_generator(cfg)
     generator.load_state_dict(load_file(folder / "model.safetensors"))
     return generator.eval(), cfg
