@@ -672,13 +672,19 @@ def _nonfinite_weights(ckpt: Path) -> str | None:
     weights are not in safetensors files: not checked, see the module docstring.)"""
     from safetensors import safe_open
 
+    try:  # accelerate names the files by prepare order: model.safetensors, model_1.safetensors, ...
+        names = json.loads((ckpt / "train_state.json").read_text()).get("models") or []
+    except (OSError, ValueError, AttributeError):
+        names = []
+    files = {("model.safetensors" if i == 0 else f"model_{i}.safetensors"): n for i, n in enumerate(names)}
     for path in sorted(ckpt.rglob("*.safetensors")):
         try:
             with safe_open(str(path), framework="pt") as f:
                 for key in f.keys():
                     tensor = f.get_tensor(key)
                     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                        return f"{path.relative_to(ckpt)} holds non-finite weights ({key})"
+                        model = f" (the {files[path.name]})" if path.parent == ckpt and path.name in files else ""
+                        return f"{path.relative_to(ckpt)}{model} holds non-finite weights ({key})"
         except Exception as e:  # noqa: BLE001 — SafetensorError: a file that matches its digest but is no safetensors
             return f"{path.relative_to(ckpt)} cannot be read ({type(e).__name__}: {str(e)[:200]})"
     return None

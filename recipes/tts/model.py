@@ -26,10 +26,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from safetensors.torch import load_file
 from torch import nn
 
-from common.checkpoint import read_config, resolve_checkpoint
+from common.checkpoint import resolve_checkpoint
 from frontend import Symbols  # noqa: F401  (Symbols is part of this module's interface: load_tts, synthesize)
 
 NEG = -1e4  # "minus infinity" that keeps softmax/CTC gradients finite
@@ -258,7 +259,7 @@ def build_model(cfg) -> "AlignedFastSpeech":
 def load_tts(checkpoint: str | Path):
     """(model in eval mode, its training config as a namespace, Symbols, folder) for a checkpoint."""
     folder = resolve_checkpoint(checkpoint)  # verified (COMPLETE digests) before any file is read
-    cfg = SimpleNamespace(**read_config(folder))
+    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml (derived ones too)
         cfg.symbols = json.loads((folder / "symbols.json").read_text())["symbols"]
     model = build_model(cfg)

@@ -180,10 +180,12 @@ def load_vocoder(checkpoint: str | Path):
     training output_dir): `model.safetensors` (the generator) + `config.yaml`."""
     from safetensors.torch import load_file
 
-    from common.checkpoint import read_config, resolve_checkpoint
+    import yaml
+
+    from common.checkpoint import resolve_checkpoint
 
     folder = resolve_checkpoint(checkpoint)  # verified (COMPLETE digests) before any file is read
-    cfg = SimpleNamespace(**read_config(folder))
+    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     generator = build_generator(cfg)
     generator.load_state_dict(load_file(folder / "model.safetensors"))
     return generator.eval(), cfg

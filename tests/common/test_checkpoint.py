@@ -302,7 +302,7 @@ def test_a_resealed_checkpoint_with_non_finite_weights_is_skipped(tmp_path, capl
     accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
     with caplog.at_level("WARNING"):
         assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
-    assert f"skipping damaged checkpoint {ckpt}: model.safetensors holds non-finite weights (weight)" in caplog.text
+    assert f"skipping damaged checkpoint {ckpt}: model.safetensors (the model) holds non-finite weights (weight)" in caplog.text
     assert state2.step == 1
     assert all(torch.equal(weights_at_1[k], v) for k, v in model2.state_dict().items())
 
@@ -614,3 +614,22 @@ def test_several_models_under_deepspeed_are_refused_in_one_line():
                                        r"\(generator, discriminator\): use a DDP or FSDP profile"):
         _resume(accelerator, None, TrainState(), models={"generator": g, "discriminator": d},
                 optimizers={"generator": og, "discriminator": od}, schedulers={})
+
+
+def test_a_discriminator_made_non_finite_and_resealed_is_named(tmp_path, caplog):
+    """Several models: the file is named with its model (accelerate numbers them by prepare order)."""
+    from safetensors.torch import load_file, save_file
+
+    accelerator, parts, state = gan()
+    for step in (1, 2):
+        gan_step(parts)
+        state.step, state.stage = step, "boundary"
+        ckpt = _save(accelerator, tmp_path, state, **parts)
+    weights = load_file(ckpt / "model_1.safetensors")
+    weights["weight"][0, 0] = float("nan")
+    save_file(weights, ckpt / "model_1.safetensors", metadata={"format": "pt"})
+    _reseal(ckpt, "model_1.safetensors")
+    with caplog.at_level("WARNING"):
+        assert choose_checkpoint(accelerator, tmp_path) == checkpoint_dir(tmp_path, 1)
+    assert (f"skipping damaged checkpoint {ckpt}: model_1.safetensors (the discriminator) holds non-finite "
+            f"weights (weight)") in caplog.text

@@ -185,3 +185,34 @@ def test_decode_of_a_step_folder_copied_out_of_its_run_says_what_it_needs(tmp_pa
     one_line(in_process("asr/decode.py", "--checkpoint", step, "--split", "test"),
              f"--checkpoint {step}: no tokenizer for it at {tmp_path}/tokenizer/tokenizer.json",
              "give the run's output_dir or its final/")
+
+
+def test_a_tts_export_loads_outside_the_repository_through_import_export(tmp_path, monkeypatch):
+    """The model card's way: `import_export` verifies final/, imports tts_model (and the tts_frontend
+    it imports) from the sealed source, and synthesizes what the recipe's own code does from it."""
+    import re
+
+    import torch
+
+    from common.checkpoint import import_export
+
+    local = ("model", "audio", "frontend")  # renamed as the TTS recipe's export renames them
+    code = {}
+    for name in local:
+        text = (ROOT / "recipes" / "tts" / f"{name}.py").read_text()
+        for other in local:
+            text = re.sub(rf"^from {other} import", f"from tts_{other} import", text, flags=re.M)
+        code[f"tts_{name}.py"] = text
+    torch.manual_seed(0)
+    model = tts.model.build_model(SimpleNamespace(**TTS_CFG))
+    final = export(tmp_path / "final", TTS_CFG, model.state_dict(),
+                   **{"symbols.json": json.dumps({"symbols": TTS_CFG["symbols"]})}, **code)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    for name in local:
+        monkeypatch.delitem(sys.modules, f"tts_{name}", raising=False)
+    exported = import_export(final, "tts_model")
+    assert Path(exported.__file__) == final / "tts_model.py" and not (final / "__pycache__").exists()
+    theirs, cfg, symbols, _ = exported.load_tts(final)
+    ours, _, _, _ = tts.model.load_tts(final)
+    text = "a radio wrote this"
+    assert torch.equal(exported.synthesize(theirs, symbols, text)[1], tts.model.synthesize(ours, symbols, text)[1])
