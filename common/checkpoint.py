@@ -597,12 +597,7 @@ def export_final(accelerator, models, output_dir: str | Path, write_extras) -> P
             accelerator.save_model(model, tmp if len(models) == 1 else tmp / name)
         if accelerator.is_main_process:
             write_extras(tmp)
-            files = _seal(tmp)
-            with open(tmp / MARKER, "w") as f:  # what `unfinished_export` / `verify_checkpoint` check
-                json.dump({"export": True, "files": files}, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_path(tmp)
+            seal_export(tmp)
     except Exception as e:  # noqa: BLE001 — safetensors' SafetensorError is no OSError
         if not _is_disk_full(e):
             raise
@@ -624,6 +619,17 @@ def export_final(accelerator, models, output_dir: str | Path, write_extras) -> P
         logger.info(f"final model in {final}")
     accelerator.wait_for_everyone()
     return final
+
+
+def seal_export(folder: Path) -> None:
+    """Write `folder`'s `COMPLETE` marker (every file's size and digest, fsynced), last: what
+    `resolve_checkpoint` checks before any tool reads the folder."""
+    files = _seal(folder)
+    with open(folder / MARKER, "w") as f:
+        json.dump({"export": True, "files": files}, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_path(folder)
 
 
 def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:

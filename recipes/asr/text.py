@@ -185,6 +185,12 @@ def load_tokenizer(folder: str | Path):
     return BpeTokenizer(folder / meta["model"], char_map)
 
 
+def tokenizer_dir(folder: Path) -> Path:
+    """Where the tokenizer of a checkpoint folder lives (see `checkpoint_tokenizer`)."""
+    folder = Path(folder)
+    return folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
+
+
 def checkpoint_tokenizer(folder: Path):
     """The tokenizer of a verified checkpoint folder (`common.checkpoint.resolve_checkpoint`): final/
     carries its own tokenizer/; a checkpoints/step_XXXXXXXX/ folder uses its run's
@@ -192,8 +198,7 @@ def checkpoint_tokenizer(folder: Path):
     `UsageError` (one line, exit code 2) saying what it needs."""
     from common.faults import UsageError
 
-    folder = Path(folder)
-    tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
+    tok_dir = tokenizer_dir(folder)
     if not (tok_dir / "tokenizer.json").is_file():
         raise UsageError(f"--checkpoint {folder}: no tokenizer for it at {tok_dir}/tokenizer.json (a checkpoints/"
                          f"step_*/ folder uses its run's <output_dir>/tokenizer/): give the run's output_dir or its "

@@ -216,3 +216,32 @@ def test_a_tts_export_loads_outside_the_repository_through_import_export(tmp_pat
     ours, _, _, _ = tts.model.load_tts(final)
     text = "a radio wrote this"
     assert torch.equal(exported.synthesize(theirs, symbols, text)[1], tts.model.synthesize(ours, symbols, text)[1])
+
+
+def test_export_py_writes_a_sealed_folder_that_the_tools_accept(tmp_path, in_process):
+    """export.py on a step folder: its output carries a COMPLETE marker like a training final/, so
+    decode.py (and every tool) accepts it; the weights are the checkpoint's."""
+    import torch
+
+    from common.checkpoint import resolve_checkpoint
+    from common.encoder import encoder_config_from
+    from common.hf_export import load_recipe_ctc_weights
+
+    asr = recipe_modules("asr", "model", "text")
+    cfg = dict(ASR_CFG, sample_rate=16000, hidden_size=16, num_layers=1, num_heads=2, ffn_dim=32, conv_kernel=3,
+               dropout=0.0)
+    run_dir = tmp_path / "asr"
+    tokenizer = asr.text.CharTokenizer()
+    (run_dir / "tokenizer").mkdir(parents=True)
+    tokenizer.save(run_dir / "tokenizer")
+    torch.manual_seed(0)
+    model = asr.model.ConformerCTC(encoder_config_from(SimpleNamespace(**cfg)), n_mels=80, stack_frames=4,
+                                   vocab_size=tokenizer.vocab_size)
+    step = export(run_dir / "checkpoints" / "step_00000004", cfg, model.state_dict())
+    out = tmp_path / "exported"
+    proc = in_process("asr/export.py", "--checkpoint", step, "--output_dir", out)
+    assert proc.returncode == 0, proc.stderr
+    assert resolve_checkpoint(out) == out and (out / "tokenizer" / "tokenizer.json").is_file()
+    theirs = load_recipe_ctc_weights(out)
+    assert all(torch.equal(theirs[k], v) for k, v in model.state_dict().items())
+    assert not list(tmp_path.glob(".exported*"))  # written aside, renamed into place
