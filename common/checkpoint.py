@@ -290,6 +290,12 @@ def import_export(folder: str | Path, module: str):
                if name.endswith(".py") and "/" not in name and "sha256" in meta}
     if module not in modules:
         raise UsageError(f"{folder}: no sealed {module}.py in it (sealed modules: {', '.join(sorted(modules)) or 'none'})")
+    for name in modules:  # Python keeps one module per name: a second export's code cannot join the first's
+        loaded = getattr(sys.modules.get(name), "__file__", None)
+        if loaded and Path(loaded) != folder / f"{name}.py":
+            raise UsageError(f"{folder}: this process already imported {name} from {loaded}: load each export's "
+                             f"code in a process of its own")
+    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _SealedFinder) and f.folder == folder)]
     sys.meta_path.insert(0, _SealedFinder(folder, modules))
     return importlib.import_module(module)
 

@@ -408,6 +408,9 @@ def test_import_export_runs_only_the_sealed_source(tmp_path, monkeypatch):
     assert [p.name for p in (final / "__pycache__").iterdir()] == ["sealed_b.cpython-%d%d.pyc" % sys.version_info[:2]]
     with pytest.raises(UsageError, match="no sealed missing.py in it"):
         import_export(final, "missing")
+    other = shutil.copytree(final, tmp_path / "other", ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.raises(UsageError, match=f"already imported sealed_a from {final}/sealed_a.py"):
+        import_export(other, "sealed_a")
     (final / "sealed_b.py").write_text("VALUE = 'edit'\n")
     with pytest.raises(UsageError, match="sealed_b.py is corrupted"):
         import_export(final, "sealed_a")
