@@ -116,9 +116,9 @@ def main():
     if args.text is not None:
         jobs = [("--text", args.text, Path(args.output))]
     else:
-        lines = [line for line in Path(args.text_file).read_text().splitlines() if line.strip()]
-        jobs = [(f"--text_file {args.text_file} line {i}", line, Path(args.output_dir) / f"{i:04d}.wav")
-                for i, line in enumerate(lines, 1)]
+        lines = [(n, line) for n, line in enumerate(Path(args.text_file).read_text().splitlines(), 1) if line.strip()]
+        jobs = [(f"--text_file {args.text_file} line {n}", line, Path(args.output_dir) / f"{i:04d}.wav")
+                for i, (n, line) in enumerate(lines, 1)]
     for where, text, _ in jobs:  # every sentence and output checked before the first is synthesized
         try:
             symbols.encode(text)

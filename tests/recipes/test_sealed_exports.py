@@ -124,7 +124,7 @@ def test_synthesize_refuses_unknown_symbols_an_unwritable_output_and_an_unsealed
     lines = tmp_path / "lines.txt"
     lines.write_text("a radio\n\nroom 42\n")
     one_line(in_process("tts/synthesize.py", "--checkpoint", tts_run, "--text_file", lines, "--output_dir", tmp_path / "wavs"),
-             f"--text_file {lines} line 2: characters outside the symbol table")
+             f"--text_file {lines} line 3: characters outside the symbol table")  # the file's line
     assert not (tmp_path / "wavs").exists() and not (tmp_path / "a.wav").exists()  # refused before writing anything
     (tmp_path / "a_file").write_text("")
     one_line(in_process("tts/synthesize.py", "--checkpoint", tts_run, "--text", "a radio", "--output", tmp_path / "a_file" / "x.wav"),
