@@ -837,6 +837,13 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
     # (On another number of processes rank r may find no RNG file of its own: nothing is lost, the
     # loop reseeds the global RNG from the position before every micro-batch.)
     accelerator.load_state(str(ckpt))  # models, optimizers (prepare order), this rank's RNG states
+    # choose_checkpoint skipped safetensors files with non-finite weights; FSDP and DeepSpeed weights
+    # are read only here: the same verdict, after loading (collective under FSDP, like the load).
+    bad = _nonfinite_models(accelerator, models)
+    if bad:
+        raise RunError(f"{ckpt}: non-finite weights in {', '.join(bad)} after loading it (a save never writes "
+                       f"them: the checkpoint was damaged or crafted before it was sealed): move {ckpt.name} out of "
+                       f"{ckpt.parent} to resume from the checkpoint before it")
     for name, sd in saved.pop("schedulers").items():
         schedulers[name].load_state_dict(sd)
     was_threads = saved.pop("threads_per_process", 0)

@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from common.checkpoint import (ContractError, TrainState, _digest, checkpoint_dir, choose_checkpoint,
                                find_latest_checkpoint, list_checkpoints, verify_checkpoint)
 from common.checkpoint import resume_from_checkpoint as _resume
-from common.faults import NonFiniteError
+from common.faults import NonFiniteError, RunError
 from common.checkpoint import save_checkpoint as _save
 
 
@@ -617,6 +617,28 @@ def test_several_models_under_deepspeed_are_refused_in_one_line():
                                        r"\(generator, discriminator\): use a DDP or FSDP profile"):
         _resume(accelerator, None, TrainState(), models={"generator": g, "discriminator": d},
                 optimizers={"generator": og, "discriminator": od}, schedulers={})
+
+
+def test_non_finite_weights_in_a_layout_not_checked_before_loading_stop_the_resume(tmp_path, monkeypatch):
+    """FSDP and DeepSpeed weights are not safetensors files that choose_checkpoint can read: after
+    loading, the weights are checked all the same, and the resume stops in one line naming the
+    checkpoint and what to do (instead of training on from NaN and failing at the next save)."""
+    import common.checkpoint as checkpoint
+    from safetensors.torch import load_file, save_file
+
+    accelerator, model, opt, sched, state = setup()
+    train_step(model, opt, sched)
+    state.step = 1
+    ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    weights = load_file(ckpt / "model.safetensors")
+    weights["bias"][0] = float("nan")
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    _reseal(ckpt, "model.safetensors")
+    monkeypatch.setattr(checkpoint, "_nonfinite_weights", lambda ckpt: None)  # as for an FSDP/DeepSpeed layout
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    with pytest.raises(RunError, match=f"{ckpt}: non-finite weights in model after loading it .*move step_00000001 "
+                                       f"out of {ckpt.parent} to resume from the checkpoint before it"):
+        resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
 
 
 def test_a_discriminator_made_non_finite_and_resealed_is_named(tmp_path, caplog):
