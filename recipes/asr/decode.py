@@ -42,13 +42,12 @@ from types import SimpleNamespace
 from accelerate.utils import broadcast_object_list
 
 import torch
-import yaml
 
-from common.checkpoint import resolve_checkpoint
+from common.checkpoint import read_config, resolve_checkpoint
 from common.config import Count, ExistingPath, NonNegative, Positive, parse_config
 from common.data import make_loader
 from common.distributed import build_accelerator
-from common.faults import RunError
+from common.faults import RunError, UsageError
 from common.encoder import encoder_config_from
 from common.hf_export import load_recipe_ctc_weights
 from common.logs import get_logger
@@ -60,7 +59,7 @@ from ctc_decode import LmError, ctc_greedy, lm_decode, load_lm_decoder, posterio
 from data import SpecAugmentCollator, SpeechDataset, read_split, transcribed
 from model import ConformerCTC
 from scoring import Scorer, gather_results
-from text import check_transcripts, load_tokenizer
+from text import check_transcripts, checkpoint_tokenizer
 
 logger = get_logger(__name__)
 
@@ -97,14 +96,15 @@ def refuse(message: str) -> NoReturn:
 
 def main():
     args = parse_config(EvalConfig)
-    folder = resolve_checkpoint(args.checkpoint)
-    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))  # the training run's config
+    try:  # verified (COMPLETE digests) before any of its files is read
+        folder = resolve_checkpoint(args.checkpoint)
+        cfg = SimpleNamespace(**read_config(folder))  # the training run's config
+        tokenizer = checkpoint_tokenizer(folder)
+    except UsageError as e:
+        refuse(str(e))
     accelerator = build_accelerator(mixed_precision="no")
     world = accelerator.num_processes
 
-    # final/ holds its tokenizer; a checkpoints/step_X/ folder uses its run's <output_dir>/tokenizer.
-    tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
-    tokenizer = load_tokenizer(tok_dir)
     if args.data_dir and args.dataset_name:
         refuse("--dataset_name and --data_dir both name the data to decode: give one")
     source = None if args.data_dir else (args.dataset_name or getattr(cfg, "dataset_name", None))
@@ -150,7 +150,11 @@ def main():
 
     model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                          vocab_size=tokenizer.vocab_size)
-    model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
+    try:
+        model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
+    except Exception as e:  # noqa: BLE001 — sealed, yet not this config's model (SafetensorError, a shape, a key)
+        refuse(f"--checkpoint {folder}: its weights do not load into the model its config.yaml describes "
+               f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): re-run the training command that made it")
     model.to(accelerator.device)
     scorer = Scorer()
 

@@ -258,7 +258,7 @@ def build_model(cfg) -> "AlignedFastSpeech":
 
 def load_tts(checkpoint: str | Path):
     """(model in eval mode, its training config as a namespace, Symbols, folder) for a checkpoint."""
-    folder = resolve_checkpoint(checkpoint)
+    folder = resolve_checkpoint(checkpoint)  # verified (COMPLETE digests) before any file is read
     cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml (derived ones too)
         cfg.symbols = json.loads((folder / "symbols.json").read_text())["symbols"]

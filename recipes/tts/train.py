@@ -318,14 +318,14 @@ def main(cfg: Config) -> None:
         write_model_card(folder, recipe="tts", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             ```python
-            import sys
-            sys.path.insert(0, "<this folder>")
-            from tts_audio import make_vocoder
-            from tts_model import load_tts, synthesize
+            from common.checkpoint import import_export  # speech-recipes installed (pip install -e <clone>)
 
-            model, cfg, symbols, _ = load_tts("<this folder>")
-            wav, mel, durations = synthesize(model, symbols, "a radio wrote this clever pencil",
-                                             make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
+            # verifies this folder against its COMPLETE digests, then imports its sealed code
+            tts = import_export("<this folder>", "tts_model")
+            audio = import_export("<this folder>", "tts_audio")
+            model, cfg, symbols, _ = tts.load_tts("<this folder>")
+            wav, mel, durations = tts.synthesize(model, symbols, "a radio wrote this clever pencil",
+                                                 audio.make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
             ```""")
 
     export_final(accelerator, model, out, write_extras)  # collective

@@ -330,12 +330,12 @@ def main(cfg: Config) -> None:
         write_model_card(folder, recipe="vocoder", state=state, data_dir=data.data_dir,
                          metrics_path=out / "metrics.jsonl", usage="""
             ```python
-            import sys
-            sys.path.insert(0, "<this folder>")
-            from vocoder_model import load_vocoder, vocode
+            from common.checkpoint import import_export  # speech-recipes installed (pip install -e <clone>)
 
-            generator, cfg = load_vocoder("<this folder>")
-            wav = vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
+            # verifies this folder against its COMPLETE digests, then imports its sealed code
+            code = import_export("<this folder>", "vocoder_model")
+            generator, cfg = code.load_vocoder("<this folder>")
+            wav = code.vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
             ```""")
 
     export_final(accelerator, {"generator": generator}, out, write_extras)  # collective
