@@ -133,6 +133,8 @@ def _command_lines(state) -> list[str]:
     from common.checkpoint import this_launch
 
     launches = getattr(state, "launches", None) or [this_launch(0, state.world_size)]
+    # a launch killed before its first checkpoint trained nothing that was kept: the next starts where it did
+    launches = [a for a, b in zip(launches, launches[1:]) if a["from_step"] < b["from_step"]] + launches[-1:]
     one = lambda launch: f"`{launch['command']}` ({launch['processes']} process(es), in `{launch['cwd']}`)"  # noqa: E731
     if len(launches) == 1 and launches[0]["from_step"] == 0:
         return [f"- command: {one(launches[0])}"]

@@ -152,7 +152,7 @@ def test_model_card_lists_every_launch_of_a_resumed_run(tmp_path):
     launch = lambda step, n, steps: {"from_step": step, "command": f"accelerate launch recipes/asr/train.py --max_steps {steps}",  # noqa: E731
                                      "cwd": "/runs", "processes": n}
     state = SimpleNamespace(step=9, world_size=1, gradient_accumulation_steps=1, data={},
-                            launches=[launch(0, 2, 9), launch(4, 2, 9), launch(6, 1, 9)])
+                            launches=[launch(0, 2, 9), launch(4, 2, 9), launch(4, 2, 9), launch(6, 1, 9)])  # the 2nd killed before a checkpoint
     write_model_card(tmp_path, recipe="asr", state=state, data_dir="/d", metrics_path=metrics, usage="")
     card = (tmp_path / "README.md").read_text()
     assert ("- commands: 3 launches, each resuming from the last checkpoint of the one before\n"
