@@ -63,6 +63,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
 import threading
@@ -126,6 +127,11 @@ class TrainState:
     data: dict = dataclasses.field(default_factory=dict)  # manifest_summary() of the training data
     # resumes on changed data allowed by --allow_data_change: {step, was, now} (manifest summaries)
     data_changes: list = dataclasses.field(default_factory=list)
+    # The launches that trained toward this state, oldest first, one per resume: {"from_step" (the
+    # step it started at; it ran up to the next one's, the last up to `step`), "command", "cwd",
+    # "processes"}, for the model card. A checkpoint written before they were recorded has none: its
+    # resume records its own launch from its step.
+    launches: list = dataclasses.field(default_factory=list)
 
     @classmethod
     def for_run(cls, config: Any, world_size: int, accumulation: int, data: dict | None = None) -> "TrainState":
@@ -766,6 +772,17 @@ def _deepspeed_problem(ckpt: Path, saved: dict, accelerator) -> str | None:
     return None
 
 
+def this_launch(from_step: int, processes: int) -> dict:
+    """This launch as `TrainState.launches` records it: the training command as `accelerate launch`
+    received it (its own options are not visible here; the process count stands beside it), the
+    script relative to the working directory when it lies inside it, as typed from the checkout."""
+    script = Path(sys.argv[0]).resolve()
+    if script.is_relative_to(Path.cwd()):
+        script = script.relative_to(Path.cwd())
+    return {"from_step": from_step, "command": "accelerate launch " + shlex.join([str(script), *sys.argv[1:]]),
+            "cwd": str(Path.cwd()), "processes": processes}
+
+
 def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *, models, optimizers,
                            schedulers) -> Path | None:
     """Load checkpoint `ckpt` (from `choose_checkpoint`; None: a fresh start) into the prepared
@@ -786,6 +803,7 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
         raise RunError(f"DeepSpeed trains one model per Accelerator; this recipe has {len(models)} "
                        f"({', '.join(models)}): use a DDP or FSDP profile (accelerate_configs/)")
     if ckpt is None:
+        state.launches = [this_launch(0, accelerator.num_processes)]
         state.stage = "boundary"
         return None
     if not (ckpt / MARKER).is_file():
@@ -854,7 +872,8 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
     for key in ("config", "config_hash", "resume_safe", "world_size", "gradient_accumulation_steps", "models",
                 "optimizers"):
         saved.pop(key, None)  # this launch's: resume-safe keys (max_steps, ...), its own topology, the names checked above
-    state.load_state_dict(saved)
+    state.load_state_dict(saved)  # launches: those that made the checkpoint (none if it predates them)
+    state.launches = [*state.launches, this_launch(state.step, accelerator.num_processes)]
     state.stage = "boundary"
     if accelerator.is_main_process:
         logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import platform
-import shlex
 import shutil
-import sys
 import textwrap
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -129,19 +127,36 @@ def _last_rows(metrics_path: Path) -> tuple[dict | None, dict | None]:
     return last, last_eval
 
 
+def _command_lines(state) -> list[str]:
+    """The card's command: each launch's (`TrainState.launches`) with the steps it trained, when the
+    run was resumed; this process's alone for a state that records none."""
+    from common.checkpoint import this_launch
+
+    launches = getattr(state, "launches", None) or [this_launch(0, state.world_size)]
+    # a launch killed before its first checkpoint trained nothing that was kept: the next starts where it did
+    launches = [a for a, b in zip(launches, launches[1:]) if a["from_step"] < b["from_step"]] + launches[-1:]
+    one = lambda launch: f"`{launch['command']}` ({launch['processes']} process(es), in `{launch['cwd']}`)"  # noqa: E731
+    if len(launches) == 1 and launches[0]["from_step"] == 0:
+        return [f"- command: {one(launches[0])}"]
+    lines = [f"- commands: {len(launches)} launches, each resuming from the last checkpoint of the one before"]
+    if launches[0]["from_step"] > 0:
+        lines.append(f"  - steps 0–{launches[0]['from_step']}: not recorded (checkpoints written before launches were)")
+    ends = [launch["from_step"] for launch in launches[1:]] + [state.step]
+    lines += [f"  - steps {launch['from_step']}–{end}: {one(launch)}" for launch, end in zip(launches, ends)]
+    return lines
+
+
 def write_model_card(folder: str | Path, *, recipe: str, state, data_dir: str, metrics_path: str | Path,
                      usage: str) -> None:
     """`<folder>/README.md`: what this model is and how it was made. Called from a recipe's
     `write_extras`, so the card is sealed with the weights (the `COMPLETE` digests cover it).
 
     `state` is the run's `TrainState` (step, processes, accumulation, `data` = manifest_summary of the
-    training set); the command is this process's `sys.argv` as `accelerate launch` received it
-    (launcher options are not visible here; the process count is given beside it); `usage` is a
+    training set, `launches` = the command of each launch that trained it: `this_launch`, from `sys.argv`
+    as `accelerate launch` received it; its own options are not visible here, the process count is
+    given beside it); `usage` is a
     short Markdown snippet on loading the folder (dedented)."""
     last, last_eval = _last_rows(Path(metrics_path))
-    script = Path(sys.argv[0]).resolve()
-    if script.is_relative_to(Path.cwd()):  # as typed from the checkout: recipes/<recipe>/train.py
-        script = script.relative_to(Path.cwd())
     data = state.data or {}
     fmt = lambda row: json.dumps(row, sort_keys=False) if row else "(none logged)"  # noqa: E731
     lines = [
@@ -152,8 +167,7 @@ def write_model_card(folder: str | Path, *, recipe: str, state, data_dir: str, m
         "",
         "## How it was made",
         "",
-        f"- command: `accelerate launch {shlex.join([str(script), *sys.argv[1:]])}` ({state.world_size} process(es), "
-        f"in `{Path.cwd()}`)",
+        *_command_lines(state),
         f"- finished: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
         f"- versions: {_versions()}",
         "- config: `config.yaml` in this folder (every setting, resolved)",

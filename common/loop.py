@@ -12,7 +12,7 @@ A recipe's loop stays visible in its `train.py` and reads like this (one model):
             continue
         grad_norm = optimizer_update(accelerator, model, optimizer, state, ...)
         end_step(state, scheduler)
-        ... evaluate / log: the recipe's own business ...
+        ... evaluate (when validation_due) / log: the recipe's own business ...
         save_or_preempt(accelerator, output_dir, state, preemption, models=model, ...)
 
 Several models (a GAN) take the same calls: `no_sync_unless(accelerator, (generator, discriminator),
@@ -290,6 +290,16 @@ def _deepspeed_outcome(engine, optimizer, max_grad_norm: float) -> torch.Tensor:
                                  "are no longer finite); stopping (last good checkpoint kept). Enable "
                                  "bf16.check_grad_overflow in the DeepSpeed config, or lower --learning_rate")
     return grad_norm
+
+
+def validation_due(state: TrainState, eval_steps: int, max_steps: int) -> bool:
+    """Validate after this step: every `eval_steps` (0 = never) and at `max_steps` too, so a run whose
+    length is not a multiple of `eval_steps` (one shorter than it) still ends with a validation.
+
+    Validation changes nothing a resume must reproduce: the loop reseeds the global RNG from the
+    position before every training micro-batch (`train_batches`), and the model is back in train
+    mode after it; this is also why --eval_steps may change on resume (ResumeSafe)."""
+    return bool(eval_steps) and (state.step % eval_steps == 0 or state.step == max_steps)
 
 
 def save_or_preempt(accelerator, output_dir: str | Path, state: TrainState, preemption, *, models, optimizers,

@@ -68,8 +68,11 @@ def _layout_error(root: Path, missing: Path, layout: str) -> DataError:
     except OSError:
         found = []
     holds = f"it holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}" if found else "it is empty"
+    if layout == LJSPEECH_LAYOUT and next(glob.iglob(os.path.join(glob.escape(str(root)), "*", "*", "*", "*.trans.txt")), None):
+        holds += ": the LibriSpeech layout, which this recipe does not read from --data_dir"
     return DataError(f"--data_dir {root}: {missing.name} not found ({holds}); expected the {layout}. "
-                     f"Other layouts (audiofolder, datasets shards) are not read: convert them to this one")
+                     f"A `datasets` source (a folder of data files such as <folder>/data/train-*.parquet, or a Hub "
+                     f"dataset name) is read with --dataset_name <it> instead of --data_dir; convert any other layout to this one")
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E4
 from common.hf_export import write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
-                         optimizer_update, end_step, save_or_preempt, train_batches)
+                         optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
 from common.source import build_stream_loaders, load_splits, open_streams, stream_column, with_contents  # noqa: E402
@@ -313,7 +313,7 @@ def main(cfg: Config) -> None:
         bar.update(1)
 
         row = {}
-        if cfg.eval_steps and state.step % cfg.eval_steps == 0:
+        if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
             row, decoded = evaluate(model, valid_loader, accelerator, tokenizer, scorer)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()))
             if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):  # hypotheses beside references

@@ -83,7 +83,7 @@ from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import save_feature_extractor, write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar  # noqa: E402
 from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
-                         optimizer_update, end_step, save_or_preempt, train_batches)
+                         optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
 from common.source import build_stream_loaders, load_splits, open_streams, with_contents  # noqa: E402
@@ -200,7 +200,7 @@ def main(cfg: Config) -> None:
         bar.update(1)
 
         row = {}
-        if cfg.eval_steps and state.step % cfg.eval_steps == 0:
+        if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
             row = evaluate(model, valid_loader, accelerator)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:

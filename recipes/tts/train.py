@@ -106,7 +106,7 @@ from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
-                         optimizer_update, end_step, save_or_preempt, train_batches)
+                         optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
 from common.source import build_stream_loaders, load_splits, open_streams, stream_column, with_contents  # noqa: E402
@@ -223,7 +223,7 @@ def log_samples(model, items, rows, cfg: Config, writer, vocoder, step: int) -> 
         align = stack_images([to_image(out["soft"][0], 0, 1), to_image(out["hard"][0], 0, 1)])
         writer.add_image(f"alignment/{i}_soft_hard", align[None], step)  # symbols up, frames right
         writer.add_audio(f"audio/{i}", vocoder(pred)[None], step, sample_rate=cfg.sample_rate)
-        if step == cfg.eval_steps:  # the recording, once
+        if step == min(cfg.eval_steps, cfg.max_steps):  # the recording, once (at the first validation)
             writer.add_audio(f"audio/{i}_recording", load_row_audio(row, cfg.sample_rate)[None],
                              step, sample_rate=cfg.sample_rate)
     model.train()
@@ -289,7 +289,7 @@ def main(cfg: Config) -> None:
         bar.update(1)
 
         row = {}
-        if cfg.eval_steps and state.step % cfg.eval_steps == 0:
+        if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
             row = evaluate(model, valid_loader, accelerator)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
             if writer is not None:  # main process only; no collectives inside

@@ -109,7 +109,8 @@ from common.faults import RunError, run_main  # noqa: E402
 from common.features import mel_frontend  # noqa: E402
 from common.hf_export import write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.loop import end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches  # noqa: E402
+from common.loop import (end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches,  # noqa: E402
+                         validation_due)
 from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
 from common.source import build_stream_loaders, load_splits, open_streams, with_contents  # noqa: E402
@@ -232,7 +233,7 @@ def log_samples(generator, items, rows, frontend, cfg: Config, writer, step: int
         image = np.concatenate([to_image(mel, lo, hi), to_image(frontend(fake), lo, hi)])
         writer.add_image(f"mel/{i}_real_vocoder", image[None], step)
         writer.add_audio(f"audio/{i}", fake[None], step, sample_rate=cfg.sample_rate)
-        if step == cfg.eval_steps:
+        if step == min(cfg.eval_steps, cfg.max_steps):  # the recordings, once (at the first validation)
             writer.add_audio(f"audio/{i}_recording", wav[None], step, sample_rate=cfg.sample_rate)
     generator.train()
 
@@ -307,7 +308,7 @@ def main(cfg: Config) -> None:
         bar.update(1)
 
         row = {}
-        if cfg.eval_steps and state.step % cfg.eval_steps == 0:
+        if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
             row = evaluate(accelerator.unwrap_model(generator), valid_loader, frontend, accelerator)  # collective
             logger.info(f"step {state.step}: eval_mel_loss {row['eval_mel_loss']:.4f}")
             if writer is not None:  # main process only; no collectives inside

@@ -568,6 +568,43 @@ def test_a_checkpoint_without_names_still_resumes(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
 
 
+def test_each_launch_is_recorded_with_the_step_it_started_at(tmp_path, monkeypatch):
+    """TrainState.launches (the model card's commands): a fresh start records its command from step 0,
+    each resume appends its own from the checkpoint's step; a checkpoint written before launches were
+    recorded still resumes, recording this launch alone."""
+    import sys
+
+    from common.checkpoint import this_launch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "recipes/asr/train.py"), "--max_steps", "2"])
+    accelerator, model, opt, sched, state = setup()
+    assert resume_from_checkpoint(accelerator, tmp_path, state, sched) is None
+    assert state.launches == [{"from_step": 0, "command": "accelerate launch recipes/asr/train.py --max_steps 2",
+                               "cwd": str(tmp_path), "processes": 1}] == [this_launch(0, 1)]
+    train_step(model, opt, sched)
+    state.step = 2
+    save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "recipes/asr/train.py"), "--max_steps", "4"])
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    ckpt = resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
+    assert [(launch["from_step"], launch["command"][-13:]) for launch in state2.launches] == [
+        (0, "--max_steps 2"), (2, "--max_steps 4")]
+
+    saved = json.loads((ckpt / "train_state.json").read_text())
+    del saved["launches"]  # as written before launches were recorded
+    (ckpt / "train_state.json").write_text(json.dumps(saved))
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    marker["files"]["train_state.json"] = {"bytes": (ckpt / "train_state.json").stat().st_size,
+                                           "sha256": _digest(ckpt / "train_state.json")}
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    accelerator3, model3, opt3, sched3, state3 = setup(seed=2)
+    assert resume_from_checkpoint(accelerator3, tmp_path, state3, sched3) == ckpt and state3.step == 2
+    assert [launch["from_step"] for launch in state3.launches] == [2]
+    assert all(torch.equal(a, b) for a, b in zip(model2.parameters(), model3.parameters()))
+
+
 def test_save_only_at_a_step_boundary(tmp_path):
     accelerator, model, opt, sched, state = setup()
     for stage in ("new", "window", "window_end"):

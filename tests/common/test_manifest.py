@@ -190,3 +190,19 @@ def test_a_folder_in_another_layout_is_refused_naming_the_expected_one(tmp_path)
         scan_ljspeech(tmp_path)
     assert "metadata.csv not found (it holds a.wav, metadata.jsonl); expected the LJSpeech layout" in str(e.value)
     assert "\n" not in str(e.value)
+    # `datasets` shards are read, by --dataset_name (was: "datasets shards are not read: convert them")
+    assert "is read with --dataset_name <it> instead of --data_dir; convert any other layout" in str(e.value)
+    assert "not read: convert" not in str(e.value)
+
+
+def test_a_librispeech_folder_given_to_an_ljspeech_recipe_is_named(tmp_path):
+    """The vocoder (LJSpeech layout) given a LibriSpeech folder says which layout it got and the flag that reads shards."""
+    from common.manifest import DataError, scan_ljspeech
+
+    (tmp_path / "train-clean-100" / "19" / "198").mkdir(parents=True)
+    (tmp_path / "train-clean-100" / "19" / "198" / "19-198.trans.txt").write_text("19-198-0000 HELLO\n")
+    with pytest.raises(DataError) as e:
+        scan_ljspeech(tmp_path)
+    assert ("metadata.csv not found (it holds train-clean-100/: the LibriSpeech layout, which this recipe does not "
+            "read from --data_dir); expected the LJSpeech layout") in str(e.value)
+    assert "--dataset_name" in str(e.value) and "\n" not in str(e.value)

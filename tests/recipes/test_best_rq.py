@@ -294,3 +294,28 @@ def test_resume_keeps_the_checkpoints_thread_count(tiny_corpus, tmp_path):
     log = run("best_rq", 1, args_for(tiny_corpus, cut, *extra), env={"OMP_NUM_THREADS": "2"})  # auto would be 2
     assert "1 thread(s) per process (kept from the checkpoint)" in log
     assert_same_weights(one, cut)
+
+
+def test_a_run_shorter_than_eval_steps_validates_at_the_end(tiny_corpus, tmp_path):
+    """--max_steps 3 below --eval_steps 250: the last step is validated (the card's "last validation"
+    was "(none logged)"). That validation changes no training: extended by a second launch to 5 steps,
+    the run ends with the weights and losses of one that ran 5 at once; its card lists both launches."""
+    tiny = [a if prev != "--eval_steps" else "250" for prev, a in zip(["", *TINY], TINY)]
+    args = lambda out, steps: ["--data_dir", str(tiny_corpus / "librispeech"), "--output_dir", str(out), *tiny,  # noqa: E731
+                               "--max_batch_seconds", "16", "--save_steps", "1", "--max_steps", str(steps)]
+    cont, cut = tmp_path / "continuous", tmp_path / "extended"
+    run("best_rq", 1, args(cont, 5))
+    run("best_rq", 1, args(cut, 3))
+    assert metrics(cut)[-1]["step"] == 3 and "eval_loss" in metrics(cut)[-1]
+    assert '- last validation: `{"step": 3' in (cut / "final" / "README.md").read_text()
+    run("best_rq", 1, args(cut, 5))
+
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
+    assert [r["step"] for r in metrics(cont) if "eval_loss" in r] == [5]
+    assert [r["step"] for r in metrics(cut) if "eval_loss" in r] == [3, 5]
+    assert metrics(cont)[-1]["eval_loss"] == metrics(cut)[-1]["eval_loss"]
+    card = (cut / "final" / "README.md").read_text()
+    assert "- commands: 2 launches" in card and '- last validation: `{"step": 5' in card
+    steps = re.findall(r"  - steps (\d+)–(\d+): `accelerate launch \S+train\.py .*--max_steps (\d+)`", card)
+    assert steps == [("0", "3", "3"), ("3", "5", "5")], card

@@ -144,6 +144,28 @@ def test_model_card_says_how_the_model_was_made(tmp_path, monkeypatch):
     assert "torch " in card and "accelerate " in card and "UTC" in card and "\n```python\nx = 1\n```" in card
 
 
+def test_model_card_lists_every_launch_of_a_resumed_run(tmp_path):
+    """A run resumed twice: each launch's command with the steps it trained (was: the last one's alone);
+    a run resumed from a checkpoint older than these records says which steps it cannot name."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 9, "loss": 1.0, "eval_loss": 1.1}\n')
+    launch = lambda step, n, steps: {"from_step": step, "command": f"accelerate launch recipes/asr/train.py --max_steps {steps}",  # noqa: E731
+                                     "cwd": "/runs", "processes": n}
+    state = SimpleNamespace(step=9, world_size=1, gradient_accumulation_steps=1, data={},
+                            launches=[launch(0, 2, 9), launch(4, 2, 9), launch(4, 2, 9), launch(6, 1, 9)])  # the 2nd killed before a checkpoint
+    write_model_card(tmp_path, recipe="asr", state=state, data_dir="/d", metrics_path=metrics, usage="")
+    card = (tmp_path / "README.md").read_text()
+    assert ("- commands: 3 launches, each resuming from the last checkpoint of the one before\n"
+            "  - steps 0–4: `accelerate launch recipes/asr/train.py --max_steps 9` (2 process(es), in `/runs`)\n"
+            "  - steps 4–6: `accelerate launch recipes/asr/train.py --max_steps 9` (2 process(es), in `/runs`)\n"
+            "  - steps 6–9: `accelerate launch recipes/asr/train.py --max_steps 9` (1 process(es), in `/runs`)\n") in card
+    state.launches = [launch(6, 1, 9)]
+    write_model_card(tmp_path, recipe="asr", state=state, data_dir="/d", metrics_path=metrics, usage="")
+    card = (tmp_path / "README.md").read_text()
+    assert ("  - steps 0–6: not recorded (checkpoints written before launches were)\n"
+            "  - steps 6–9: `accelerate launch recipes/asr/train.py --max_steps 9` (1 process(es), in `/runs`)\n") in card
+
+
 @pytest.mark.slow
 def test_tts_export_loads_from_anywhere_and_score_writes_beside_it(tiny_corpus, tmp_path):
     """final/ copied elsewhere synthesizes in a process whose sys.path holds only that folder and
