@@ -37,7 +37,7 @@ from typing import Annotated, Literal
 from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
-LOSSES = ("mel_loss", "dur_loss", "align_loss", "bin_loss")
+LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")
 
 
 @dataclass
@@ -84,6 +84,7 @@ class Config(DatasetConfig):
     blank_logprob: Annotated[float, Range(hi=0)] = -1.0  # score (a log-probability) of the CTC blank column in the forward-sum loss
     # --- losses ---
     duration_loss_weight: Annotated[float, NonNegative] = 0.1
+    length_loss_weight: Annotated[float, NonNegative] = 0.1  # utterance length (log frames) of the predicted durations; 0 = the per-symbol loss alone (speech ~17 % short on a real voice: README)
     align_loss_weight: Annotated[float, NonNegative] = 1.0  # forward-sum loss
     binarization_loss_weight: Annotated[float, NonNegative] = 1.0
     binarization_start_steps: Annotated[int | None, NonNegative] = None  # optimizer steps before the binarization loss is switched on; None = never (on a real voice it locks in a wrong path: README)
@@ -185,7 +186,8 @@ def compute_loss(model, batch: dict, cfg: Config, binarize: bool) -> tuple[torch
     """(loss to back-propagate, values to log): the weighted sum of the mel, duration, alignment and,
     from binarization_start_steps on (`binarize`), binarization losses; and each of them."""
     out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], binarize)
-    loss = out["mel_loss"] + cfg.duration_loss_weight * out["dur_loss"] + cfg.align_loss_weight * out["align_loss"]
+    loss = (out["mel_loss"] + cfg.duration_loss_weight * out["dur_loss"] + cfg.length_loss_weight * out["len_loss"]
+            + cfg.align_loss_weight * out["align_loss"])
     if binarize:
         loss = loss + cfg.binarization_loss_weight * out["bin_loss"]
     return loss, {"loss": loss, **{k: out[k] for k in LOSSES}}
