@@ -55,12 +55,16 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import logging
 import math
 import os
 import re
 import shutil
+import sys
 import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -72,7 +76,7 @@ import yaml
 from accelerate.utils import broadcast_object_list
 from accelerate.utils import load as accelerate_load
 
-from common.faults import RunError
+from common.faults import NonFiniteError, RunError, UsageError
 from common.manifest import data_change
 from common.prepare import fsync_path
 
@@ -178,46 +182,132 @@ def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The folder holding `model.safetensors` + `config.yaml` for a `--checkpoint` argument: a
-    training output_dir (its `final/`), a `final/`, or a `checkpoints/step_XXXXXXXX/`. An export
-    that did not finish, or whose files do not match its marker, is refused (`unfinished_export`)."""
+def resolve_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Path:
+    """The sealed folder for a tool's `flag` argument: a training output_dir (its `final/`), a
+    `final/`, or a `checkpoints/step_XXXXXXXX/`. Every tool that reads a trained model goes through
+    here, before it reads any of the folder's files: a folder is used only when its `COMPLETE`
+    marker lists every file in it with the size and digest the file has now (`seal_problem`).
+    Anything else is a `UsageError` (one line, exit code 2) naming the folder, what is wrong and
+    how to get a good one."""
     path = Path(path)
+    unfinished = unfinished_export(path)
+    if unfinished:
+        raise UsageError(f"{flag} {path}: {unfinished}")
     for folder in (path / "final", path):
-        if (folder / "model.safetensors").is_file() and (folder / "config.yaml").is_file():
-            problem = unfinished_export(folder)
+        if any((folder / name).exists() for name in (MARKER, "model.safetensors", "encoder")):
+            problem = seal_problem(folder)
             if problem:
-                raise RunError(f"--checkpoint {folder}: {problem}")
+                raise UsageError(f"{flag} {folder}: {problem}")
             return folder
-    problem = unfinished_export(path)
+    if (path / "checkpoints").is_dir():
+        raise UsageError(f"{flag} {path}: this run has no final/ yet (training did not finish): give one of its "
+                         f"checkpoints/step_*/ folders, or re-run its training command to finish and export")
+    raise UsageError(f"{flag} {path}: no trained model in it or in its final/ (expected model.safetensors and a "
+                     f"{MARKER} marker): give a training output_dir, its final/, or a checkpoints/step_*/ folder")
+
+
+def read_config(folder: Path) -> dict:
+    """The `config.yaml` of a folder from `resolve_checkpoint`, as a dict (`UsageError` if it is none:
+    a sealed folder whose config was written by someone else)."""
+    try:
+        cfg = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(f"{folder / 'config.yaml'} cannot be read ({type(e).__name__}): {RE_EXPORT}") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{folder / 'config.yaml'} is not a training config (a mapping of settings): {RE_EXPORT}")
+    return cfg
+
+
+# What a folder that fails its seal needs: the run that wrote it can write it again.
+RE_EXPORT = ("re-run the training command that made it (same --output_dir: a finished run exports final/ "
+             "again from its last checkpoint), or copy the whole folder again from where it was made")
+
+
+def seal_problem(folder: str | Path) -> str | None:
+    """None when `folder` is as training wrote it: a `COMPLETE` marker, every file it lists present
+    with its size and digest, and no file that it does not list (bar `__pycache__/`, which Python
+    writes beside imported code; `import_export` never reads it). Else what is wrong and what to do.
+
+    This proves integrity, not authorship: nothing was cut short or changed since the folder was
+    sealed. Anyone can seal a folder of their own making; load only folders you trust."""
+    folder = Path(folder)
+    if not (folder / MARKER).is_file():
+        return (f"no {MARKER} marker, so nothing says its files are whole and unchanged (an export that did not "
+                f"finish, a partial copy, or files put there by hand); it is not loaded: {RE_EXPORT}")
+    problem = verify_checkpoint(folder)
     if problem:
-        raise RunError(f"--checkpoint {path}: {problem}")
-    raise FileNotFoundError(f"--checkpoint {path}: no model.safetensors + config.yaml in it or in its final/")
+        return f"damaged ({problem}): {RE_EXPORT}, or use a checkpoints/step_*/ folder"
+    listed = set(json.loads((folder / MARKER).read_text())["files"]) | {MARKER}
+    extra = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                   if p.is_file() and "__pycache__" not in p.relative_to(folder).parts
+                   and str(p.relative_to(folder)) not in listed)
+    if extra:
+        return (f"{extra[0]} is not covered by its {MARKER} marker (added after the folder was sealed"
+                + (f", with {len(extra) - 1} more" if len(extra) > 1 else "") + f"): remove it, or {RE_EXPORT}")
+    return None
+
+
+class _SealedSource(importlib.machinery.SourceFileLoader):
+    """Imports a module from a sealed folder's own source, and only if its bytes are the sealed ones:
+    never from bytecode (`__pycache__/` is not sealed, and Python would run a planted .pyc whose
+    recorded source size and time match), and writes none."""
+
+    def __init__(self, name: str, path: str, sha256: str):
+        super().__init__(name, path)
+        self.sha256 = sha256
+
+    def path_stats(self, path):
+        # SourceLoader.get_code treats an OSError here as "no source time": it then compiles the
+        # source and neither reads nor writes a .pyc (importlib._bootstrap_external, Python 3.9-3.13)
+        raise OSError("sealed source: no bytecode cache")
+
+    def get_data(self, path):
+        data = super().get_data(path)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise UsageError(f"{path} changed after its folder was verified: not imported: {RE_EXPORT}")
+        return data
+
+
+class _SealedFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, folder: Path, modules: dict[str, str]):
+        self.folder, self.modules = folder, modules
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.modules:
+            return None
+        file = str(self.folder / f"{name}.py")
+        return importlib.util.spec_from_file_location(name, file, loader=_SealedSource(name, file, self.modules[name]))
+
+
+def import_export(folder: str | Path, module: str):
+    """Import `module` (e.g. "tts_model") from an exported `final/` outside this repository: the
+    folder is verified first (`resolve_checkpoint`), and the module and the folder's modules it
+    imports come from their sealed source, checked against the marker's digests as they are read.
+    (A plain `sys.path.insert(0, folder)` + `import` runs the folder's code before anything checks it.)"""
+    folder = resolve_checkpoint(folder, flag="import_export")
+    files = json.loads((folder / MARKER).read_text())["files"]
+    modules = {name[:-3]: meta["sha256"] for name, meta in files.items()
+               if name.endswith(".py") and "/" not in name and "sha256" in meta}
+    if module not in modules:
+        raise UsageError(f"{folder}: no sealed {module}.py in it (sealed modules: {', '.join(sorted(modules)) or 'none'})")
+    for name in modules:  # Python keeps one module per name: a second export's code cannot join the first's
+        loaded = getattr(sys.modules.get(name), "__file__", None)
+        if loaded and Path(loaded) != folder / f"{name}.py":
+            raise UsageError(f"{folder}: this process already imported {name} from {loaded}: load each export's "
+                             f"code in a process of its own")
+    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _SealedFinder) and f.folder == folder)]
+    sys.meta_path.insert(0, _SealedFinder(folder, modules))
+    return importlib.import_module(module)
 
 
 def unfinished_export(folder: str | Path) -> str | None:
-    """None if `folder` (an export, a checkpoint, or an output_dir) is not a half-written export;
-    else what is wrong and what to do.
-
-    An export is written into `.final.tmp/` and renamed to `final/` with a `COMPLETE` marker (file
-    sizes and digests) inside, so a `final/` always looks finished; what is refused here is a
-    `.final.tmp/` (the export was killed), a marked folder whose files do not match the marker, and
-    a `final/` from before exports were atomic whose config.yaml was cut short."""
+    """What to do when `folder` is (or holds only) an export killed before it finished: it is
+    written into `.final.tmp/` and renamed to `final/` with its `COMPLETE` marker inside, so a kill
+    leaves `.final.tmp/` and no `final/`. None otherwise (`seal_problem` judges a folder itself)."""
     folder = Path(folder)
-    rerun = "re-run the training command (same --output_dir) to finish the export"
     if folder.name == ".final.tmp" or (not (folder / "final").exists() and (folder / ".final.tmp").is_dir()):
-        return f"the export of this run did not finish (a kill during it left .final.tmp/, no final/): {rerun}"
-    if (folder / MARKER).is_file():
-        problem = verify_checkpoint(folder)
-        return f"damaged ({problem}): {rerun}, or use a checkpoints/step_*/ folder" if problem else None
-    config = folder / "config.yaml"
-    if (folder / "model.safetensors").is_file() and config.is_file():
-        try:
-            ok = isinstance(yaml.safe_load(config.read_text()), dict)
-        except (OSError, yaml.YAMLError):
-            ok = False
-        if not ok:
-            return f"half-written (config.yaml is empty or cut short, no {MARKER} marker): {rerun}"
+        return ("the export of this run did not finish (a kill during it left .final.tmp/, no final/): re-run the "
+                "training command (same --output_dir) to finish the export")
     return None
 
 
@@ -283,7 +373,9 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, m
     # The training loop skips non-finite updates; this is the last line of defence.
     bad = _nonfinite_models(accelerator, models)
     if bad:
-        raise RuntimeError(f"refusing to save step {state.step}: non-finite weights in {', '.join(bad)}")
+        raise NonFiniteError(f"refusing to save step {state.step}: non-finite weights in {', '.join(bad)} (the last "
+                             f"complete checkpoint is kept): re-run to resume from it; if it recurs, lower "
+                             f"--learning_rate")
     final = checkpoint_dir(output_dir, state.step)
     tmp = final.parent / f".{final.name}.tmp"
     if accelerator.is_main_process:
@@ -511,12 +603,7 @@ def export_final(accelerator, models, output_dir: str | Path, write_extras) -> P
             accelerator.save_model(model, tmp if len(models) == 1 else tmp / name)
         if accelerator.is_main_process:
             write_extras(tmp)
-            files = _seal(tmp)
-            with open(tmp / MARKER, "w") as f:  # what `unfinished_export` / `verify_checkpoint` check
-                json.dump({"export": True, "files": files}, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_path(tmp)
+            seal_export(tmp)
     except Exception as e:  # noqa: BLE001 — safetensors' SafetensorError is no OSError
         if not _is_disk_full(e):
             raise
@@ -540,6 +627,17 @@ def export_final(accelerator, models, output_dir: str | Path, write_extras) -> P
     return final
 
 
+def seal_export(folder: Path) -> None:
+    """Write `folder`'s `COMPLETE` marker (every file's size and digest, fsynced), last: what
+    `resolve_checkpoint` checks before any tool reads the folder."""
+    files = _seal(folder)
+    with open(folder / MARKER, "w") as f:
+        json.dump({"export": True, "files": files}, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_path(folder)
+
+
 def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     """The newest complete checkpoint whose files match their digests and whose pickled states load
     without running code (checked by the main process, which reads each file once; the choice is
@@ -549,7 +647,7 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     if accelerator.is_main_process:
         remove_leftovers(output_dir)
         for ckpt in reversed(list_checkpoints(output_dir)):
-            problem = verify_checkpoint(ckpt) or _unloadable_pickle(ckpt)
+            problem = verify_checkpoint(ckpt) or _unloadable_pickle(ckpt) or _nonfinite_weights(ckpt)
             if problem is None:
                 choice = [str(ckpt)]
                 break
@@ -575,6 +673,32 @@ def _unloadable_pickle(ckpt: Path) -> str | None:
             # torch's weights-only refusal says what it refused in its second paragraph
             reason = lines[1] if lines[0].startswith("Weights only load failed") and len(lines) > 1 else lines[0]
             return f"{path.name} cannot be loaded safely ({type(e).__name__}: {reason[:200]})"
+    return None
+
+
+def _nonfinite_weights(ckpt: Path) -> str | None:
+    """None if every floating-point tensor in the checkpoint's safetensors files is finite, else the
+    file and tensor that is not. `save_checkpoint` never writes non-finite weights, so such a file
+    was damaged before it was sealed or crafted and re-sealed: it is skipped like any damaged
+    checkpoint, instead of training on from NaN and failing at the next save. (FSDP and DeepSpeed
+    weights are not in safetensors files: not checked, see the module docstring.)"""
+    from safetensors import safe_open
+
+    try:  # accelerate names the files by prepare order: model.safetensors, model_1.safetensors, ...
+        names = json.loads((ckpt / "train_state.json").read_text()).get("models") or []
+    except (OSError, ValueError, AttributeError):
+        names = []
+    files = {("model.safetensors" if i == 0 else f"model_{i}.safetensors"): n for i, n in enumerate(names)}
+    for path in sorted(ckpt.rglob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    tensor = f.get_tensor(key)
+                    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                        model = f" (the {files[path.name]})" if path.parent == ckpt and path.name in files else ""
+                        return f"{path.relative_to(ckpt)}{model} holds non-finite weights ({key})"
+        except Exception as e:  # noqa: BLE001 — SafetensorError: a file that matches its digest but is no safetensors
+            return f"{path.relative_to(ckpt)} cannot be read ({type(e).__name__}: {str(e)[:200]})"
     return None
 
 
@@ -713,6 +837,13 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
     # (On another number of processes rank r may find no RNG file of its own: nothing is lost, the
     # loop reseeds the global RNG from the position before every micro-batch.)
     accelerator.load_state(str(ckpt))  # models, optimizers (prepare order), this rank's RNG states
+    # choose_checkpoint skipped safetensors files with non-finite weights; FSDP and DeepSpeed weights
+    # are read only here: the same verdict, after loading (collective under FSDP, like the load).
+    bad = _nonfinite_models(accelerator, models)
+    if bad:
+        raise RunError(f"{ckpt}: non-finite weights in {', '.join(bad)} after loading it (a save never writes "
+                       f"them: the checkpoint was damaged or crafted before it was sealed): move {ckpt.name} out of "
+                       f"{ckpt.parent} to resume from the checkpoint before it")
     for name, sd in saved.pop("schedulers").items():
         schedulers[name].load_state_dict(sd)
     was_threads = saved.pop("threads_per_process", 0)

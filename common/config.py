@@ -15,8 +15,14 @@ no recipe's field:
 
 - `Range(lo, hi, lo_open=, hi_open=)` bounds a number (`Count` ≥ 1, `NonNegative` ≥ 0, `Positive`
   > 0, `Fraction` in [0, 1]). A float must be finite (no nan/inf) unless its Range says `finite=False`.
-- `ExistingPath`: must exist when given. `typing.Literal[...]` fields take one of their values;
-  `bool` fields take true/false.
+- `ExistingPath`: must exist when given. `Folder`: a folder to write into, made if missing (not a
+  file, nor under one). `typing.Literal[...]` fields take one of their values; `bool` fields take
+  true/false (also yes/no, on/off, 1/0).
+- A list field's rules hold for each of its values (`list[Annotated[int, Count]]`, or the rule on
+  the field); a list needs at least one value unless the field carries `MayBeEmpty` (an empty value
+  must never silently turn something off). On the command line it is comma-separated.
+- `Internal`: written by the program (recorded in the run's config.yaml): not in `--help`, refused on
+  the command line.
 - `ResumeSafe`: may differ between a checkpoint and its re-launch (where to write, when to stop, how
   often to log); every other field must match for a resume (`resume_safe_keys`).
 - A recipe re-declares a shared field to change its default (`max_steps: int = 1500`): the field
@@ -25,7 +31,10 @@ no recipe's field:
   `self._defaults` holds the values a plain run gets (the recipe's YAML over the class defaults).
 
 Unknown keys are refused with the closest valid name (a typo must never silently train the
-default). A mistake is one line on stderr and exit code 2, no traceback. `--help` lists every field
+default). A number is written with the digits 0-9 (int() also reads '١٢'). YAML files are read as YAML
+1.2's core schema (`_ConfigLoader`: `010` is 10, `1:30` and `0x10` are strings, a key given twice is
+refused). A mistake is one line on stderr and exit code 2, no traceback; a bad value from a YAML file
+names the file and the key's line. `--help` lists every field
 with its type, rules, effective default (the YAML's value where it sets one) and comment.
 `exit_on_signals_during_start_up` makes a Ctrl-C during a training script's slow imports one line.
 """
@@ -40,7 +49,9 @@ import io
 import json
 import math
 import os
+import re
 import signal
+import stat
 import sys
 import tokenize
 import types
@@ -49,6 +60,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
+
+from common.launcher import stop_reason, watch_launcher
 
 T = TypeVar("T")
 
@@ -59,6 +72,15 @@ START_UP_SIGNAL_EXIT_CODE = 75
 
 class ConfigError(ValueError):
     """A mistake in the configuration: reported as one line, exit code 2."""
+
+
+class FieldError(ConfigError):
+    """A ConfigError about one field's value (`.field`): parse_config names the YAML file and line
+    the value came from."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,9 +131,49 @@ class _ExistingPath(Rule):
 
 
 @dataclasses.dataclass(frozen=True)
+class _Folder(Rule):
+    """A folder the run writes into: it may not exist yet, but it must not be a file, nor lie under
+    one (that fails only at the first write, after the slow start-up)."""
+
+    def __str__(self) -> str:
+        return "a folder, made if missing"
+
+    def check(self, value: Any) -> str | None:
+        path = Path(value)
+        for there in (path, *path.parents):  # the nearest that exists must be a folder
+            if there.is_dir():
+                return None
+            if there.exists() or there.is_symlink():
+                what = ("a file" if there.is_file() else "a broken link" if not there.exists()
+                        else "not a folder")
+                where = f"{value} is {what}" if there == path else f"{value} cannot be made: {there} is {what}"
+                return f"{where}; name a folder (a new one, or a run's)"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
 class _ResumeSafe(Rule):
     def __str__(self) -> str:
         return "may change on resume"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Internal(Rule):
+    """A field the program sets itself (recorded in the run's config.yaml, where a resume or a tool
+    reads it): not listed by --help, refused on the command line. A YAML file may hold it (a run's
+    own config.yaml, given as --config, has it); the program sets it again anyway."""
+
+    def __str__(self) -> str:
+        return "set by the program"
+
+
+@dataclasses.dataclass(frozen=True)
+class _MayBeEmpty(Rule):
+    """A list field that may hold no values (`--key ''`): without it a list needs at least one, so
+    that an empty value never silently turns a part off."""
+
+    def __str__(self) -> str:
+        return "may be empty"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +199,10 @@ NonNegative = Range(0)
 Positive = Range(0, lo_open=True)
 Fraction = Range(0, 1)  # a probability or a share
 ExistingPath = _ExistingPath()
+Folder = _Folder()
 ResumeSafe = _ResumeSafe()
+Internal = _Internal()
+MayBeEmpty = _MayBeEmpty()
 Trackers = _Trackers()
 
 
@@ -150,7 +215,7 @@ class RunConfig:
     """Settings shared by the training recipes; a recipe's Config extends it with its own."""
 
     # --- run ---
-    output_dir: Annotated[str, ResumeSafe] = "outputs/run"  # checkpoints/, final/, metrics.jsonl; re-running with it resumes
+    output_dir: Annotated[str, Folder, ResumeSafe] = "outputs/run"  # checkpoints/, final/, metrics.jsonl; re-running with it resumes
     overwrite_output_dir: Annotated[bool, ResumeSafe] = False  # allow an --output_dir that holds files but is not a run of this recipe
     max_steps: Annotated[int, Count, ResumeSafe] = 1000  # optimizer steps
     seed: int = 42
@@ -161,7 +226,7 @@ class RunConfig:
     # --- data ---
     data_dir: Annotated[str | None, ExistingPath] = None  # corpus root in the recipe's layout (its README); None = the built-in espeak-ng corpus
     builtin_corpus: Literal["default", "tiny", "ssl10h", "ssltiny"] = "default"  # built-in corpus profile when data_dir is None (tools/corpus.py; ssl*: ~10 h of unlabelled-style training audio)
-    data_cache_dir: Annotated[str | None, ResumeSafe] = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
+    data_cache_dir: Annotated[str | None, Folder, ResumeSafe] = None  # where the built-in corpus is generated; None = ~/.cache/speech_recipes
     sample_rate: Annotated[int, Count] = 16000  # Hz
     wrong_sample_rate: Literal["resample", "refuse"] = "resample"  # audio at another rate: resampled on load, or refused
     min_seconds: Annotated[float, NonNegative] = 0.5  # shorter utterances are refused by the data check
@@ -209,7 +274,7 @@ class DatasetConfig(RunConfig):
     text_column_name: str = "text"  # its transcript column (recipes that read transcripts)
     streaming: bool = False  # read --dataset_name's parquet shards in place, in order, resumable in O(1) (common/stream.py), instead of loading it whole
     per_device_train_batch_size: Annotated[int | None, Count] = None  # --streaming only, and needed there: utterances per batch per process (streamed batches are counted in utterances, not seconds)
-    stream_partitions: Annotated[int, Count] = 64  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches
+    stream_partitions: Annotated[int | None, Count] = None  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches. None = auto: up to 64, fewer where a small split would leave batches short of --per_device_train_batch_size (a resume keeps its checkpoint's)
     stream_block_rows: Annotated[int, Count] = 1000  # --streaming: consecutive rows shuffled and bucketed together (the shuffle buffer of each part)
 
     # What a `datasets` source does not do (no duration or sample-rate rules; map-style: no data check;
@@ -259,7 +324,9 @@ class DatasetConfig(RunConfig):
 # ---------------------------------------------------------------------------------------------
 
 def _split_rules(tp: Any) -> tuple[Any, tuple[Rule, ...]]:
-    """`Annotated[X, r1, r2]` → (X, (r1, r2)); also inside `Annotated[...] | None`."""
+    """`Annotated[X, r1, r2]` → (X, (r1, r2)); also inside `Annotated[...] | None`. A list field's
+    rules apply to each of its values: `list[Annotated[int, Count]]` → (list[int], (Count,)), the same
+    as `Annotated[list[int], Count]`."""
     origin = typing.get_origin(tp)
     if origin is Annotated:
         base, *extras = typing.get_args(tp)
@@ -269,6 +336,10 @@ def _split_rules(tp: Any) -> tuple[Any, tuple[Rule, ...]]:
         parts = [_split_rules(a) for a in typing.get_args(tp)]
         if any(rules for _, rules in parts):
             return typing.Union[tuple(p for p, _ in parts)], sum((rules for _, rules in parts), ())
+    if origin in (list, tuple) and typing.get_args(tp):  # list[Annotated[int, Count]]: every element's rules
+        item, rules = _split_rules(typing.get_args(tp)[0])
+        if rules:
+            return origin[item], rules
     return tp, ()
 
 
@@ -355,6 +426,12 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _is_list(tp: Any) -> bool:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return any(_is_list(a) for a in typing.get_args(tp) if a is not type(None))
+    return typing.get_origin(tp) in (list, tuple)
+
+
 def _is_bool(tp: Any) -> bool:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return all(_is_bool(a) for a in typing.get_args(tp) if a is not type(None))
@@ -372,14 +449,17 @@ def _convert(name: str, value: Any, tp: Any) -> Any:
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
-            raise ConfigError(f"--{name}: {_shown(value)} is not one of {', '.join(map(str, choices))}")
+            raise FieldError(name, f"--{name}: {_shown(value)} is not one of {', '.join(map(str, choices))}")
         return value
     if origin in (list, tuple):
         (item_tp, *_) = typing.get_args(tp) or (str,)
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v != ""]
+        if isinstance(value, str):  # the command line: comma-separated; '' is no values
+            value = value.split(",") if value.strip() else []
+            if any(not v.strip() for v in value):
+                raise FieldError(name, f"--{name}: an empty value in {_shown(','.join(value))} (values are "
+                                       f"comma-separated: 2,3,5)")
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"--{name}: expected a list, got {_shown(value)}")
+            raise FieldError(name, f"--{name}: expected a list, got {_shown(value)}")
         return origin(_convert(name, v, item_tp) for v in value)
     if tp is bool:
         if isinstance(value, bool):
@@ -388,14 +468,21 @@ def _convert(name: str, value: Any, tp: Any) -> Any:
             return True
         if str(value).lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"--{name}: expected true or false, got {_shown(value)}")
+        raise FieldError(name, f"--{name}: expected true or false, got {_shown(value)}")
     if tp in (int, float, str):
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"--{name}: expected {tp.__name__}, got {_shown(value)}")
+            raise FieldError(name, f"--{name}: expected {tp.__name__}, got {_shown(value)}")
         if tp is str:
             return str(value)
         if tp is int and isinstance(value, int):
             return value
+        if isinstance(value, str) and not value.isascii():
+            # int() and float() read any script's digits ('١٢' is 12, '０.５' is 0.5): a number is
+            # written with 0-9 only, so that it means what every reader of the file sees.
+            if any(c.isdigit() or c.isnumeric() for c in value if not c.isascii()):
+                raise FieldError(name, f"--{name}: {_shown(value)} has digits other than 0-9 (write the number "
+                                       f"with ASCII digits)")
+            raise FieldError(name, f"--{name}: expected {tp.__name__}, got {_shown(value)}")
         if tp is int and isinstance(value, str):
             try:
                 return int(value)
@@ -404,11 +491,11 @@ def _convert(name: str, value: Any, tp: Any) -> Any:
         try:
             number = float(value)
         except (ValueError, OverflowError):
-            raise ConfigError(f"--{name}: expected {tp.__name__}, got {_shown(value)}") from None
+            raise FieldError(name, f"--{name}: expected {tp.__name__}, got {_shown(value)}") from None
         if tp is float:
             return number
         if not number.is_integer():  # 1.5, 1e400 (inf), nan: not integers (and no OverflowError)
-            raise ConfigError(f"--{name}: expected an integer, got {_shown(value)}")
+            raise FieldError(name, f"--{name}: expected an integer, got {_shown(value)}")
         return int(number)
     return value
 
@@ -424,24 +511,41 @@ def _apply(cfg: T, overrides: dict[str, Any], source: str) -> T:
     for key in overrides:
         if not isinstance(key, str) or key not in specs:
             raise _unknown(str(key), specs, source)
-    converted = {k: _convert(k, v, specs[k][0]) for k, v in overrides.items()}
+        if source == "command line" and Internal in specs[key][1]:
+            raise ConfigError(f"--{key} is set by the program itself (recorded in the run's config.yaml), "
+                              f"not on the command line: drop it")
+    try:
+        converted = {k: _convert(k, v, specs[k][0]) for k, v in overrides.items()}
+    except FieldError as e:
+        raise (e if source == "command line" else _from_file(e, source, overrides)) from None
     return dataclasses.replace(cfg, **converted)
 
 
+def _from_file(error: FieldError, path: str, loaded: Any) -> ConfigError:
+    """`error` about a value read from the YAML file `path`: its line names the file and the key's line."""
+    line = getattr(loaded, "lines", {}).get(error.field)
+    return FieldError(error.field, f"{error} (--config {path}{f', line {line}' if line else ''})")
+
+
 def validate(cfg: Any) -> None:
-    """Check every field's rules, then the Config's own `validate()`; raises ConfigError."""
+    """Check every field's rules (a list's: on each of its values), then the Config's own
+    `validate()`; raises ConfigError."""
     for name, (_, rules) in field_specs(type(cfg)).items():
         value = getattr(cfg, name)
         if value is None or isinstance(value, bool):
             continue
-        for item in value if isinstance(value, (list, tuple)) else (value,):
+        is_list = isinstance(value, (list, tuple))
+        if is_list and not value and MayBeEmpty not in rules:
+            raise FieldError(name, f"--{name}: needs at least one value (comma-separated on the command line, "
+                                   f"a list in the YAML)")
+        for item in value if is_list else (value,):
             if isinstance(item, float) and not math.isfinite(item) and not any(
                     isinstance(r, Range) and not r.finite for r in rules):
-                raise ConfigError(f"--{name}: must be a finite number, got {item}")
+                raise FieldError(name, f"--{name}: must be a finite number, got {item}")
             for rule in rules:
                 problem = rule.check(item)
                 if problem:
-                    raise ConfigError(f"--{name}: {problem}")
+                    raise FieldError(name, f"--{name}: {problem}" + (f" (in {_shown(list(value))})" if is_list else ""))
     check = getattr(cfg, "validate", None)
     if callable(check):
         try:
@@ -454,38 +558,158 @@ def validate(cfg: Any) -> None:
 # YAML files
 # ---------------------------------------------------------------------------------------------
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """yaml.SafeLoader without anchors and aliases (`&a`, `*a`): a few hundred bytes of nested
-    aliases ("billion laughs") expand to gigabytes wherever the value is walked; a config has no
-    use for them."""
+# A config is a few kB: a mapping of about a hundred values and short lists. PyYAML reads a list of
+# small items at about 20 kB/s (a 50 MB file parsed for minutes), so both the size and the number of
+# values are capped far above any real config.
+MAX_CONFIG_BYTES = 128 << 10  # bytes
+MAX_YAML_NODES = 5000  # keys, values and list items
+MAX_YAML_DEPTH = 8  # nested collections: a config is a mapping of scalars and lists of scalars (depth 3)
+
+
+class YamlKeys(dict):
+    """A YAML mapping, and `.lines`: {key: its 1-based line}, for messages about a value."""
+
+    lines: dict[str, int]
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """yaml.SafeLoader read as YAML 1.2's core schema, so that a value means what it reads as:
+
+    - ints are decimal only: `010` is 10 (YAML 1.1: octal 8); `0x10`, `0o10` and `1_000` are strings,
+      which an int field then refuses, as the command line does; `1:30` is a string (1.1: 90, base 60);
+    - floats: `1.5`, `1e-3` (1.1: a string), `.inf`, `.nan`; bools: true/false only (`yes`, `no`,
+      `on`, `off` are strings: `mixed_precision: no` is the choice "no", and a true/false field reads
+      them as the command line does); no timestamps, no `<<` merge keys;
+    - no anchors and aliases (`&a`, `*a`): a few hundred bytes of nested aliases ("billion laughs")
+      expand to gigabytes wherever the value is walked; a config has no use for them;
+    - a key given twice is refused (YAML keeps the last, silently); collections nest at most
+      MAX_YAML_DEPTH deep (400 nested `[` exhausted Python's recursion), and hold at most
+      MAX_YAML_NODES values in all."""
+
+    yaml_implicit_resolvers: dict = {}  # filled below: 1.2 core only
 
     def compose_node(self, parent, index):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name, *name) are not allowed in a config",
                                               event.start_mark)
-        return super().compose_node(parent, index)
+        depth = getattr(self, "_depth", 0)
+        if depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep (a config "
+                                              f"is a mapping of values and lists)", event.start_mark)
+        self._nodes = getattr(self, "_nodes", 0) + 1
+        if self._nodes > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(None, None, f"more than {MAX_YAML_NODES} values (a config is a mapping "
+                                              f"of values and short lists)", event.start_mark)
+        self._depth = depth + 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth
+
+    def construct_mapping(self, node, deep=False):
+        self.flatten_mapping(node)
+        mapping, lines = YamlKeys(), {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                raise yaml.constructor.ConstructorError(None, None, "a key must be a name", key_node.start_mark)
+            if key in mapping:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first on line {lines[key]}): keep one", key_node.start_mark)
+            mapping[key] = self.construct_object(value_node, deep=deep)
+            lines[key] = key_node.start_mark.line + 1
+        mapping.lines = lines
+        return mapping
+
+    def _scalar(self, node, parse, what: str):
+        """A scalar of an int/float/bool tag, implicit or explicit (`!!int 0x10`), or a marked error."""
+        value = self.construct_scalar(node)
+        try:
+            return parse(value)
+        except (ValueError, KeyError):
+            raise yaml.constructor.ConstructorError(None, None, f"{value!r} is not {what}", node.start_mark) from None
+
+    def construct_int(self, node):
+        return self._scalar(node, lambda v: int(v) if _INT.fullmatch(v) else int("?"), "a decimal integer")
+
+    def construct_float(self, node):
+        special = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan}
+        return self._scalar(node, lambda v: special[v.lower()] if v.lower() in special
+                            else float(v) if _FLOAT.fullmatch(v) else float("?"), "a number")
+
+    def construct_bool(self, node):
+        return self._scalar(node, lambda v: {"true": True, "false": False}[v.lower()], "true or false")
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """A config YAML file as a mapping; every problem is a ConfigError of one line."""
+_INT = re.compile(r"[-+]?[0-9]+")
+_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"),
+                                    ["~", "n", "N", ""])
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(f"^{_INT.pattern}$"), list("-+0123456789"))
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(rf"^(?:{_FLOAT.pattern}|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+.0123456789"))
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_int)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_float)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _ConfigLoader.construct_bool)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: loader.construct_mapping(node))
+
+
+def _read_config_file(path: Path) -> bytes:
+    """The bytes of a --config file: a regular file of at most MAX_CONFIG_BYTES. Checked before
+    reading, and opened non-blocking: opening a FIFO for reading waits for a writer, forever."""
+    try:
+        before = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot be read ({e.strerror})") from None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a device"),
+             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+    what = next((name for test, name in kinds if test(before.st_mode)), "not a regular file")
+    if not stat.S_ISREG(before.st_mode):
+        raise ConfigError(f"--config {path}: is {what}, not a file: name a YAML file")
+    if before.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--config {path}: {before.st_size} bytes, more than a config's {MAX_CONFIG_BYTES} "
+                          f"(a config is a short list of settings): name the right file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot be read ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # replaced between the stat and the open
+            raise ConfigError(f"--config {path}: not a regular file: name a YAML file")
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:  # grew since the stat
+        raise ConfigError(f"--config {path}: more than a config's {MAX_CONFIG_BYTES} bytes: name the right file")
+    return raw
+
+
+def load_yaml(path: str | Path) -> YamlKeys:
+    """A config YAML file as a mapping (with `.lines`); every problem is a ConfigError of one line."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file")
-    raw = path.read_bytes()
+    raw = _read_config_file(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
     try:
-        loaded = yaml.load(text, Loader=_NoAliasLoader) or {}
+        loaded = yaml.load(text, Loader=_ConfigLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}: " if mark else ""
         raise ConfigError(f"--config {path}: not valid YAML ({where}{e.problem or e.context})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(loaded, dict):
+    except (RecursionError, MemoryError, ValueError, TypeError) as e:  # what PyYAML does not mark as its own
+        raise ConfigError(f"--config {path}: not valid YAML ({type(e).__name__})") from None
+    if loaded is None:
+        loaded = YamlKeys()
+        loaded.lines = {}
+    if not isinstance(loaded, YamlKeys):
         raise ConfigError(f"--config {path}: expected a mapping of keys to values")
     return loaded
 
@@ -499,16 +723,23 @@ def format_help(cls: type, prog: str, default_yaml: str | Path | None, yaml_valu
     (converted) values the YAML file sets; shown as the defaults, marked with the file's name."""
     specs = field_specs(cls)
     yaml_values = yaml_values or {}
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    defaults = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+                for f in dataclasses.fields(cls)}
     lines = [f"usage: {prog} [--config YAML] [--key value ...]", "", inspect.cleandoc(cls.__doc__ or ""), "",
              f"  --config YAML  settings file; --key value flags override it (default: {default_yaml})"]
     shown = None
     for section, name, comment in field_docs(cls):
+        tp, rules = specs[name]
+        if Internal in rules:  # not a setting: the program writes it
+            continue
         if section != shown:
             lines += ["", f"{section}:"]
             shown = section
-        tp, rules = specs[name]
-        rule_text = f" ({'; '.join(map(str, rules))})" if rules else ""
+        shown_rules = [str(r) for r in rules]
+        if _is_list(tp):  # a list's bounds hold for each of its values
+            shown_rules = [f"each {r}" if isinstance(r, Range) else str(r) for r in rules if r is not MayBeEmpty]
+            shown_rules += ["may be empty" if MayBeEmpty in rules else "at least one", "comma-separated"]
+        rule_text = f" ({'; '.join(shown_rules)})" if shown_rules else ""
         if name in yaml_values:
             default = f"{yaml_values[name]!r} (from {Path(default_yaml).name})"
         else:
@@ -540,9 +771,10 @@ def exit_on_signals_during_start_up() -> None:
     """Until the training installs its own handlers (`common.faults.Preemption`), SIGINT (Ctrl-C),
     SIGTERM and SIGUSR1 end the process with one line and exit code 75, as Preemption does during
     start-up, instead of a KeyboardInterrupt traceback from the middle of `import torch`. A
-    training script calls it first thing."""
+    training script calls it first thing. Under a launcher it also starts `watch_launcher`: once
+    the launcher is gone, this process gets a SIGTERM (it stops, or saves and stops, with it)."""
     def stop(signum, frame):
-        print(f"{signal.Signals(signum).name} during start-up: stopping (nothing to save yet; exit code "
+        print(f"{stop_reason(signum)} during start-up: stopping (nothing to save yet; exit code "
               f"{START_UP_SIGNAL_EXIT_CODE})", file=sys.stderr, flush=True)
         if _inside_an_import(frame):
             # An exception raised in the middle of a library's import is not ours to deliver: a
@@ -553,6 +785,7 @@ def exit_on_signals_during_start_up() -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, stop)
+    watch_launcher()  # from now on, the launcher's end is a SIGTERM: the workers stop with it
 
 
 def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
@@ -594,7 +827,7 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
         yaml_path, pairs = _split_argv(cls, [a for a in argv if a not in ("-h", "--help")])
         yaml_path = yaml_path if yaml_path is not None else default_yaml
         cfg = cls()
-        loaded = {}
+        loaded: dict = {}
         if yaml_path is not None:
             loaded = load_yaml(yaml_path)
             cfg = _apply(cfg, loaded, str(yaml_path))
@@ -608,7 +841,12 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
         if plain is None:
             plain = _apply(cls(), load_yaml(default_yaml), str(default_yaml)) if default_yaml else cls()
         cfg._defaults = {f.name: getattr(plain, f.name) for f in dataclasses.fields(cls)}
-        validate(cfg)
+        try:
+            validate(cfg)
+        except FieldError as e:  # a value the YAML set and the command line kept: name the file
+            if e.field in loaded and e.field not in dict(pairs):
+                raise _from_file(e, str(yaml_path), loaded) from None
+            raise
         return cfg
     except ConfigError as e:
         _fail(str(e))

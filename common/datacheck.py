@@ -109,6 +109,21 @@ _KINDS = {stat_mod.S_IFIFO: "a FIFO", stat_mod.S_IFDIR: "a directory", stat_mod.
           stat_mod.S_IFCHR: "a character device", stat_mod.S_IFBLK: "a block device"}
 
 
+def regular_file(path: str) -> os.stat_result | dict:
+    """`os.stat(path)` of a regular file, or {error, detail} when it is missing, cannot be statted,
+    or is something else (checked before any open: a FIFO blocks the opener until someone writes
+    to it, a device is read without end)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {"error": "missing file"}
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        return _unreadable(e)
+    if not stat_mod.S_ISREG(st.st_mode):
+        return {"error": "not a regular file", "detail": _KINDS.get(stat_mod.S_IFMT(st.st_mode), "not a file")}
+    return st
+
+
 def content_digest(path: str) -> str | dict:
     """16 hex digits of blake2b over the size, the first and the last `DIGEST_BYTES` of a regular
     file, or {error, detail} when it is missing, cannot be opened, or is not a regular file (a
@@ -120,14 +135,9 @@ def content_digest(path: str) -> str | dict:
     the same size, keeps its digest). The bytes are those the header check reads anyway (header +
     last block): one more open and two reads from the page cache, ~50 µs per file (measured:
     ~25% of a header check's CPU, nothing on a cached re-check)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return {"error": "missing file"}
-    except OSError as e:
-        return _unreadable(e)
-    if not stat_mod.S_ISREG(st.st_mode):
-        return {"error": "not a regular file", "detail": _KINDS.get(stat_mod.S_IFMT(st.st_mode), "not a file")}
+    st = regular_file(path)
+    if isinstance(st, dict):
+        return st
     h = hashlib.blake2b(str(st.st_size).encode(), digest_size=8)
     try:
         with open(path, "rb") as f:

@@ -21,8 +21,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
-from common.checkpoint import unfinished_export
-from common.faults import RunError
+from common.checkpoint import resolve_checkpoint
 
 # Settings that must equal the pre-training run's for its encoder and features to mean anything.
 MATCHING_KEYS = ("sample_rate", "n_mels", "stack_frames", "hidden_size", "num_layers", "num_heads",
@@ -102,19 +101,9 @@ class StackedLogMelEncoder(nn.Module):
 
 
 def resolve_pretrained(path: str | Path) -> Path:
-    """A BEST-RQ output_dir or its final/ → the folder holding model.safetensors / encoder/."""
-    path = Path(path)
-    for folder in (path / "final", path):
-        if (folder / "model.safetensors").is_file() or (folder / "encoder" / "config.json").is_file():
-            problem = unfinished_export(folder)
-            if problem:
-                raise RunError(f"--init_from {folder}: {problem}")
-            return folder
-    problem = unfinished_export(path)
-    if problem:
-        raise RunError(f"--init_from {path}: {problem}")
-    raise FileNotFoundError(f"--init_from {path}: no BEST-RQ export found (expected final/model.safetensors "
-                            f"or final/encoder/ under it)")
+    """A BEST-RQ output_dir or its final/ → the sealed folder holding model.safetensors / encoder/
+    (verified as every tool verifies a trained model: `common.checkpoint.resolve_checkpoint`)."""
+    return resolve_checkpoint(path, flag="--init_from")
 
 
 def load_pretrained_encoder(model: StackedLogMelEncoder, path: str | Path, cfg: dict) -> bool:

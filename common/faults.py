@@ -1,10 +1,10 @@
 """Preemption and failure handling: every way a run can end says so clearly and loses no work.
 
-- `Preemption`: SIGTERM / SIGUSR1 (SLURM `--signal`, Kubernetes, a user's `kill`) or Ctrl-C to any
-  rank only sets a flag during training. At the next optimizer-step boundary all ranks agree (one
-  all-reduce), save the same step, and exit with `PREEMPTED_EXIT_CODE`. Re-running the same command
-  resumes exactly. During start-up a signal stops the process cleanly (locks and temporary folders
-  removed), with the same exit code.
+- `Preemption`: SIGTERM / SIGUSR1 (SLURM `--signal`, Kubernetes, a user's `kill`, the launcher's
+  end: `common.launcher`) or Ctrl-C to any rank only sets a flag during training. At the next
+  optimizer-step boundary all ranks agree (one all-reduce), save the same step, and exit with
+  `PREEMPTED_EXIT_CODE`. Re-running the same command resumes exactly. During start-up a signal
+  stops the process cleanly (locks and temporary folders removed), with the same exit code.
 - `run_main`: an exception on one rank ends that process at once with its traceback; the peers'
   next collective then fails ("connection closed") and they exit with one line instead of a second
   traceback, or the launcher stops them. Nobody is left waiting at a barrier: collectives also
@@ -21,6 +21,7 @@ import traceback
 
 import torch
 
+from common.launcher import stop_reason
 from common.rundir import mark_stopping
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the worker processes exit with it
@@ -72,7 +73,7 @@ class Preemption:
         self.deferred = True
 
     def _handle(self, signum, frame):
-        name = signal.Signals(signum).name
+        name = stop_reason(signum)  # the signal's name, or "the launcher (pid N) ended" (common.launcher)
         if signum == signal.SIGINT and self.signal == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: stop now (run_main ends the process)
         if self.signal is not None:
@@ -86,6 +87,10 @@ class Preemption:
         if signum == signal.SIGINT and self.accelerator.is_main_process:
             print("\nCtrl-C: saving a checkpoint at the next step boundary, then exiting "
                   f"(exit code {PREEMPTED_EXIT_CODE}); Ctrl-C again to abort without saving",
+                  file=sys.stderr, flush=True)
+        elif name != signal.Signals(signum).name:  # each rank sees its launcher go: each says so
+            print(f"[rank {os.environ.get('RANK', '0')}] {name}: saving a checkpoint at the next step boundary, "
+                  f"then exiting (exit code {PREEMPTED_EXIT_CODE}); re-run the same command to resume",
                   file=sys.stderr, flush=True)
 
     def requested(self) -> bool:

@@ -55,7 +55,10 @@ LJSPEECH_LAYOUT = "LJSpeech layout: <data_dir>/metadata.csv lines 'id|text|norma
 
 class DataError(RunError):
     """The corpus has entries the policy does not accept; the message lists every one (printed by
-    `run_main` without a traceback: the report is the whole story)."""
+    `run_main` without a traceback: the report is the whole story). Exit code 2, as a usage error:
+    the fix is the user's (the data or the command), and re-running as it is fails again."""
+
+    exit_code = 2
 
 
 def _layout_error(root: Path, missing: Path, layout: str) -> DataError:
@@ -355,9 +358,14 @@ def data_change(was: dict, now: dict, manifests: Path) -> str | None:
     when it is the same. Keys only one side has are not compared (a checkpoint from before the
     content fingerprint still resumes). `manifests` (`<output_dir>/data`) holds the manifests of
     earlier launches: when both are still there, the changed files are counted and one is named."""
-    if not was or not now or all(was[k] == now[k] for k in was.keys() & now.keys()):
+    keys = was.keys() & now.keys() if was and now else set()
+    if "shards" in keys and "shard_files" not in keys:
+        keys -= {"fingerprint"}  # a stream checkpoint from before content digests: its fingerprint followed file times
+    if all(was[k] == now[k] for k in keys):
         return None
-    if was["fingerprint"] != now["fingerprint"] or was["utterances"] != now["utterances"]:
+    if "shard_files" in keys and was["shard_files"] != now["shard_files"]:
+        return f"training data changed: {shard_change(was['shard_files'], now['shard_files'])}"
+    if "fingerprint" not in keys or was["fingerprint"] != now["fingerprint"] or was["utterances"] != now["utterances"]:
         return (f"training data changed: checkpoint {was['utterances']} utterances ({_hours(was)}fingerprint "
                 f"{was['fingerprint']}) != now {now['utterances']} ({_hours(now)}fingerprint {now['fingerprint']})")
     # Same ids, durations and transcripts: some files hold other audio. Which ones is found in the
@@ -374,6 +382,22 @@ def data_change(was: dict, now: dict, manifests: Path) -> str | None:
     changed = [r["path"] for r in rows[now["contents"]] if old.get(r["id"]) != r["digest"]]
     return (f"training data changed: {len(changed)} files' contents changed, e.g. {changed[0]} "
             f"(same ids, durations and transcripts; {fingerprints})")
+
+
+def shard_change(was: dict[str, str], now: dict[str, str]) -> str:
+    """Which of a `datasets` source's files ({name: content digest}, `common.stream.shard_files`)
+    appeared, vanished or changed, e.g. "shard train-00003.parquet appeared; 1 shard changed:
+    train-00001.parquet (its content digest differs)"."""
+    def names(what: list[str]) -> str:
+        return ", ".join(what[:3]) + (f" and {len(what) - 3} more" if len(what) > 3 else "")
+
+    parts = []
+    for what, found in (("appeared", sorted(now.keys() - was.keys())), ("vanished", sorted(was.keys() - now.keys())),
+                        ("changed (its content digest differs)",
+                         sorted(k for k in was.keys() & now.keys() if was[k] != now[k]))):
+        if found:
+            parts.append(f"{len(found)} shard{'s' if len(found) > 1 else ''} {what}: {names(found)}")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------

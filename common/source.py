@@ -11,8 +11,9 @@ recipe's `build_data` calls these instead of reading a corpus folder; everything
   manifest's: `audio`, `text`, `id` (the source's `id` column, else the row number, zero-padded),
   `duration` (seconds, from the audio headers, cached by `datasets`). The recipe's duration-bucketed
   loaders take it as they take a folder's manifest: batches sized in seconds, the same resume. Its
-  summary (what a checkpoint compares) adds `contents`, a digest of the split's data files (size,
-  mtime, ctime, first and last 64 KiB): a rewritten file refuses the resume.
+  summary (what a checkpoint compares) adds `shard_files`, each data file's content digest by name
+  (`common.stream.shard_files`: size and sampled bytes, not file times): a copied folder resumes, a
+  rewritten file refuses the resume, named.
 - **Streamed** (`open_stream`, `build_stream_loaders`; --streaming true): `common.stream` reads the
   split's parquet shards in place. Batches hold --per_device_train_batch_size utterances, not seconds
   (a fixed count per partition is what lets every rank end the epoch together); the validation split is
@@ -23,9 +24,13 @@ The data check: a stream's rows are checked before training as a folder's files 
 (`common.stream.check_shards`, once per shard, cached in <output_dir>/data): with --on_bad_data error
 (the default) a row whose audio does not decode or has no samples, or whose transcript (recipes that
 read one) is empty, refuses the run in one line naming its shard and row; with skip the bad rows are
-left out with counts logged; --data_check full decodes every sample. A map-style source is not
-checked (`DatasetConfig.validate` refuses --on_bad_data and --data_check there): a row that does not
-decode stops the run where it is read. Neither path has the folder check's duration and sample-rate
+left out with counts logged; --data_check full decodes every sample. An audio cell must be encoded
+bytes or the path of a regular file (checked before soundfile opens it: an integer would be read as a
+file descriptor, 0 = stdin, and a FIFO blocks its opener); multi-channel audio is refused, as from a
+folder. A map-style source has no skip (`DatasetConfig.validate` refuses --on_bad_data and
+--data_check there): its rows are read once for their durations, and the first row that the stream
+check would refuse (header mode) stops the run there in one line naming split and row (`DataError`,
+exit code 2), as do a 0-byte parquet file and data files whose columns disagree. Neither path has the folder check's duration and sample-rate
 rules (--min_seconds, --max_seconds, --wrong_sample_rate refused); audio at another rate is resampled
 on load, as from a folder with the default --wrong_sample_rate resample.
 
@@ -34,9 +39,8 @@ A recipe's `build_data` branch: `load_splits` (map-style) or `open_streams` then
 
 from __future__ import annotations
 
-import hashlib
-import io
-import os
+import math
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,9 +49,10 @@ import soundfile as sf
 from common.data import RecipeData
 from common.faults import UsageError
 from common.logs import get_logger
-from common.manifest import manifest_summary
-from common.stream import (ShardStream, StreamDataset, StreamLoader, check_shards, open_shards, resolve_shards,
-                           shard_stamp)
+from common.manifest import DataError, manifest_summary
+from common.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, auto_partitions,
+                           batch_shortfall, batch_sizes, check_shards, open_shards, parquet_footer, resolve_shards,
+                           shard_files)
 
 logger = get_logger(__name__)  # main process only
 
@@ -62,9 +67,38 @@ def audio_struct(value) -> dict:
 
 def audio_seconds(audio) -> float:
     """Duration of an audio cell, from its header."""
-    audio = audio_struct(audio)
-    info = sf.info(io.BytesIO(audio["bytes"]) if audio.get("bytes") else audio["path"])
+    info = sf.info(audio_source(audio))
     return info.frames / info.samplerate
+
+
+def _checked_row(cfg, split: str, text: bool):
+    """A `datasets.map` function (audio, text?, row index) → {"duration"} that refuses, in one line
+    naming the split and row, what the streamed check refuses: an audio cell that is not encoded
+    bytes or a regular file's path, audio that does not decode, has no frames or several channels
+    (refused as from a folder, not averaged), and (`text`) a transcript that is not a non-empty string."""
+    where = f"--dataset_name {cfg.dataset_name} split {split}"
+
+    def check(audio, *rest):
+        *transcript, row = rest
+        try:
+            info = sf.info(audio_source(audio))
+        except BadAudioCell as e:
+            problem = str(e)
+        except Exception as e:  # noqa: BLE001 — libsndfile raises several types for bad audio
+            # the message names a BytesIO at an address that changes every run
+            problem = "unreadable audio (" + re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its bytes", str(e))[:120] + ")"
+        else:
+            problem = ("multi-channel audio ({} channels)".format(info.channels) if info.channels != 1 else
+                       "empty audio" if info.frames == 0 else None)
+        if problem is None and transcript and not (isinstance(transcript[0], str) and transcript[0].strip()):
+            problem = "empty transcript" if isinstance(transcript[0], str) else \
+                f"transcript is not text ({type(transcript[0]).__name__})"
+        if problem:
+            raise DataError(f"{where} row {row}: {problem}; re-encode or remove it (a map-style source is not "
+                            f"filtered: --streaming true checks every row and --on_bad_data skip drops such rows)")
+        return {"duration": info.frames / info.samplerate}
+
+    return check
 
 
 def _split_files(cfg, split: str) -> tuple[Any, list[str]]:
@@ -83,11 +117,19 @@ def _split_files(cfg, split: str) -> tuple[Any, list[str]]:
     return builder, sorted(str(f) for f in files[split])
 
 
-def files_digest(paths: list[str]) -> str:
-    h = hashlib.blake2b(digest_size=8)
-    for path in paths:
-        h.update(f"{os.path.basename(path)}\0{shard_stamp(path)}\n".encode())
-    return h.hexdigest()
+def _odd_schema(paths: list[str]) -> str:
+    """", in <file> (columns …, where <first file> has …)" for the first parquet file whose columns
+    differ from the first one's, or "" (what a failed `datasets` build does not say; it builds every
+    split with one schema)."""
+    import pyarrow.parquet as pq
+
+    parquet = [p for p in paths if p.endswith(".parquet")]
+    schemas = [pq.read_schema(p).remove_metadata() for p in parquet]
+    for path, schema in zip(parquet[1:], schemas[1:]):
+        if not schema.equals(schemas[0]):
+            show = lambda sc: ", ".join(f"{f.name}: {f.type}" for f in sc)[:200]  # noqa: E731
+            return f", in {path} ({show(schema)}, where {parquet[0]} has {show(schemas[0])})"
+    return ""
 
 
 def load_split(cfg, split: str, *, text: bool = True):
@@ -98,7 +140,18 @@ def load_split(cfg, split: str, *, text: bool = True):
     import datasets
 
     builder, paths = _split_files(cfg, split)
-    builder.download_and_prepare()
+    local = [p for p in paths if "://" not in p]
+    every = sorted(str(f) for files in builder.config.data_files.values() for f in files if "://" not in str(f))
+    for path in local:
+        if path.endswith(".parquet"):
+            parquet_footer(path)
+    try:
+        builder.download_and_prepare()
+    except datasets.exceptions.DatasetGenerationError as e:  # its cause is what went wrong, in which file
+        cause = e.__cause__ or e
+        raise DataError(f"--dataset_name {cfg.dataset_name}: `datasets` cannot build its splits: "
+                        f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+                        f"{_odd_schema(every)} (every data file of a split needs the same columns and types)") from None
     ds = builder.as_dataset(split=split)
     ours = {"audio": cfg.audio_column_name, **({"text": cfg.text_column_name} if text else {})}
     for name, theirs in ours.items():
@@ -108,17 +161,24 @@ def load_split(cfg, split: str, *, text: bool = True):
     keep = list(ours.values()) + (["id"] if "id" in ds.column_names and "id" not in ours.values() else [])
     ds = ds.select_columns(keep)
     ds = ds.rename_columns({theirs: name for name, theirs in ours.items() if theirs != name})
+    feature = ds.features["audio"]
+    if not (isinstance(feature, (datasets.Audio, dict)) or getattr(feature, "dtype", "") in (
+            "binary", "large_binary", "string", "large_string")):
+        raise DataError(f"--audio_column_name {cfg.audio_column_name} of --dataset_name {cfg.dataset_name} split "
+                        f"{split} holds {getattr(feature, 'dtype', type(feature).__name__)}, not audio (encoded "
+                        f"bytes, a file path, or a datasets Audio column): name the audio column")
     ds = ds.cast_column("audio", datasets.Audio(decode=False))  # also from a column of bytes or paths
-    ds = ds.map(lambda audio: {"duration": audio_seconds(audio)}, input_columns="audio",
-                desc=f"{split}: durations from the audio headers")
+    ds = ds.map(_checked_row(cfg, split, text), input_columns=["audio"] + (["text"] if text else []),
+                with_indices=True, desc=f"{split}: durations from the audio headers")
     if "id" not in ds.column_names:
         ds = ds.add_column("id", [f"{i:08d}" for i in range(len(ds))])
-    return ds, files_digest([p for p in paths if "://" not in p])
+    return ds, shard_files(local)
 
 
-def with_contents(manifest, contents: str) -> dict:
-    """What a checkpoint records about training data loaded by `load_split` (then subset or filtered)."""
-    return {**manifest_summary(manifest), "contents": contents}
+def with_contents(manifest, contents: dict[str, str]) -> dict:
+    """What a checkpoint records about training data loaded by `load_split` (then subset or
+    filtered): the manifest's summary, and each data file's content digest by name (`shard_files`)."""
+    return {**manifest_summary(manifest), "shard_files": contents}
 
 
 def load_splits(cfg, accelerator, *, text: bool):
@@ -135,11 +195,13 @@ def load_splits(cfg, accelerator, *, text: bool):
 # ---------------------------------------------------------------------------------------------
 
 
-def open_stream(cfg, split: str, *, text: bool, partitions: int, check_dir=None,
-                is_main_process: bool = True) -> ShardStream:
+def open_stream(cfg, split: str, *, text: bool, partitions: int | None, check_dir=None,
+                is_main_process: bool = True, too_few: str = "lower --stream_partitions",
+                multiple_of: int = 1) -> ShardStream:
     """The split's parquet shards as a `ShardStream` of --per_device_train_batch_size batches; the
     source's `id` column names the utterances where it has one. With `check_dir`, its rows are
-    checked first (`check_shards`, --data_check, --on_bad_data; the result cached there)."""
+    checked first (`check_shards`, --data_check, --on_bad_data; the result cached there).
+    `partitions` None: `auto_partitions` of the rows read, a multiple of `multiple_of`."""
     import pyarrow.parquet as pq
 
     paths = resolve_shards(cfg.dataset_name, cfg.dataset_config_name, split)
@@ -152,16 +214,58 @@ def open_stream(cfg, split: str, *, text: bool, partitions: int, check_dir=None,
     if check_dir is not None:
         shards = check_shards(shards, columns, check_dir, mode=cfg.data_check, on_bad_data=cfg.on_bad_data,
                               is_main_process=is_main_process)
+    if partitions is None:
+        partitions = auto_partitions(sum(s.rows for s in shards), cfg.per_device_train_batch_size, multiple_of)
     return ShardStream(shards, columns, seed=cfg.seed, partitions=partitions,
-                       block_rows=cfg.stream_block_rows, batch_size=cfg.per_device_train_batch_size)
+                       block_rows=cfg.stream_block_rows, batch_size=cfg.per_device_train_batch_size,
+                       too_few=too_few)
 
 
-def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int) -> tuple[ShardStream, ShardStream]:
+def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int,
+                 global_batch: int = 1) -> tuple[ShardStream, ShardStream]:
     """(training, validation) streams of --train_split_name and --eval_split_name, their rows checked
-    once into <out>/data (one process checks, the others wait for its result)."""
+    once into <out>/data (one process checks, the others wait for its result).
+
+    --stream_partitions unset (None) is resolved here, and `cfg.stream_partitions` set to it (what
+    the checkpoint records and a resume compares): the value a checkpoint of <out> recorded (a
+    resume keeps its batches: 64 for a run from before the automatic value), else, for a fresh run,
+    `auto_partitions` of the checked training rows, a multiple of the readers (processes × data
+    workers) and of `global_batch`."""
     check = dict(text=text, check_dir=Path(out) / "data", is_main_process=accelerator.is_main_process)
-    return (open_stream(cfg, cfg.train_split_name, partitions=cfg.stream_partitions, **check),
-            open_stream(cfg, cfg.eval_split_name, partitions=validation_partitions(accelerator, num_workers), **check))
+    auto = cfg.stream_partitions is None
+    if auto:
+        cfg.stream_partitions = recorded_partitions(out)
+    readers = accelerator.num_processes * max(1, num_workers)
+    train = open_stream(cfg, cfg.train_split_name, partitions=cfg.stream_partitions, **check,
+                        multiple_of=math.lcm(readers, global_batch),
+                        **({} if not auto else dict(too_few=(
+                            f"the fewest partitions this launch can read ({readers} processes × data workers and a "
+                            f"global batch of {global_batch}) need more rows: launch fewer processes "
+                            f"(--num_processes) or data workers (--num_workers), or train on more rows"))))
+    cfg.stream_partitions = train.partitions
+    return (train,
+            open_stream(cfg, cfg.eval_split_name, partitions=validation_partitions(accelerator, num_workers), **check,
+                        too_few=f"the validation split (--eval_split_name {cfg.eval_split_name}) is read in one "
+                                f"partition per process × data worker ({accelerator.num_processes} × "
+                                f"{max(1, num_workers)}), each needing a row: give it more rows, or launch "
+                                f"fewer processes (--num_processes) or data workers (--num_workers)"))
+
+
+def recorded_partitions(out) -> int | None:
+    """--stream_partitions as the newest complete checkpoint of <out> recorded it (every checkpoint of
+    a run has the same: a changed value is refused on resume), or None (no checkpoint)."""
+    import json
+
+    from common.checkpoint import list_checkpoints
+
+    for ckpt in reversed(list_checkpoints(out)):
+        try:
+            value = json.loads((ckpt / "train_state.json").read_text())["config"].get("stream_partitions")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a damaged checkpoint: the resume chooses (and names) another
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def stream_column(stream: ShardStream, name: str) -> tuple[list[str], list]:
@@ -223,9 +327,14 @@ def build_stream_loaders(cfg, accelerator, *, global_batch: int, num_workers: in
     train_stream.check_world(world, num_workers, global_batch)
     valid_stream.check_world(world, num_workers, world)
     summary = train_stream.summary()
+    lo, hi, _ = batch_sizes(train_stream.rows, train_stream.partitions, train_stream.batch_size)
     logger.info(f"streamed: {summary['utterances']} training utterances in {summary['shards']} shards, "
-                f"{len(train_stream)} batches of ≤ {cfg.per_device_train_batch_size} an epoch in "
+                f"{len(train_stream)} batches of {lo}–{hi} an epoch in "
                 f"{train_stream.partitions} partitions; {valid_stream.rows} validation, {world} process(es)")
+    short = batch_shortfall(train_stream.rows, train_stream.partitions, train_stream.batch_size,
+                            math.lcm(world * max(1, num_workers), global_batch))
+    if short:
+        logger.warning(short)
     options = dict(num_workers=num_workers, seed=cfg.seed, device=accelerator.device,
                    pin_memory=accelerator.device.type == "cuda")
     train_loader = StreamLoader(StreamDataset(train_stream, RowItem(train_item), WithDurations(collate), rank, world),

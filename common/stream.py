@@ -38,8 +38,13 @@ The design, and why (every property below is tested in tests/common/test_stream.
   holds: O(1) in size. Restoring it computes, for each partition, its block and the batches to drop
   in that block, and reads that one block (O(block), not O(position)): nothing consumed is read
   again. The same position converts to any W that divides P (elastic N → M gives the same global
-  batches). Changed shards (size, mtime, ctime, a digest of their first and last 64 KiB, row
-  count) change `summary()['fingerprint']`, and a resume on them is refused like a changed folder.
+  batches). Changed shards (their content digest, `shard_stamp`: size and sampled bytes, not file
+  times, so a copied folder resumes; their row counts) change `summary()['fingerprint']`, and a
+  resume on them is refused like a changed folder, naming the shard that appeared, vanished or
+  changed (`summary()['shard_files']`).
+- **Partitions by default.** --stream_partitions unset: 64, or fewer where a small split would
+  leave batches short of the batch size (`auto_partitions`); a resume keeps its checkpoint's value.
+  A run whose batches fall short (a P given) says so at start, naming the P that would fill them.
 
 `ShardStream` is the plan (what every rank computes alike), `StreamDataset` the per-rank
 `IterableDataset` (items and collated batches made in the DataLoader's workers), `StreamLoader` what
@@ -77,13 +82,14 @@ from common.faults import RunError, UsageError
 
 logger = logging.getLogger(__name__)
 HEAD_TAIL_BYTES = 64 * 1024  # bytes of a shard's start and end in its content digest
+SAMPLE_PAGES, PAGE_BYTES = 16, 4096  # pages sampled between them: 192 KiB read per shard and launch
 
 
 @dataclass(frozen=True)
 class Shard:
     path: str
     rows: int  # rows the stream reads: the file's rows less `skip`
-    stamp: str  # size, mtime, ctime and head/tail digest: changes when the file does
+    stamp: str  # content digest (`shard_stamp`): changes when the file's content does, not its times
     skip: tuple[int, ...] = ()  # rows of the file the data check drops (`check_shards`), ascending
 
 
@@ -116,15 +122,48 @@ def resolve_shards(dataset_name: str, config_name: str | None = None, split: str
 
 
 def shard_stamp(path: str) -> str:
-    """What changes when a shard does: size, mtime, ctime and a digest of its first and last
-    HEAD_TAIL_BYTES (a rewrite in place keeping size and mtime still changes ctime)."""
-    st = os.stat(path)
-    h = hashlib.blake2b(f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0".encode(), digest_size=8)
+    """A digest of a shard's content, not of its file times: its size, its first and last
+    HEAD_TAIL_BYTES (the parquet header and the footer, which holds every row group's offsets,
+    sizes and row counts) and SAMPLE_PAGES pages of PAGE_BYTES evenly spaced between them. A copy
+    (`cp -r`, `rsync` without -t, a download) keeps it; a shard rewritten with other rows changes it.
+    Not seen: a same-size edit in place that touches none of the 192 KiB sampled (a cell's bytes
+    overwritten inside the file); such a shard is not re-checked either while its size, mtime and
+    ctime are unchanged (`_local_key`)."""
+    size = os.stat(path).st_size
+    h = hashlib.blake2b(f"{size}\0".encode(), digest_size=8)
     with open(path, "rb") as f:
         h.update(f.read(HEAD_TAIL_BYTES))
-        f.seek(max(0, st.st_size - HEAD_TAIL_BYTES))
+        middle = size - 2 * HEAD_TAIL_BYTES
+        for i in range(SAMPLE_PAGES if middle > 0 else 0):
+            f.seek(HEAD_TAIL_BYTES + middle * i // SAMPLE_PAGES)
+            h.update(f.read(PAGE_BYTES))
+        f.seek(max(0, size - HEAD_TAIL_BYTES))
         h.update(f.read())
     return h.hexdigest()
+
+
+def shard_names(paths: list[str]) -> list[str]:
+    """Each shard's name relative to the shards' common folder (`data/train-00000-of-00002.parquet`
+    stays `train-00000-of-00002.parquet` wherever the folder is copied): what a checkpoint records."""
+    if len(paths) == 1:
+        return [os.path.basename(paths[0])]
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
+    return [os.path.relpath(os.path.abspath(p), root) for p in paths]
+
+
+def shard_files(paths: list[str], stamps: list[str] | None = None) -> dict[str, str]:
+    """{shard name (`shard_names`): content digest (`shard_stamp`)}: what a checkpoint records of a
+    `datasets` source's files (streamed or map-style), so that a refused resume names the shard
+    that appeared, vanished or changed (`common.manifest.data_change`)."""
+    stamps = [shard_stamp(p) for p in paths] if stamps is None else stamps
+    return dict(zip(shard_names(paths), stamps))
+
+
+def _local_key(path: str, stamp: str) -> str:
+    """The data check's cache key of a shard: its content digest plus its size and file times, so
+    that a shard rewritten in place is checked again even where its sampled bytes are unchanged."""
+    st = os.stat(path)
+    return f"{stamp}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 def open_shards(paths: list[str], columns: dict[str, str | None]) -> list[Shard]:
@@ -135,20 +174,88 @@ def open_shards(paths: list[str], columns: dict[str, str | None]) -> list[Shard]
 
     shards = []
     for path in paths:
-        meta = pq.ParquetFile(path).metadata
+        meta = parquet_footer(path)
         have = meta.schema.to_arrow_schema().names
         for ours, theirs in columns.items():
             if theirs is not None and theirs not in have:
+                if ours == "id":  # not a flag: the split's first shard has an `id` column, this one none
+                    raise UsageError(f"{path} has no id column, which {paths[0]} has (it has {', '.join(have)}): "
+                                     f"every shard of a split needs the same columns; add it, or drop it from all")
                 raise UsageError(f"--{ours}_column_name {theirs}: no such column in {path} (it has {', '.join(have)})")
         shards.append(Shard(path, meta.num_rows, shard_stamp(path)))
     return shards
+
+
+def parquet_footer(path: str):
+    """The parquet metadata of `path`, or one line naming the file when it is not a parquet file
+    (0 bytes, cut short, something else named .parquet)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from common.manifest import DataError
+
+    try:
+        return pq.ParquetFile(path).metadata
+    except (pa.ArrowException, OSError) as e:
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        raise DataError(f"{path}: not a readable parquet file ({'0 bytes' if size == 0 else str(e).splitlines()[0][:120]}): "
+                        f"re-download or re-write it, or remove it from the split") from None
+
+
+AUTO_PARTITIONS = 64  # the most partitions an unset --stream_partitions gives
+FULL_BATCH = 0.9  # batches "hold what was asked" when the smallest holds ≥ this share of the batch size (rounded down)
+
+
+def batch_sizes(rows: int, partitions: int, batch_size: int) -> tuple[int, int, float]:
+    """(smallest, largest, mean) utterances per batch of `rows` rows in `partitions` partitions of
+    K batches each (`ShardStream`): a partition of fewer than `batch_size` rows is one short batch."""
+    per = math.ceil(rows / partitions)
+    k = max(1, math.ceil(per / batch_size))
+    return rows // partitions // k, math.ceil(per / k), rows / (k * partitions)
+
+
+def full_batches(rows: int, partitions: int, batch_size: int) -> bool:
+    """Whether every batch holds what was asked: at least 90 % of `batch_size` (rounded down; 7 of 8)."""
+    return batch_sizes(rows, partitions, batch_size)[0] >= math.floor(FULL_BATCH * batch_size)
+
+
+def auto_partitions(rows: int, batch_size: int, multiple_of: int = 1) -> int:
+    """--stream_partitions unset: the most of 64, 32, …, 1 partitions whose batches hold what was
+    asked (`full_batches`: large splits get 64, a split of 200 rows in batches of 8 gets 4: 7–8
+    utterances a batch), as a multiple of `multiple_of` (processes × data workers and the global batch:
+    every partition has one reader). A function of the source and the launch's shape: a resume
+    takes the checkpoint's value instead (`common.source.open_streams`)."""
+    p = AUTO_PARTITIONS
+    while p > 1 and not full_batches(rows, p, batch_size):
+        p //= 2
+    return math.lcm(p, multiple_of)
+
+
+def batch_shortfall(rows: int, partitions: int, batch_size: int, multiple_of: int = 1) -> str | None:
+    """One line saying why batches of `rows` in `partitions` partitions hold fewer utterances than
+    `batch_size` and which --stream_partitions would fill them, or None when they hold what was asked."""
+    if full_batches(rows, partitions, batch_size):
+        return None
+    lo, hi, _ = batch_sizes(rows, partitions, batch_size)
+    why = (f"streamed batches hold {lo}–{hi} utterances, not --per_device_train_batch_size {batch_size}: "
+           f"{rows} rows in {partitions} partitions are {rows // partitions}–{math.ceil(rows / partitions)} a "
+           f"partition, cut into batches of equal count")
+    fits = [p for p in range(multiple_of, partitions, multiple_of) if full_batches(rows, p, batch_size)]
+    if fits:
+        lo, hi, _ = batch_sizes(rows, fits[-1], batch_size)
+        return (f"{why}; --stream_partitions {fits[-1]} would give batches of {lo}–{hi} (in a new --output_dir: "
+                f"the partitions decide the batches)")
+    return (f"{why}; even {multiple_of} partitions (one per reader) would not fill them: a smaller "
+            f"--per_device_train_batch_size, or more rows")
 
 
 class ShardStream:
     """The plan of every epoch: which rows make global batch k. Identical on every rank."""
 
     def __init__(self, shards: list[Shard], columns: dict[str, str | None], *, seed: int, partitions: int,
-                 block_rows: int, batch_size: int):
+                 block_rows: int, batch_size: int, too_few: str = "lower --stream_partitions"):
+        """`too_few`: what a user does when the rows cannot fill the partitions (the training
+        split's are --stream_partitions; a validation split's are its readers, `common.source`)."""
         self.shards, self.columns, self.seed = shards, columns, seed
         self.partitions, self.block_rows, self.batch_size = partitions, block_rows, batch_size
         self.rows = sum(s.rows for s in shards)
@@ -156,8 +263,8 @@ class ShardStream:
         # K batches per partition: enough that the largest (per + 1 rows) has batches of ≤ batch_size.
         self.batches_per_partition = math.ceil(math.ceil(self.rows / partitions) / batch_size)
         if per < self.batches_per_partition or per == 0:
-            raise RunError(f"{self.rows} rows cannot fill {partitions} partitions of {self.batches_per_partition} "
-                           f"batches: lower --stream_partitions")
+            raise UsageError(f"{self.rows} rows cannot fill {partitions} partitions of {self.batches_per_partition} "
+                             f"batches: {too_few}")
         # Batches per block: the block (shuffle buffer) holds whole batches.
         self.block_batches = max(1, block_rows // batch_size)
         self.reads = 0  # rows read by this process (tests: restore cost)
@@ -176,11 +283,15 @@ class ShardStream:
                                f"--stream_partitions in a new --output_dir (it decides the batches)")
 
     def summary(self) -> dict:
-        """What a checkpoint records (`TrainState.data`): a changed shard changes the fingerprint."""
+        """What a checkpoint records (`TrainState.data`): the fingerprint of every shard's name, rows
+        read and content digest, and each shard's digest by name (`shard_files`: a refused resume
+        names the shard that appeared, vanished or changed)."""
+        files = shard_files([s.path for s in self.shards], [s.stamp for s in self.shards])
         h = hashlib.blake2b(digest_size=8)
-        for s in self.shards:
-            h.update(f"{os.path.basename(s.path)}\0{s.rows}\0{s.stamp}\n".encode())
-        return {"utterances": self.rows, "fingerprint": h.hexdigest(), "shards": len(self.shards)}
+        for (name, stamp), s in zip(files.items(), self.shards):
+            h.update(f"{name}\0{s.rows}\0{stamp}\n".encode())
+        return {"utterances": self.rows, "fingerprint": h.hexdigest(), "shards": len(self.shards),
+                "shard_files": files}
 
     # ---- the epoch's layout ------------------------------------------------------------------
 
@@ -285,12 +396,36 @@ def _read_range(f, cols: list[str], lo: int, hi: int, shard_index: int, columns:
     return out
 
 
+class BadAudioCell(ValueError):
+    """An audio cell that is neither encoded bytes nor the path of a regular file: (reason, detail)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason} ({detail})")
+        self.reason, self.detail = reason, detail
+
+
+def audio_source(cell) -> io.BytesIO | str:
+    """An audio cell as soundfile may open it: its encoded bytes (a BytesIO), or the path of a
+    regular file, from a datasets `Audio` struct {"bytes", "path"}, bytes or a path. Anything else
+    raises `BadAudioCell`, before soundfile sees it: soundfile reads an integer as a file descriptor
+    (0 is stdin: the reader blocks), and opening a FIFO's path blocks until someone writes to it."""
+    if isinstance(cell, dict):
+        cell = cell.get("bytes") or cell.get("path")
+    if isinstance(cell, (bytes, bytearray)):
+        return io.BytesIO(cell)
+    if isinstance(cell, str) and cell:
+        from common.datacheck import regular_file
+
+        st = regular_file(cell)
+        if isinstance(st, dict):
+            raise BadAudioCell(st["error"], st.get("detail") or cell[:120])
+        return cell
+    raise BadAudioCell("audio is not bytes or a file path", f"{type(cell).__name__} {repr(cell)[:40]}")
+
+
 def audio_bytes(row: dict) -> io.BytesIO | str:
-    """The row's audio as soundfile reads it: a datasets `Audio` struct's bytes (or path), or a path."""
-    audio = row["audio"]
-    if isinstance(audio, dict):
-        return io.BytesIO(audio["bytes"]) if audio.get("bytes") else audio["path"]
-    return io.BytesIO(audio) if isinstance(audio, bytes) else audio
+    """The row's audio as soundfile reads it (`audio_source` of its `audio` cell)."""
+    return audio_source(row["audio"])
 
 
 def _duration(row: dict, columns: dict) -> float:
@@ -353,7 +488,7 @@ class StreamLoader:
 
 # ---- the data check: every row of every shard, once per shard ------------------------------------
 
-CHECK_VERSION = 1  # bump when what a shard's check finds changes meaning (older results are ignored)
+CHECK_VERSION = 2  # bump when what a shard's check finds changes meaning (older results are ignored)
 
 
 def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: str | Path, *,
@@ -362,15 +497,17 @@ def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: s
     """`shards` with their unusable rows in `Shard.skip` ("skip", counts logged), or a one-line
     refusal naming the first of them ("error"), as the folder data check does (`common.manifest`).
 
-    A row is unusable when, with `mode` (`--data_check`) "header", its audio does not decode (header
-    and last block, as `common.datacheck`) or has no samples, or, with a text column, its
+    A row is unusable when its audio cell is not encoded bytes or a regular file's path
+    (`audio_source`: never opened then), or, with `mode` (`--data_check`) "header", its audio does
+    not decode (header and last block, as `common.datacheck`), has no samples or several channels
+    (refused, as from a folder), or, with a text column, its
     transcript is not a non-empty string; "full" decodes every sample and also finds silent and
     non-finite audio. The verdict depends on the row's content alone, never on the rank, the launch
     or the pool size, so the rows dropped (and with them every batch) are the same on every launch
     and rank: a run that skips resumes exactly.
 
     Each shard is read once: its result is appended to `<out_dir>/stream.check-<mode>-v<N>.jsonl`,
-    keyed by its path, stamp (`shard_stamp`) and columns, as soon as it is known (a killed check
+    keyed by its path, content digest and file times (`_local_key`) and columns, as soon as it is known (a killed check
     resumes; a rewritten shard is read again, alone). The whole result, `problems.jsonl`, is built
     once in `<out_dir>/stream-check-<mode>-<digest>/` by one process while the others wait
     (`common.prepare.prepare_once`), so a re-launch opens no shard. `workers` processes read the
@@ -383,14 +520,15 @@ def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: s
         raise ValueError(f"mode must be one of {MODES} and on_bad_data error or skip, not {mode!r}, {on_bad_data!r}")
     key = f"{columns['audio']}\0{columns.get('text') or ''}"
     h = hashlib.blake2b(f"{CHECK_VERSION}\0{mode}\0{key}\n".encode(), digest_size=8)
+    local = {s.path: _local_key(s.path, s.stamp) for s in shards}
     for s in shards:
-        h.update(f"{s.path}\0{s.stamp}\n".encode())
+        h.update(f"{s.path}\0{local[s.path]}\n".encode())
     out_dir = Path(out_dir)
     final = out_dir / f"stream-check-{mode}-{h.hexdigest()}"
     cache = out_dir / f"stream.check-{mode}-v{CHECK_VERSION}.jsonl"
 
     def build(tmp: Path) -> None:
-        found = _check_all(shards, key, mode, cache, default_workers() if workers is None else workers)
+        found = _check_all(shards, local, key, mode, cache, default_workers() if workers is None else workers)
         (tmp / "problems.jsonl").write_text("".join(
             json.dumps({"shard": s.path, "row": r, "reason": reason, "detail": detail}) + "\n"
             for s, bad in zip(shards, found) for r, reason, detail in bad))
@@ -418,7 +556,7 @@ def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: s
             for s in shards]
 
 
-def _check_all(shards: list[Shard], key: str, mode: str, cache: Path, workers: int) -> list[list]:
+def _check_all(shards: list[Shard], local: dict[str, str], key: str, mode: str, cache: Path, workers: int) -> list[list]:
     """[[row, reason, detail], ...] per shard, from `cache` or read (by `workers` processes)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -426,7 +564,7 @@ def _check_all(shards: list[Shard], key: str, mode: str, cache: Path, workers: i
     from common.datacheck import _Appender, _worker_init
 
     known = _read_check_cache(cache)
-    found = [known.get((s.path, s.stamp, key)) for s in shards]
+    found = [known.get((s.path, local[s.path], key)) for s in shards]
     todo = [i for i, bad in enumerate(found) if bad is None]
     if not todo:
         return found
@@ -442,7 +580,7 @@ def _check_all(shards: list[Shard], key: str, mode: str, cache: Path, workers: i
             results = ((futures[f], f.result()) for f in as_completed(futures))
         for i, bad in results:
             found[i] = bad
-            appender.append([((shards[i].path, shards[i].stamp, key), bad)])
+            appender.append([((shards[i].path, local[shards[i].path], key), bad)])
     except BrokenProcessPool:
         raise RunError(f"a data-check worker died while reading one of {len(todo)} shards (out of memory, or a "
                        f"crash in libsndfile): run with fewer workers; the shards already checked are cached "
@@ -488,10 +626,15 @@ def _check_shard(path: str, audio: str, text: str | None, mode: str) -> list[lis
             elif text is not None and not row[text].strip():
                 problem = ["empty transcript", ""]
             else:
-                facts = decoded_facts(audio_bytes({"audio": row[audio]}), mode)
+                try:
+                    facts = decoded_facts(audio_source(row[audio]), mode)
+                except BadAudioCell as e:
+                    facts = {"error": e.reason, "detail": e.detail}
                 if "error" in facts:  # the detail names a BytesIO at an address that changes every run
                     problem = [facts["error"], re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its bytes",
                                                       facts.get("detail", "")).replace("\n", " ")]
+                elif facts["channels"] != 1:  # refused, as from a folder (`common.manifest.verdict`)
+                    problem = ["multi-channel audio", f"{facts['channels']} channels"]
                 elif facts["frames"] == 0:
                     problem = ["empty audio", ""]
                 elif facts.get("silent"):

@@ -27,7 +27,8 @@ def test_recipe_config_is_valid(path):
 
 RECIPE_SCRIPTS = [("best_rq", "train", "Config"), ("asr", "train", "Config"), ("asr", "decode", "EvalConfig"),
                   ("asr", "export", "ExportConfig"), ("tts", "train", "Config"), ("tts", "score", "EvalConfig"),
-                  ("tts", "synthesize", "SynthConfig")]
+                  ("tts", "synthesize", "SynthConfig"), ("vocoder", "train", "Config"),
+                  ("vocoder", "evaluate", "EvalConfig")]
 
 
 @pytest.mark.parametrize("recipe,script,name", RECIPE_SCRIPTS, ids=lambda x: x)

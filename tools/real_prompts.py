@@ -141,6 +141,11 @@ def build(lang: str, out: Path, sounds_root: Path = Path(SOUNDS_ROOT), doc_root:
     spk = LANGUAGES[lang]
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:  # before the first prompt is decoded: a --out that cannot be written is said at once
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise Refusal(f"--out {out}: cannot create {e.filename or tmp} ({e.strerror or e}): give a --out in a folder "
+                      f"you can write") from None
     rows = []
     for position, prompt_id in enumerate(sorted(transcripts)):
         text = clean_text(prompt_id, transcripts[prompt_id])

@@ -34,7 +34,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, NoReturn
 from types import SimpleNamespace
@@ -42,13 +42,12 @@ from types import SimpleNamespace
 from accelerate.utils import broadcast_object_list
 
 import torch
-import yaml
 
-from common.checkpoint import resolve_checkpoint
+from common.checkpoint import read_config, resolve_checkpoint
 from common.config import Count, ExistingPath, NonNegative, Positive, parse_config
 from common.data import make_loader
 from common.distributed import build_accelerator
-from common.faults import RunError
+from common.faults import RunError, UsageError
 from common.encoder import encoder_config_from
 from common.hf_export import load_recipe_ctc_weights
 from common.logs import get_logger
@@ -60,7 +59,7 @@ from ctc_decode import LmError, ctc_greedy, lm_decode, load_lm_decoder, posterio
 from data import SpecAugmentCollator, SpeechDataset, read_split, transcribed
 from model import ConformerCTC
 from scoring import Scorer, gather_results
-from text import check_transcripts, load_tokenizer
+from text import check_transcripts, checkpoint_tokenizer
 
 logger = get_logger(__name__)
 
@@ -84,8 +83,8 @@ class EvalConfig:
     lm_alpha: float | None = None  # weight of the LM's natural-log probability; None: the LM folder's attrs.json
     lm_beta: float | None = None  # score bonus per word; None: the LM folder's attrs.json
     tune_lm: bool = False  # choose lm_alpha, lm_beta on the validation split (grid below)
-    lm_alphas: str = "0.25,0.5,0.75,1.0,1.5"  # --tune_lm grid, comma-separated
-    lm_betas: str = "0,0.5,1,2,3"  # --tune_lm grid, comma-separated
+    lm_alphas: list[Annotated[float, NonNegative]] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])  # --tune_lm grid of lm_alpha
+    lm_betas: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 2.0, 3.0])  # --tune_lm grid of lm_beta (a negative one penalizes words)
 
 
 def refuse(message: str) -> NoReturn:
@@ -97,14 +96,15 @@ def refuse(message: str) -> NoReturn:
 
 def main():
     args = parse_config(EvalConfig)
-    folder = resolve_checkpoint(args.checkpoint)
-    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))  # the training run's config
+    try:  # verified (COMPLETE digests) before any of its files is read
+        folder = resolve_checkpoint(args.checkpoint)
+        cfg = SimpleNamespace(**read_config(folder))  # the training run's config
+        tokenizer = checkpoint_tokenizer(folder)
+    except UsageError as e:
+        refuse(str(e))
     accelerator = build_accelerator(mixed_precision="no")
     world = accelerator.num_processes
 
-    # final/ holds its tokenizer; a checkpoints/step_X/ folder uses its run's <output_dir>/tokenizer.
-    tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
-    tokenizer = load_tokenizer(tok_dir)
     if args.data_dir and args.dataset_name:
         refuse("--dataset_name and --data_dir both name the data to decode: give one")
     source = None if args.data_dir else (args.dataset_name or getattr(cfg, "dataset_name", None))
@@ -116,10 +116,7 @@ def main():
     else:
         data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                      cfg.builtin_corpus, "librispeech")
-    try:
-        grid = ([float(a) for a in args.lm_alphas.split(",")], [float(b) for b in args.lm_betas.split(",")])
-    except ValueError:
-        refuse(f"--lm_alphas {args.lm_alphas!r} / --lm_betas {args.lm_betas!r}: comma-separated numbers, e.g. 0.5,1")
+    grid = (list(args.lm_alphas), list(args.lm_betas))  # numbers, checked by parse_config
     if not args.lm and (args.tune_lm or args.lm_alpha is not None or args.lm_beta is not None):
         refuse("--tune_lm, --lm_alpha and --lm_beta set the LM decoding; give the LM with --lm DIR")
     if args.lm and args.decoding != "greedy":
@@ -153,7 +150,11 @@ def main():
 
     model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                          vocab_size=tokenizer.vocab_size)
-    model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
+    try:
+        model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
+    except Exception as e:  # noqa: BLE001 — sealed, yet not this config's model (SafetensorError, a shape, a key)
+        refuse(f"--checkpoint {folder}: its weights do not load into the model its config.yaml describes "
+               f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): re-run the training command that made it")
     model.to(accelerator.device)
     scorer = Scorer()
 

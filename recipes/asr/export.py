@@ -3,7 +3,8 @@
     python recipes/asr/export.py --checkpoint outputs/asr/checkpoints/step_00000500 --output_dir asr_step500
 
 --checkpoint is a training output_dir (its final/), a final/ folder, or a checkpoints/step_XXXXXXXX/
-folder. Then, from anywhere:
+folder (verified against its COMPLETE marker first). The export is written aside and sealed with its
+own COMPLETE marker, like a training final/, so decode.py and the other tools accept it. Then, from anywhere:
 
     from transformers import pipeline
     asr = pipeline("automatic-speech-recognition", model="asr_step500", trust_remote_code=True)
@@ -17,22 +18,23 @@ the LM (with `pyctcdecode` and `kenlm` installed; without them transformers warn
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 from types import SimpleNamespace
 
-import yaml
 
-from common.checkpoint import resolve_checkpoint
+from common.checkpoint import read_config, resolve_checkpoint, seal_export
 from common.config import ExistingPath, parse_config
+from common.faults import run_main
 from common.hf_export import load_recipe_ctc_weights
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import LmError, export_lm, load_lm_decoder
 from model import export_hf
-from text import load_tokenizer
+from text import checkpoint_tokenizer, tokenizer_dir
 
 
 @dataclass
@@ -51,10 +53,8 @@ def main():
     folder, out = resolve_checkpoint(args.checkpoint), Path(args.output_dir)
     if out.exists():
         raise SystemExit(f"error: --output_dir {out} exists; choose a new folder")
-    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
-    # final/ holds its tokenizer; a checkpoints/step_X/ folder uses its run's <output_dir>/tokenizer.
-    tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
-    tokenizer = load_tokenizer(tok_dir)
+    cfg = SimpleNamespace(**read_config(folder))
+    tokenizer = checkpoint_tokenizer(folder)
     if not args.lm and (args.lm_alpha is not None or args.lm_beta is not None):
         raise SystemExit("error: --lm_alpha and --lm_beta are the shipped LM's weights; give the LM with --lm DIR")
     if args.lm and tokenizer.kind != "char":
@@ -66,15 +66,21 @@ def main():
         except LmError as e:
             raise SystemExit(f"error: --lm {e}") from None
     weights = load_recipe_ctc_weights(folder)
-    out.mkdir(parents=True)
-    shutil.copyfile(folder / "config.yaml", out / "config.yaml")
-    shutil.copytree(tok_dir, out / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
-    export_hf(out, weights, cfg, tokenizer)
+    # Written aside and sealed like a training final/ (COMPLETE digests, then renamed into place):
+    # decode.py and the other tools read only sealed folders, and a kill leaves no half export.
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copyfile(folder / "config.yaml", tmp / "config.yaml")
+    shutil.copytree(tokenizer_dir(folder), tmp / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
+    export_hf(tmp, weights, cfg, tokenizer)
     if args.lm:
-        export_lm(out, args.lm, tokenizer, args.lm_alpha, args.lm_beta)
+        export_lm(tmp, args.lm, tokenizer, args.lm_alpha, args.lm_beta)
+    seal_export(tmp)
+    os.rename(tmp, out)
     print(f"{out}: transformers Wav2Vec2BertForCTC + feature extractor (trust_remote_code=True)"
           + (f" + the n-gram LM of {args.lm} (Wav2Vec2ProcessorWithLM)" if args.lm else ""))
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # a refused --checkpoint (common.checkpoint.resolve_checkpoint): one line, exit code 2

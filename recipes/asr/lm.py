@@ -150,23 +150,20 @@ class LmConfig:
 
 
 def main():
-    import yaml
-
-    from common.checkpoint import resolve_checkpoint
+    from common.checkpoint import read_config, resolve_checkpoint
     from common.config import parse_config
     from tools.corpus import resolve_data_dir
 
     from data import labelled_subset, read_split  # recipe-local (this folder is on sys.path)
-    from text import load_tokenizer
+    from text import checkpoint_tokenizer
 
     args = parse_config(LmConfig)
     out = Path(args.output_dir)
     if out.exists():
         raise SystemExit(f"error: --output_dir {out} exists; choose a new folder")
     folder = resolve_checkpoint(args.checkpoint)
-    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
-    tok_dir = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
-    tokenizer = load_tokenizer(tok_dir)
+    cfg = SimpleNamespace(**read_config(folder))
+    tokenizer = checkpoint_tokenizer(folder)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
     train = labelled_subset(read_split(data_dir, cfg.train_split), cfg.train_fraction)
     write_lm_folder([tokenizer.normalize(t) for t in train["text"]], out, args.order)
@@ -175,4 +172,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from common.faults import run_main
+
+    run_main(main)  # a refused --checkpoint (common.checkpoint.resolve_checkpoint): one line, exit code 2

@@ -185,6 +185,31 @@ def load_tokenizer(folder: str | Path):
     return BpeTokenizer(folder / meta["model"], char_map)
 
 
+def tokenizer_dir(folder: Path) -> Path:
+    """Where the tokenizer of a checkpoint folder lives (see `checkpoint_tokenizer`)."""
+    folder = Path(folder)
+    return folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder.parent.parent / "tokenizer"
+
+
+def checkpoint_tokenizer(folder: Path):
+    """The tokenizer of a verified checkpoint folder (`common.checkpoint.resolve_checkpoint`): final/
+    carries its own tokenizer/; a checkpoints/step_XXXXXXXX/ folder uses its run's
+    <output_dir>/tokenizer/, two levels up. A step folder copied out of its run has none there:
+    `UsageError` (one line, exit code 2) saying what it needs."""
+    from common.faults import UsageError
+
+    tok_dir = tokenizer_dir(folder)
+    if not (tok_dir / "tokenizer.json").is_file():
+        raise UsageError(f"--checkpoint {folder}: no tokenizer for it at {tok_dir}/tokenizer.json (a checkpoints/"
+                         f"step_*/ folder uses its run's <output_dir>/tokenizer/): give the run's output_dir or its "
+                         f"final/ (which carries its tokenizer), or the step folder inside its run folder")
+    try:
+        return load_tokenizer(tok_dir)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # json's errors are ValueErrors
+        raise UsageError(f"--checkpoint {folder}: its tokenizer {tok_dir} cannot be read ({type(e).__name__}: "
+                         f"{e}): re-run the training command that made it (same --output_dir)") from None
+
+
 def check_transcripts(ids: list[str], texts: list[str], tokenizer, split: str, unknown_chars: str) -> None:
     """Refuse (`unknown_chars="error"`: a ValueError, one line) a `split` whose normalized transcripts
     hold characters `tokenizer` cannot emit; with "drop", log them (`tokenizer.normalize` drops them)."""

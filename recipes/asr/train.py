@@ -143,7 +143,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     """(the checked manifests, items, SpecAugment collators and duration-bucketed loaders, or the
     streamed loaders with --streaming; the tokenizer, built once into <out>/tokenizer/)."""
     if cfg.streaming:  # parquet shards read in place (common/source.py), their rows checked once; transcripts read without the audio
-        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers)
+        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers, global_batch=global_batch)
         (_, train_texts), (valid_ids, valid_texts) = stream_column(train, "text"), stream_column(valid, "text")
         data_dir = cfg.dataset_name
     else:

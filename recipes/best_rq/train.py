@@ -103,7 +103,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     `datasets` source's (common/source.py), streamed with --streaming."""
     collator = MaskingCollator(cfg)  # training and validation: the same masking rule
     if cfg.streaming:  # parquet shards read in place, their rows checked once (--on_bad_data)
-        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers)
+        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers, global_batch=global_batch)
         return build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
                                     train=(train, FeatureDataset(None, cfg.sample_rate, cfg.n_mels), collator),
                                     valid=(valid, FeatureDataset(None, cfg.sample_rate, cfg.n_mels), collator),

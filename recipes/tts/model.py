@@ -263,7 +263,7 @@ def build_model(cfg) -> "AlignedFastSpeech":
 
 def load_tts(checkpoint: str | Path):
     """(model in eval mode, its training config as a namespace, Symbols, folder) for a checkpoint."""
-    folder = resolve_checkpoint(checkpoint)
+    folder = resolve_checkpoint(checkpoint)  # verified (COMPLETE digests) before any file is read
     cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml (derived ones too)
         cfg.symbols = json.loads((folder / "symbols.json").read_text())["symbols"]
@@ -277,7 +277,7 @@ def transfer_from(model: AlignedFastSpeech, symbols: str, path: str | Path) -> s
     another language. Every weight is taken but the symbol embeddings, which are matched by symbol
     (a symbol the other table lacks keeps its random row), and the feature statistics, which this
     run computes from its own data. Refuses a model of another shape. Returns a summary line."""
-    folder = resolve_checkpoint(path)
+    folder = resolve_checkpoint(path, "--init_from")
     their_cfg = yaml.safe_load((folder / "config.yaml").read_text())
     table = (json.loads((folder / "symbols.json").read_text())["symbols"] if (folder / "symbols.json").is_file()
              else their_cfg["symbols"])

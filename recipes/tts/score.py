@@ -48,6 +48,7 @@ import torchaudio
 
 from common.config import Count, ExistingPath, parse_config
 from common.data import load_audio
+from common.faults import UsageError
 from common.manifest import DataPolicy, prepare_manifest
 from tools.corpus import resolve_data_dir
 
@@ -55,7 +56,7 @@ from tools.corpus import resolve_data_dir
 from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
 from data import Collator, TTSDataset, split_manifest
 from model import load_tts, synthesize
-from synthesize import neural_vocoder
+from synthesize import neural_vocoder, refuse
 
 RECIPES = Path(__file__).resolve().parents[1]
 
@@ -106,7 +107,10 @@ def run_asr(args: EvalConfig, wavs: dict[str, torch.Tensor], texts: dict[str, st
 def main():
     args = parse_config(EvalConfig)
     torch.set_grad_enabled(False)
-    model, cfg, symbols, folder = load_tts(args.checkpoint)
+    try:
+        model, cfg, symbols, folder = load_tts(args.checkpoint)  # verified (COMPLETE digests) first
+    except UsageError as e:
+        refuse(str(e))
     # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
     run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
     out = Path(args.output) if args.output else run_dir / "eval" / (folder.name + ("+vocoder" if args.vocoder else ""))

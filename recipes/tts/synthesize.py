@@ -8,8 +8,11 @@ vocoder (recipes/vocoder) with --vocoder.
 --checkpoint is a training output_dir (its final/ is used), a final/ folder, or a
 checkpoints/step_XXXXXXXX/ folder (audio comes out of any checkpoint). With --text_file, one wav
 per non-empty line: <output_dir>/0001.wav, 0002.wav, ... 22.05 kHz 16-bit PCM (the model's rate).
---vocoder is a vocoder training output_dir or its final/: its code comes from the folder itself
-(vocoder_model.py), and a vocoder trained on another mel (sample rate, n_mels, window, hop) is refused.
+--vocoder is a vocoder training output_dir or its final/: its weights and config.yaml are read once
+its COMPLETE marker's digests match, its code is this repository's recipes/vocoder/model.py (the
+folder's vocoder_model.py, for use outside the repository, is never imported here), and a vocoder
+trained on another mel (sample rate, n_mels, window, hop) is refused. A sentence with symbols the
+model does not know, or an output that cannot be written, is refused before anything is synthesized.
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ from types import SimpleNamespace
 from typing import Annotated
 
 import soundfile as sf
-import yaml
 
-from common.checkpoint import resolve_checkpoint
+from common.checkpoint import read_config, resolve_checkpoint
 from common.config import Count, ExistingPath, Positive, parse_config
-from common.faults import RunError
+from common.faults import UsageError
 
 # recipe-local modules (this folder is on sys.path)
 from audio import make_vocoder
 from model import load_tts, synthesize
+
+RECIPES = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -55,44 +59,79 @@ def refuse(message: str) -> typing.NoReturn:
 
 
 def neural_vocoder(path: str, tts_cfg):
-    """mel → waveform with the generator in `path` (its final/), loaded through the code it carries.
+    """mel → waveform with the generator in `path` (a vocoder output_dir or its final/). The folder
+    is verified (COMPLETE digests) and only its weights and config.yaml are read: the code is this
+    repository's recipes/vocoder/model.py, never the copy the export carries for use elsewhere.
     Refuses, with one line, a vocoder whose mel is not the TTS model's."""
     import importlib.util
 
     try:
-        folder = resolve_checkpoint(path)
-    except (RunError, FileNotFoundError) as e:
-        refuse(f"--vocoder {path}: {str(e).split(': ', 1)[-1]}")
-    if not (folder / "vocoder_model.py").is_file():
-        refuse(f"--vocoder {path}: no vocoder_model.py in {folder} (not a recipes/vocoder final/)")
-    spec = importlib.util.spec_from_file_location("vocoder_model", folder / "vocoder_model.py")
+        folder = resolve_checkpoint(path, flag="--vocoder")
+        vocoder_cfg = SimpleNamespace(**read_config(folder))
+    except UsageError as e:
+        refuse(str(e))
+    if not (folder / "vocoder_model.py").is_file():  # (only a sign of what made the folder: never imported)
+        refuse(f"--vocoder {path}: {folder} is not a recipes/vocoder final/ (no vocoder_model.py in it)")
+    # Under its own module name: `model` is the TTS model's (this folder is on sys.path).
+    spec = importlib.util.spec_from_file_location("recipe_vocoder_model", RECIPES / "vocoder" / "model.py")
     code = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(code)
-    mismatch = code.mel_mismatch(SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text())), tts_cfg)
+    mismatch = code.mel_mismatch(vocoder_cfg, tts_cfg)
     if mismatch:  # before the weights: another n_mels would not even load
         refuse(f"--vocoder {path} was trained on another mel than this TTS model ({mismatch}): "
                f"train the vocoder with the TTS model's --sample_rate/--n_mels/--win_length/--hop_length")
-    generator, _ = code.load_vocoder(folder)
+    try:
+        generator, _ = code.load_vocoder(folder)
+    except UsageError as e:
+        refuse(str(e))
+    except Exception as e:  # noqa: BLE001 — sealed, yet not the generator its config.yaml describes
+        refuse(f"--vocoder {folder}: its weights do not load into the generator its config.yaml describes "
+               f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): re-run the training command that made it")
     return lambda mel: code.vocode(generator, mel)
+
+
+def writable(path: Path, flag: str) -> None:
+    """Refuse, before any synthesis, an output that cannot be written: one line naming it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            refuse(f"{flag} {path} is a folder: give a .wav file name")
+        existed = path.exists()
+        with open(path, "ab"):  # opened, not truncated: an existing file keeps its content until written
+            pass
+        if not existed:
+            path.unlink()  # no empty file left behind if a later sentence is refused
+    except OSError as e:
+        refuse(f"{flag} {path}: cannot write there ({e.strerror or e}): choose another path")
 
 
 def main():
     args = parse_config(SynthConfig)
     if (args.text is None) == (args.text_file is None):
-        raise SystemExit("error: give exactly one of --text or --text_file")
-    model, cfg, symbols, folder = load_tts(args.checkpoint)
+        refuse("give exactly one of --text or --text_file")
+    try:
+        model, cfg, symbols, folder = load_tts(args.checkpoint)
+    except UsageError as e:
+        refuse(str(e))
+    if args.text is not None:
+        jobs = [("--text", args.text, Path(args.output))]
+    else:
+        lines = [(n, line) for n, line in enumerate(Path(args.text_file).read_text().splitlines(), 1) if line.strip()]
+        jobs = [(f"--text_file {args.text_file} line {n}", line, Path(args.output_dir) / f"{i:04d}.wav")
+                for i, (n, line) in enumerate(lines, 1)]
+    for where, text, _ in jobs:  # every sentence and output checked before the first is synthesized
+        try:
+            symbols.encode(text)
+        except ValueError as e:
+            refuse(f"{where}: {e}; this model's symbols: {''.join(symbols.chars)!r}")
+    for _, _, path in jobs:
+        writable(path, "--output" if args.text is not None else "--output_dir")
     if args.vocoder is not None:
         vocoder = neural_vocoder(args.vocoder, cfg)
     else:
         vocoder = make_vocoder(cfg, args.griffin_lim_iters, args.griffin_lim_power)
-    if args.text is not None:
-        jobs = [(args.text, Path(args.output))]
-    else:
-        lines = [line for line in Path(args.text_file).read_text().splitlines() if line.strip()]
-        jobs = [(line, Path(args.output_dir) / f"{i:04d}.wav") for i, line in enumerate(lines, 1)]
-    for text, path in jobs:
+    for _, text, path in jobs:
         wav, mel, _ = synthesize(model, symbols, text, vocoder, args.pace)
-        path.parent.mkdir(parents=True, exist_ok=True)
         sf.write(path, wav.numpy(), cfg.sample_rate, subtype="PCM_16")
         print(f"{path}: {len(wav) / cfg.sample_rate:.2f} s  ← {symbols.normalize(text)!r}", flush=True)
 

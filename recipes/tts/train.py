@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from common.config import (Count, DatasetConfig, ExistingPath, NonNegative, Positive, Range, ResumeSafe,
+from common.config import (Count, DatasetConfig, ExistingPath, Internal, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
 LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")
@@ -65,7 +65,7 @@ class Config(DatasetConfig):
     text_frontend: Literal["characters", "phonemes"] = "characters"  # model input: characters, or espeak-ng IPA phonemes of phonemizer_language (needs --symbols auto)
     phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ...
     unknown_chars: Literal["error", "drop"] = "error"  # a validation/test symbol outside the table: refuse, or leave it out of that text
-    symbols_derived: Annotated[bool, ResumeSafe] = False  # written by training, not set (a checkpoint from before the field resumes): True when `symbols` came from the training transcripts (no charset check then; score.py repeats it)
+    symbols_derived: Annotated[bool, ResumeSafe, Internal] = False  # written by training, not set (refused on the command line, not in --help; a checkpoint from before the field resumes): True when `symbols` came from the training transcripts (no charset check then; score.py repeats it)
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
     win_length: Annotated[int, Count] = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
     hop_length: Annotated[int, Count] = 256  # samples (11.6 ms per frame)
@@ -136,7 +136,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
     data_dir, summary = cfg.dataset_name, None
     if cfg.streaming:  # parquet shards read in place, their rows checked once; transcripts read without the audio
-        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers)
+        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers, global_batch=global_batch)
         texts = {"train": stream_column(train, "text"), "validation": stream_column(valid, "text")}
     else:
         if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
@@ -326,14 +326,14 @@ def main(cfg: Config) -> None:
         write_model_card(folder, recipe="tts", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             ```python
-            import sys
-            sys.path.insert(0, "<this folder>")
-            from tts_audio import make_vocoder
-            from tts_model import load_tts, synthesize
+            from common.checkpoint import import_export  # speech-recipes installed (pip install -e <clone>)
 
-            model, cfg, symbols, _ = load_tts("<this folder>")
-            wav, mel, durations = synthesize(model, symbols, "a radio wrote this clever pencil",
-                                             make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
+            # verifies this folder against its COMPLETE digests, then imports its sealed code
+            tts = import_export("<this folder>", "tts_model")
+            audio = import_export("<this folder>", "tts_audio")
+            model, cfg, symbols, _ = tts.load_tts("<this folder>")
+            wav, mel, durations = tts.synthesize(model, symbols, "a radio wrote this clever pencil",
+                                                 audio.make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
             ```""")
 
     export_final(accelerator, model, out, write_extras)  # collective

@@ -5,9 +5,10 @@
     python recipes/vocoder/evaluate.py --checkpoint outputs/vocoder/final --data_dir /data/LJSpeech-1.1 --num_test 100
 
 The utterances: the last --num_test ids (sorted) of the corpus, the ones training held out (the TTS
-recipe holds out the same with the same --num_test). Writes <checkpoint>/eval_test.json (per
-utterance and means), eval_test.md (the table) and <id>.png for the first --num_images utterances
-(log-mels top to bottom: recording, Griffin-Lim, vocoder).
+recipe holds out the same with the same --num_test). Writes, into the run's output_dir (for a
+checkpoints/step_X/ folder: <output_dir>/eval/step_X/; never into the sealed final/ or step folder),
+eval_test.json (per utterance and means), eval_test.md (the table) and <id>.png for the first
+--num_images utterances (log-mels top to bottom: recording, Griffin-Lim, vocoder).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> None:
     from pesq import pesq
     from pystoi import stoi
 
+    from common.checkpoint import resolve_checkpoint
     from common.data import load_audio
     from common.features import mel_frontend
     from common.manifest import read_ljspeech
@@ -50,8 +52,20 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from model import load_vocoder, vocode
 
-    generator, cfg = load_vocoder(args.checkpoint)
-    folder = Path(args.checkpoint)
+    from common.faults import UsageError
+
+    try:
+        generator, cfg = load_vocoder(args.checkpoint)  # verified (COMPLETE digests) first
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
+    sealed = resolve_checkpoint(args.checkpoint)
+    if sealed.parent.name == "checkpoints":
+        folder = sealed.parent.parent / "eval" / sealed.name
+    else:
+        folder = sealed.parent
+    folder.mkdir(parents=True, exist_ok=True)
     if args.data_dir is None and getattr(cfg, "dataset_name", None):  # a source's run holds out no test utterances
         print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
               f"utterances: give --data_dir (an LJSpeech-layout folder)", file=sys.stderr)

@@ -178,12 +178,13 @@ def build_discriminators(cfg) -> Discriminators:
 def load_vocoder(checkpoint: str | Path):
     """(generator in eval mode, its training config as a namespace) from a vocoder's final/ (or its
     training output_dir): `model.safetensors` (the generator) + `config.yaml`."""
-    import yaml
     from safetensors.torch import load_file
 
-    from common.checkpoint import resolve_checkpoint  # refuses an export that did not finish
+    import yaml
 
-    folder = resolve_checkpoint(checkpoint)
+    from common.checkpoint import resolve_checkpoint
+
+    folder = resolve_checkpoint(checkpoint)  # verified (COMPLETE digests) before any file is read
     cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     generator = build_generator(cfg)
     generator.load_state_dict(load_file(folder / "model.safetensors"))

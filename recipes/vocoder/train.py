@@ -69,9 +69,11 @@ class Config(DatasetConfig):
     hidden_dim: Annotated[int, Count] = 768  # ConvNeXt pointwise MLP width
     layers: Annotated[int, Count] = 6  # ConvNeXt blocks
     # --- discriminators ---
-    periods: list[int] = field(default_factory=lambda: [2, 3, 5, 7, 11])  # multi-period discriminator (HiFi-GAN)
-    period_channels: list[int] = field(default_factory=lambda: [16, 64, 128, 128])  # its conv channels (HiFi-GAN: 32 128 512 1024 1024)
-    resolutions: list[int] = field(default_factory=lambda: [512, 1024, 2048])  # multi-resolution STFT discriminator: n_fft each (hop n_fft / 4)
+    # Each list needs at least one value (an empty one would silently drop a discriminator; to train
+    # the generator alone, raise --gan_start_steps); periods and n_fft are at most a training segment.
+    periods: list[Annotated[int, Count]] = field(default_factory=lambda: [2, 3, 5, 7, 11])  # multi-period discriminator (HiFi-GAN): samples per period
+    period_channels: list[Annotated[int, Count]] = field(default_factory=lambda: [16, 64, 128, 128])  # its conv channels (HiFi-GAN: 32 128 512 1024 1024)
+    resolutions: list[Annotated[int, Range(4)]] = field(default_factory=lambda: [512, 1024, 2048])  # multi-resolution STFT discriminator: n_fft each (hop n_fft / 4)
     resolution_channels: Annotated[int, Count] = 16  # its conv channels (Vocos: 32)
     # --- losses and schedule ---
     lr_decay: Annotated[float, Range(0, 1, lo_open=True)] = 0.99995  # LR × this per optimizer step, both schedules
@@ -80,6 +82,16 @@ class Config(DatasetConfig):
     gan_start_steps: Annotated[int, NonNegative] = 0  # optimizer steps of generator-only training on the mel loss first
     # --- logging ---
     num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # validation utterances vocoded into TensorBoard at each validation
+
+    def validate(self) -> None:
+        super().validate()
+        segment = self.segment_frames * self.hop_length  # samples each training step discriminates
+        for name in ("periods", "resolutions"):
+            too_long = [v for v in getattr(self, name) if v > segment]
+            if too_long:
+                raise ValueError(f"--{name}: {too_long[0]} is longer than a training segment ({segment} samples = "
+                                 f"--segment_frames {self.segment_frames} × --hop_length {self.hop_length}): lower it "
+                                 f"or raise --segment_frames")
 
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
@@ -121,7 +133,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     validates, streamed with --streaming."""
     train_collate = SegmentCollator(cfg)
     if cfg.streaming:  # parquet shards read in place, their rows checked once (--on_bad_data)
-        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers)
+        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers, global_batch=global_batch)
         return build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
                                     train=(train, Waveforms(None, cfg.sample_rate), train_collate),
                                     valid=(valid, Waveforms(None, cfg.sample_rate), collate_whole),
@@ -318,12 +330,12 @@ def main(cfg: Config) -> None:
         write_model_card(folder, recipe="vocoder", state=state, data_dir=data.data_dir,
                          metrics_path=out / "metrics.jsonl", usage="""
             ```python
-            import sys
-            sys.path.insert(0, "<this folder>")
-            from vocoder_model import load_vocoder, vocode
+            from common.checkpoint import import_export  # speech-recipes installed (pip install -e <clone>)
 
-            generator, cfg = load_vocoder("<this folder>")
-            wav = vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
+            # verifies this folder against its COMPLETE digests, then imports its sealed code
+            code = import_export("<this folder>", "vocoder_model")
+            generator, cfg = code.load_vocoder("<this folder>")
+            wav = code.vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
             ```""")
 
     export_final(accelerator, {"generator": generator}, out, write_extras)  # collective

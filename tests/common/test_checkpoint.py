@@ -10,6 +10,7 @@ from accelerate import Accelerator
 from common.checkpoint import (ContractError, TrainState, _digest, checkpoint_dir, choose_checkpoint,
                                find_latest_checkpoint, list_checkpoints, verify_checkpoint)
 from common.checkpoint import resume_from_checkpoint as _resume
+from common.faults import NonFiniteError, RunError
 from common.checkpoint import save_checkpoint as _save
 
 
@@ -274,23 +275,145 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     accelerator, model, opt, sched, state = setup()
     with torch.no_grad():
         model.weight[0, 0] = float("nan")
-    with pytest.raises(RuntimeError, match="non-finite"):
+    with pytest.raises(NonFiniteError, match="refusing to save step 0: non-finite weights in model"):
         save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
     assert find_latest_checkpoint(tmp_path) is None
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_resealed_checkpoint_with_non_finite_weights_is_skipped(tmp_path, caplog, value):
+    """Weights made non-finite and re-sealed (digests match) cannot have been written by a save
+    (it refuses them): the checkpoint is damaged, named in a warning with its file, and the one
+    before it resumed from, like a checkpoint whose files fail their digests."""
+    from safetensors.torch import load_file, save_file
+
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        train_step(model, opt, sched)
+        state.step = step
+        ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+        if step == 1:
+            weights_at_1 = {k: v.clone() for k, v in model.state_dict().items()}
+    weights = load_file(ckpt / "model.safetensors")
+    weights["weight"][1, 2] = value
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    _reseal(ckpt, "model.safetensors")
+    assert verify_checkpoint(ckpt) is None
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    with caplog.at_level("WARNING"):
+        assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
+    assert f"skipping damaged checkpoint {ckpt}: model.safetensors (the model) holds non-finite weights (weight)" in caplog.text
+    assert state2.step == 1
+    assert all(torch.equal(weights_at_1[k], v) for k, v in model2.state_dict().items())
+
+
+def seal(folder, files: dict[str, str | bytes]):
+    """`folder` with `files` in it, sealed as `export_final` seals a final/ (a COMPLETE marker)."""
+    from common.checkpoint import MARKER, _seal
+
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    (folder / MARKER).write_text(json.dumps({"export": True, "files": _seal(folder)}))
+    return folder
+
+
 def test_resolve_checkpoint_accepts_output_dir_final_or_step(tmp_path):
     from common.checkpoint import resolve_checkpoint
+    from common.faults import UsageError
 
     for folder in (tmp_path / "final", tmp_path / "checkpoints" / "step_00000001"):
-        folder.mkdir(parents=True)
-        (folder / "model.safetensors").write_bytes(b"x")
-        (folder / "config.yaml").write_text("a: 1\n")
+        seal(folder, {"model.safetensors": "x", "config.yaml": "a: 1\n"})
     assert resolve_checkpoint(tmp_path) == tmp_path / "final"
     assert resolve_checkpoint(tmp_path / "final") == tmp_path / "final"
     assert resolve_checkpoint(tmp_path / "checkpoints" / "step_00000001") == tmp_path / "checkpoints" / "step_00000001"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(UsageError, match="--checkpoint .*checkpoints: no trained model in it"):
         resolve_checkpoint(tmp_path / "checkpoints")
+    shutil.rmtree(tmp_path / "final")
+    with pytest.raises(UsageError, match="this run has no final/ yet .*give one of its checkpoints/step_\\*/"):
+        resolve_checkpoint(tmp_path)
+
+
+def test_an_unfinished_unsealed_or_damaged_export_is_refused(tmp_path):
+    """`.final.tmp/` without `final/` (a kill during the export); a `final/` without its marker
+    (whatever its files hold: a half-written model, an edited config); a sealed one whose files
+    differ from the marker, or that holds a file the marker does not list: each refused in one line
+    naming the folder, by every tool (`--checkpoint`, `--init_from`), before any of its files is read."""
+    from common.checkpoint import MARKER, resolve_checkpoint
+    from common.encoder import resolve_pretrained
+    from common.faults import UsageError
+
+    out = tmp_path / "run"
+    (out / ".final.tmp").mkdir(parents=True)
+    (out / ".final.tmp" / "model.safetensors").write_bytes(b"x")
+    for resolve, flag in ((resolve_checkpoint, "--checkpoint"), (resolve_pretrained, "--init_from")):
+        with pytest.raises(UsageError, match=f"{flag} .*the export of this run did not finish.*re-run the training"):
+            resolve(out)
+    final = seal(out / "final", {"model.safetensors": "weights", "config.yaml": "data_dir: data\n",
+                                 "tokenizer/vocab.json": "{}"})
+    assert resolve_checkpoint(out) == final
+    (final / "__pycache__").mkdir()
+    (final / "__pycache__" / "x.pyc").write_bytes(b"Python writes these beside imported code")
+    assert resolve_checkpoint(out) == final
+
+    def refused(flag="--checkpoint", resolve=resolve_checkpoint):
+        with pytest.raises(UsageError) as e:
+            resolve(out)
+        assert str(e.value).startswith(f"{flag} {final}: ") and "\n" not in str(e.value)
+        return str(e.value)
+
+    (final / "config.yaml").write_text("data_dir: /etc/x\n")  # edited
+    assert "damaged (config.yaml has 17 bytes, 15 were written)" in refused()
+    (final / "config.yaml").write_text("data_dir: /etc\n")  # edited, same size
+    assert "damaged (config.yaml is corrupted (digest mismatch))" in refused("--init_from", resolve_pretrained)
+    (final / "config.yaml").write_text("data_dir: data\n")
+    (final / "tokenizer" / "vocab.json").write_text("{ }")
+    assert "tokenizer/vocab.json has 3 bytes" in refused()
+    (final / "tokenizer" / "vocab.json").write_text("{}")
+    (final / "extra.py").write_text("print('not sealed')")
+    assert "extra.py is not covered by its COMPLETE marker (added after the folder was sealed)" in refused()
+    (final / "extra.py").unlink()
+    assert resolve_checkpoint(out) == final
+    (final / MARKER).unlink()  # a marker-less final/, whatever it holds
+    message = refused()
+    assert "no COMPLETE marker" in message and "re-run the training command that made it" in message
+    assert "no COMPLETE marker" in refused("--init_from", resolve_pretrained)
+
+
+def test_import_export_runs_only_the_sealed_source(tmp_path, monkeypatch):
+    """Outside the repository an export's code is imported through `import_export`: the folder is
+    verified, its modules (and those they import from it) come from their sealed source, never
+    from a planted `__pycache__/` .pyc that a plain import would run, and none is written."""
+    import importlib.util
+    import py_compile
+    import sys
+
+    from common.checkpoint import import_export
+    from common.faults import UsageError
+
+    final = seal(tmp_path / "final", {"model.safetensors": "x", "config.yaml": "a: 1\n",
+                                      "sealed_b.py": "VALUE = 'good'\n",
+                                      "sealed_a.py": "from sealed_b import VALUE\n"})
+    # A .pyc of other code whose header (source size and time) matches sealed_b.py: a plain import runs it.
+    evil = tmp_path / "evil" / "sealed_b.py"
+    evil.parent.mkdir()
+    evil.write_text("VALUE = 'evil'\n")
+    stat = (final / "sealed_b.py").stat()
+    os.utime(evil, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    py_compile.compile(str(evil), cfile=importlib.util.cache_from_source(str(final / "sealed_b.py")), doraise=True)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    for name in ("sealed_a", "sealed_b"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert import_export(final, "sealed_a").VALUE == "good"
+    assert [p.name for p in (final / "__pycache__").iterdir()] == ["sealed_b.cpython-%d%d.pyc" % sys.version_info[:2]]
+    with pytest.raises(UsageError, match="no sealed missing.py in it"):
+        import_export(final, "missing")
+    other = shutil.copytree(final, tmp_path / "other", ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.raises(UsageError, match=f"already imported sealed_a from {final}/sealed_a.py"):
+        import_export(other, "sealed_a")
+    (final / "sealed_b.py").write_text("VALUE = 'edit'\n")
+    with pytest.raises(UsageError, match="sealed_b.py is corrupted"):
+        import_export(final, "sealed_a")
 
 
 @pytest.mark.parametrize("world,accum,expected", [
@@ -316,32 +439,6 @@ def test_global_batch_plan_keeps_the_global_batch_or_refuses(tmp_path, world, ac
         assert problem is None
     else:
         assert "processes × accumulation that keep it: 1 × 2, 2 × 1" in problem
-
-
-def test_an_unfinished_or_damaged_export_is_refused(tmp_path):
-    """`.final.tmp/` without `final/` (a kill during the export), a marked `final/` whose files
-    differ from the marker, and an unmarked `final/` with a cut config.yaml are refused by name."""
-    from common.checkpoint import MARKER, resolve_checkpoint, unfinished_export
-    from common.encoder import resolve_pretrained
-    from common.faults import RunError
-
-    out = tmp_path / "run"
-    (out / ".final.tmp").mkdir(parents=True)
-    (out / ".final.tmp" / "model.safetensors").write_bytes(b"x")
-    for resolve, flag in ((resolve_checkpoint, "--checkpoint"), (resolve_pretrained, "--init_from")):
-        with pytest.raises(RunError, match=f"{flag} .*the export of this run did not finish.*re-run the training"):
-            resolve(out)
-    final = out / "final"
-    final.mkdir()
-    (final / "model.safetensors").write_bytes(b"weights")
-    (final / "config.yaml").write_text("")  # an export killed before exports were atomic
-    with pytest.raises(RunError, match="half-written \\(config.yaml is empty"):
-        resolve_checkpoint(out)
-    (final / "config.yaml").write_text("a: 1\n")
-    (final / MARKER).write_text(json.dumps({"export": True, "files": {"model.safetensors": {"bytes": 7, "blake2b": "0"}}}))
-    assert "corrupted" in unfinished_export(final)
-    with pytest.raises(RunError, match="--init_from .*damaged"):
-        resolve_pretrained(out)
 
 
 def test_deepspeed_checkpoints_resume_only_under_deepspeed_on_as_many_processes(tmp_path):
@@ -447,7 +544,7 @@ def test_non_finite_weights_name_the_model(tmp_path):
     state.stage = "boundary"
     with torch.no_grad():
         parts["models"]["discriminator"].weight[0, 0] = float("inf")
-    with pytest.raises(RuntimeError, match="non-finite weights in discriminator$"):
+    with pytest.raises(NonFiniteError, match="non-finite weights in discriminator \\(the last complete checkpoint is kept\\)"):
         _save(accelerator, tmp_path, state, **parts)
 
 
@@ -520,3 +617,44 @@ def test_several_models_under_deepspeed_are_refused_in_one_line():
                                        r"\(generator, discriminator\): use a DDP or FSDP profile"):
         _resume(accelerator, None, TrainState(), models={"generator": g, "discriminator": d},
                 optimizers={"generator": og, "discriminator": od}, schedulers={})
+
+
+def test_non_finite_weights_in_a_layout_not_checked_before_loading_stop_the_resume(tmp_path, monkeypatch):
+    """FSDP and DeepSpeed weights are not safetensors files that choose_checkpoint can read: after
+    loading, the weights are checked all the same, and the resume stops in one line naming the
+    checkpoint and what to do (instead of training on from NaN and failing at the next save)."""
+    import common.checkpoint as checkpoint
+    from safetensors.torch import load_file, save_file
+
+    accelerator, model, opt, sched, state = setup()
+    train_step(model, opt, sched)
+    state.step = 1
+    ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    weights = load_file(ckpt / "model.safetensors")
+    weights["bias"][0] = float("nan")
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    _reseal(ckpt, "model.safetensors")
+    monkeypatch.setattr(checkpoint, "_nonfinite_weights", lambda ckpt: None)  # as for an FSDP/DeepSpeed layout
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    with pytest.raises(RunError, match=f"{ckpt}: non-finite weights in model after loading it .*move step_00000001 "
+                                       f"out of {ckpt.parent} to resume from the checkpoint before it"):
+        resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
+
+
+def test_a_discriminator_made_non_finite_and_resealed_is_named(tmp_path, caplog):
+    """Several models: the file is named with its model (accelerate numbers them by prepare order)."""
+    from safetensors.torch import load_file, save_file
+
+    accelerator, parts, state = gan()
+    for step in (1, 2):
+        gan_step(parts)
+        state.step, state.stage = step, "boundary"
+        ckpt = _save(accelerator, tmp_path, state, **parts)
+    weights = load_file(ckpt / "model_1.safetensors")
+    weights["weight"][0, 0] = float("nan")
+    save_file(weights, ckpt / "model_1.safetensors", metadata={"format": "pt"})
+    _reseal(ckpt, "model_1.safetensors")
+    with caplog.at_level("WARNING"):
+        assert choose_checkpoint(accelerator, tmp_path) == checkpoint_dir(tmp_path, 1)
+    assert (f"skipping damaged checkpoint {ckpt}: model_1.safetensors (the discriminator) holds non-finite "
+            f"weights (weight)") in caplog.text

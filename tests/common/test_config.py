@@ -1,8 +1,10 @@
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -10,9 +12,9 @@ from typing import Annotated, Literal
 import pytest
 import yaml
 
-from common.config import (START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath, NonNegative, Positive, Range,
-                           ResumeSafe, RunConfig, config_hash, config_to_dict, parse_config, resume_safe_keys,
-                           save_config)
+from common.config import (MAX_CONFIG_BYTES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath, Internal, MayBeEmpty,
+                           NonNegative, Positive, Range, ResumeSafe, RunConfig, config_hash, config_to_dict,
+                           field_specs, parse_config, resume_safe_keys, save_config)
 from tests.recipe_import import recipe_modules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -307,7 +309,7 @@ def test_broken_yaml_is_one_line(tmp_path, capsys, text, message):
         parse_config(Full, ["--config", str(y)])
     err = capsys.readouterr().err
     expected = f"error: --config {y}: {message}\n" if message else \
-        f"error: --save_steps: expected an integer, got {yaml.safe_load(text)['save_steps']!r}\n"
+        f"error: --save_steps: expected an integer, got inf (--config {y}, line 1)\n"
     assert e.value.code == 2 and err == expected
 
 
@@ -449,3 +451,212 @@ def test_parse_config_installs_no_signal_handler():
     before = signal.getsignal(signal.SIGINT)
     parse_config(Cfg, [])
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# ---------------------------------------------------------------------------------------------
+# A YAML value means what it reads as (YAML 1.2 core schema); a bad one names the file and line
+# ---------------------------------------------------------------------------------------------
+
+def _refused(cls, argv, capsys, default_yaml=None) -> str:
+    with pytest.raises(SystemExit) as e:
+        parse_config(cls, argv, default_yaml=default_yaml)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+def test_yaml_numbers_read_as_written(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("save_steps: 010\nlearning_rate: 1e-3\nmixed_precision: no\nscale: .5\n")
+    cfg = parse_config(Full, ["--config", str(y)])
+    # YAML 1.1 (yaml.safe_load): 8 (octal), the string '1e-3', False (refused by the choice)
+    assert (cfg.save_steps, cfg.learning_rate, cfg.mixed_precision, cfg.scale) == (10, 1e-3, "no", 0.5)
+    y.write_text("use_x: yes\nsplits: [on, off]\n")
+    cfg = parse_config(Cfg, ["--config", str(y)])
+    assert cfg.use_x is True and cfg.splits == ["on", "off"]  # a true/false field reads yes as the command line does
+
+
+@pytest.mark.parametrize("text,message", [
+    ("save_steps: 1:30\n", "--save_steps: expected int, got '1:30' (--config {y}, line 1)"),  # YAML 1.1: 90
+    ("save_steps: 5\n\nsave_steps: 0x10\n", "--config {y}: not valid YAML (line 3: key 'save_steps' given twice "
+                                           "(first on line 1): keep one)"),
+    ("learning_rate: 1e-3\nsave_steps: 0x10\n", "--save_steps: expected int, got '0x10' (--config {y}, line 2)"),
+    ("save_steps: 0o10\n", "--save_steps: expected int, got '0o10' (--config {y}, line 1)"),
+    ("save_steps: !!int 0x10\n", "--config {y}: not valid YAML (line 1: '0x10' is not a decimal integer)"),
+    ("save_steps: '١٢'\n", "--save_steps: '١٢' has digits other than 0-9 (write the number with ASCII digits) "
+                           "(--config {y}, line 1)"),
+    ("dropout: ０.５\n", "--dropout: '０.５' has digits other than 0-9 (write the number with ASCII digits) "
+                        "(--config {y}, line 1)"),
+    # a rule broken by a YAML value (checked after the command line) names the file too
+    ("\nlearning_rate: 1e-3\nsave_steps: 0\n", "--save_steps: must be ≥ 1, got 0 (--config {y}, line 3)"),
+    ("save_steps: " + "[" * 400 + "\n", "--config {y}: not valid YAML (line 1: nested more than 8 levels deep "
+                                        "(a config is a mapping of values and lists))"),
+])
+def test_yaml_surprises_are_refused_in_one_line(tmp_path, capsys, text, message):
+    y = tmp_path / "c.yaml"
+    y.write_text(text)
+    assert _refused(Full, ["--config", str(y)], capsys) == f"error: {message.format(y=y)}\n"
+
+
+def test_a_value_the_command_line_overrides_is_not_blamed_on_the_yaml(tmp_path, capsys):
+    y = tmp_path / "c.yaml"
+    y.write_text("save_steps: 4\n")
+    err = _refused(Full, ["--config", str(y), "--save_steps", "0"], capsys)
+    assert err == "error: --save_steps: must be ≥ 1, got 0\n"
+
+
+@pytest.mark.parametrize("value", ["١٢", "１２", "1e٣"])
+def test_command_line_numbers_are_ascii(capsys, value):
+    err = _refused(Full, ["--save_steps", value], capsys)
+    assert err == f"error: --save_steps: {value!r} has digits other than 0-9 (write the number with ASCII digits)\n"
+
+
+def test_a_huge_yaml_is_refused_at_once(tmp_path, capsys):
+    y = tmp_path / "big.yaml"
+    y.write_text("save_steps: [" + "1," * MAX_CONFIG_BYTES + "1]\n")
+    start = time.monotonic()
+    err = _refused(Full, ["--config", str(y)], capsys)
+    assert time.monotonic() - start < 1
+    assert err == (f"error: --config {y}: {y.stat().st_size} bytes, more than a config's {MAX_CONFIG_BYTES} (a config "
+                   f"is a short list of settings): name the right file\n")
+    # under the size cap, a list of many values stops at the value cap, well under a second
+    y.write_text("save_steps: [" + "1," * (MAX_CONFIG_BYTES // 2 - 16) + "1]\n")
+    start = time.monotonic()
+    assert "more than 5000 values" in _refused(Full, ["--config", str(y)], capsys)
+    assert time.monotonic() - start < 2
+
+
+def test_config_that_is_not_a_file_is_named_and_never_opened(tmp_path, capsys):
+    assert _refused(Full, ["--config", str(tmp_path)], capsys) == \
+        f"error: --config {tmp_path}: is a directory, not a file: name a YAML file\n"
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    start = time.monotonic()
+    assert _refused(Full, ["--config", str(fifo)], capsys) == \
+        f"error: --config {fifo}: is a FIFO (named pipe), not a file: name a YAML file\n"
+    assert time.monotonic() - start < 2
+    assert _refused(Full, ["--config", "/dev/zero"], capsys) == \
+        "error: --config /dev/zero: is a device, not a file: name a YAML file\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# List values carry their field's rules, and are never silently empty
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Lists:
+    periods: list[Annotated[int, Count]] = dataclasses.field(default_factory=lambda: [2, 3])  # each a rule
+    widths: Annotated[list[float], Positive] = dataclasses.field(default_factory=lambda: [1.0])  # the field's rule, on each
+    extras: Annotated[list[str], MayBeEmpty] = dataclasses.field(default_factory=list)  # empty: none
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--periods", "0"], "--periods: must be ≥ 1, got 0 (in [0])"),
+    (["--periods", "2,-3"], "--periods: must be ≥ 1, got -3 (in [2, -3])"),
+    (["--periods", ""], "--periods: needs at least one value (comma-separated on the command line, a list in the YAML)"),
+    (["--periods", "2,,3"], "--periods: an empty value in '2,,3' (values are comma-separated: 2,3,5)"),
+    (["--periods", "1.5"], "--periods: expected an integer, got '1.5'"),
+    (["--widths", "1,0"], "--widths: must be > 0, got 0.0 (in [1.0, 0.0])"),
+    (["--widths", "1,nan"], "--widths: must be a finite number, got nan"),
+])
+def test_every_value_of_a_list_is_checked(argv, message, capsys):
+    assert _refused(Lists, argv, capsys) == f"error: {message}\n"
+
+
+def test_a_list_field_says_its_rules_and_may_be_empty_where_it_says_so(capsys):
+    cfg = parse_config(Lists, ["--periods", "5,7", "--extras", ""])
+    assert cfg.periods == [5, 7] and cfg.extras == []
+    with pytest.raises(SystemExit):
+        parse_config(Lists, ["--help"])
+    out = capsys.readouterr().out
+    assert "--periods list[int] (each ≥ 1; at least one; comma-separated) = [2, 3]\n" in out
+    assert "--extras list[str] (may be empty; comma-separated) = []\n" in out
+
+
+def test_a_list_in_the_yaml_is_checked_and_names_the_file(tmp_path, capsys):
+    y = tmp_path / "c.yaml"
+    y.write_text("periods: []\n")
+    assert _refused(Lists, ["--config", str(y)], capsys) == (
+        f"error: --periods: needs at least one value (comma-separated on the command line, a list in the YAML) "
+        f"(--config {y}, line 1)\n")
+
+
+VOCODER_YAML = ROOT / "recipes" / "vocoder" / "config.yaml"
+
+
+@pytest.mark.parametrize("argv,message", [
+    # each crashed at the first adversarial step (ZeroDivisionError, a view of a negative size)
+    (["--periods", "0"], "--periods: must be ≥ 1, got 0 (in [0])"),
+    (["--periods", "-3"], "--periods: must be ≥ 1, got -3 (in [-3])"),
+    (["--resolutions", "1"], "--resolutions: must be ≥ 4, got 1 (in [1])"),  # hop n_fft / 4 = 0
+    (["--period_channels", "0"], "--period_channels: must be ≥ 1, got 0 (in [0])"),
+    # trained with no period discriminator, silently
+    (["--periods", ""], "--periods: needs at least one value (comma-separated on the command line, a list in the YAML)"),
+    (["--resolutions", "512,20000"], "--resolutions: 20000 is longer than a training segment (8192 samples = "
+                                     "--segment_frames 32 × --hop_length 256): lower it or raise --segment_frames"),
+])
+def test_vocoder_discriminator_lists_are_checked(argv, message, capsys):
+    assert _refused(recipe_modules("vocoder", "train").train.Config, argv, capsys, VOCODER_YAML) == f"error: {message}\n"
+
+
+def test_every_list_field_of_a_recipe_config_has_rules_for_its_values():
+    """A list's values are checked by its field's rules: a number list without a Range takes 0 or -3."""
+    for recipe in ("best_rq", "asr", "tts", "vocoder"):
+        for name, (tp, rules) in field_specs(recipe_modules(recipe, "train").train.Config).items():
+            if typing.get_origin(tp) is list and typing.get_args(tp)[0] in (int, float):
+                assert any(isinstance(r, Range) for r in rules), f"{recipe} --{name}: no Range for its values"
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths checked at parse time; fields the program sets
+# ---------------------------------------------------------------------------------------------
+
+def test_an_output_dir_that_is_a_file_is_refused_at_once(tmp_path, capsys):
+    f = tmp_path / "notes.txt"
+    f.write_text("x")
+    assert _refused(RunConfig, ["--output_dir", str(f)], capsys) == \
+        f"error: --output_dir: {f} is a file; name a folder (a new one, or a run's)\n"
+    assert _refused(RunConfig, ["--output_dir", str(f / "run")], capsys) == \
+        f"error: --output_dir: {f / 'run'} cannot be made: {f} is a file; name a folder (a new one, or a run's)\n"
+    assert parse_config(RunConfig, ["--output_dir", str(tmp_path / "new" / "run")]).output_dir == str(tmp_path / "new/run")
+
+
+@dataclass
+class WithInternal:
+    """A config with a field the program writes."""
+
+    max_steps: int = 1  # steps
+    derived: Annotated[bool, ResumeSafe, Internal] = False  # written by the program
+
+
+def test_an_internal_field_is_not_a_setting(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(WithInternal, ["--help"])
+    assert "--derived" not in capsys.readouterr().out
+    assert _refused(WithInternal, ["--derived", "true"], capsys) == (
+        "error: --derived is set by the program itself (recorded in the run's config.yaml), not on the command "
+        "line: drop it\n")
+    # a run's own config.yaml records it, and may be given back as --config
+    save_config(WithInternal(derived=True), tmp_path / "config.yaml")
+    assert parse_config(WithInternal, ["--config", str(tmp_path / "config.yaml")]).derived is True
+
+
+def test_tts_symbols_derived_is_internal(capsys):
+    tts = recipe_modules("tts", "train").train
+    with pytest.raises(SystemExit):
+        parse_config(tts.Config, ["--help"], default_yaml=ROOT / "recipes" / "tts" / "config.yaml")
+    assert "symbols_derived" not in capsys.readouterr().out
+    assert "set by the program itself" in _refused(tts.Config, ["--symbols_derived", "true"], capsys)
+    assert "symbols_derived" in resume_safe_keys(tts.Config)  # resume: see test_tts_frontend
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lm_alphas", "0.5,nan"], "--lm_alphas: must be a finite number, got nan"),  # was a grid with a nan weight
+    (["--lm_alphas", "-1"], "--lm_alphas: must be ≥ 0, got -1.0 (in [-1.0])"),
+    (["--lm_betas", ""], "--lm_betas: needs at least one value (comma-separated on the command line, a list in the YAML)"),
+])
+def test_asr_decode_lm_grids_are_checked_lists(argv, message, capsys, tmp_path):
+    decode = recipe_modules("asr", "decode").decode
+    checkpoint = ["--checkpoint", str(tmp_path)]
+    assert parse_config(decode.EvalConfig, checkpoint).lm_betas == [0.0, 0.5, 1.0, 2.0, 3.0]
+    assert _refused(decode.EvalConfig, checkpoint + argv, capsys) == f"error: {message}\n"

@@ -2,6 +2,7 @@
 `load_dataset_builder` call a Hub name goes through."""
 import io
 import math
+import shutil
 import time
 
 import numpy as np
@@ -151,20 +152,35 @@ def test_state_and_restore_time_do_not_grow_with_the_position(tmp_path):
     assert times[1] < 3 * times[0] + 0.05
 
 
-def test_changed_shard_changes_the_fingerprint(tmp_path):
-    write_shards(tmp_path, [4, 4])
-    before = make(tmp_path, partitions=2, batch_size=2, fresh=True).summary()
-    path = tmp_path / "data" / "train-00001-of-00002.parquet"
-    data = path.read_bytes()
+def test_the_fingerprint_follows_contents_and_a_refusal_names_the_shard(tmp_path):
+    """A plain copy of unchanged shards (`cp -r`: new file times) and the same bytes rewritten keep
+    the fingerprint (the resume goes on); a shard rewritten with other rows, one added and one
+    removed change it, and the refusal names each."""
+    folder, copy = tmp_path / "a", tmp_path / "b"
+    write_shards(folder, [4, 4])
+    before = make(folder, partitions=2, batch_size=2, fresh=True).summary()
     time.sleep(0.01)
-    path.write_bytes(data)  # same bytes, rewritten: ctime moves
-    after = make(tmp_path, partitions=2, batch_size=2, fresh=True).summary()
+    shutil.copytree(folder, copy, copy_function=shutil.copyfile)  # as `cp -r`: mtimes are the copy's
+    shard = copy / "data" / "train-00001-of-00002.parquet"
+    assert shard.stat().st_mtime_ns != (folder / "data" / shard.name).stat().st_mtime_ns
+    shard.write_bytes(shard.read_bytes())  # the same bytes rewritten: ctime and mtime move
+    copied = make(copy, partitions=2, batch_size=2, fresh=True).summary()
+    assert copied == before and data_change(before, copied, tmp_path) is None
+
+    write_shards(tmp_path / "c", [4, 4, 3])  # other rows in shard 1 (other random audio), a third shard
+    for name in ("train-00000-of-00002.parquet", "train-00001-of-00003.parquet"):
+        shutil.copyfile(tmp_path / "c" / "data" / ("train-00001-of-00003.parquet" if "00003" not in name else
+                                                   "train-00002-of-00003.parquet"), copy / "data" / name)
+    shard.unlink()
+    after = make(copy, partitions=2, batch_size=2, fresh=True).summary()
     assert after["fingerprint"] != before["fingerprint"]
-    # What resume_from_checkpoint refuses with (or resumes with, unchanged):
     assert data_change(before, after, tmp_path) == (
-        f"training data changed: checkpoint 8 utterances (fingerprint {before['fingerprint']}) != now 8 "
-        f"(fingerprint {after['fingerprint']})")
-    assert data_change(after, make(tmp_path, partitions=2, batch_size=2, fresh=True).summary(), tmp_path) is None
+        "training data changed: 1 shard appeared: train-00001-of-00003.parquet; 1 shard vanished: "
+        "train-00001-of-00002.parquet; 1 shard changed (its content digest differs): train-00000-of-00002.parquet")
+    # A checkpoint of a stream from before content digests (its fingerprint followed file times) resumes.
+    old = {"utterances": 8, "fingerprint": "0123456789abcdef", "shards": 2}
+    assert data_change(old, before, tmp_path) is None
+    assert data_change({**old, "utterances": 9}, before, tmp_path).startswith("training data changed: checkpoint 9")
 
 
 def test_column_name_mistake_is_one_line(shards):
@@ -263,3 +279,16 @@ def test_reading_a_block_touches_only_the_shards_that_hold_it(tmp_path):
     rows = stream.read_rows(0, stream.rows - 10, stream.rows)
     assert [r["id"] for r in rows] == [f"u{i:04d}" for i in range(6, 8)] + [f"u{i:04d}" for i in range(8)]
     assert Counted.touched <= 2
+
+
+def test_unset_partitions_adapt_to_a_small_split_and_a_short_batch_is_explained():
+    from common.stream import auto_partitions, batch_shortfall, batch_sizes
+
+    assert auto_partitions(100_000, 8) == 64 and batch_sizes(100_000, 64, 8)[:2] == (7, 8)
+    assert auto_partitions(200, 8) == 4 and batch_sizes(200, 4, 8)[:2] == (7, 8)  # 64 would give 3–4
+    assert auto_partitions(200, 8, multiple_of=8) == 8  # one partition per reader at least
+    assert batch_shortfall(200, 4, 8) is None
+    assert batch_shortfall(200, 8, 8, multiple_of=8) == (
+        "streamed batches hold 6–7 utterances, not --per_device_train_batch_size 8: 200 rows in 8 partitions are "
+        "25–25 a partition, cut into batches of equal count; even 8 partitions (one per reader) would not fill "
+        "them: a smaller --per_device_train_batch_size, or more rows")

@@ -1,6 +1,7 @@
 """`common.stream.check_shards`: every row of every parquet shard checked once, its verdicts cached
 per shard, bad rows refused in one line or skipped, and a stream with skips still exact."""
 import io
+import json
 import logging
 
 import numpy as np
@@ -120,3 +121,49 @@ def test_a_stream_with_skips_yields_the_good_rows_once_on_2_ranks_and_2_workers(
     for start in range(len(full)):
         again = ShardStream(kept, COLUMNS, seed=0, partitions=4, block_rows=6, batch_size=3)
         assert [[r["id"] for r in rows] for _, rows in again.batches(1, 0, 1, start)] == full[start:]
+
+
+def test_audio_cells_that_are_not_bytes_or_a_regular_file_are_named_without_blocking(tmp_path):
+    """A path naming a FIFO (opening it blocks until someone writes), the integer 0 (soundfile reads
+    file descriptor 0, stdin), a missing path and multi-channel audio: each row refused in the
+    report, the check never blocks (an alarm fails the test where it would)."""
+    import os
+    import signal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fifo = tmp_path / "audio.fifo"
+    os.mkfifo(fifo)
+    buf = io.BytesIO()
+    sf.write(buf, np.full((900, 2), 0.1, "float32"), 16000, format="WAV")
+    stereo = buf.getvalue()
+    rows = [good(0), ("fifo", None, "a b"), ("gone", None, "a b"), ("stereo", stereo, "a b"), good(1)]
+    audio = [{"bytes": a, "path": None} for _, a, _ in rows]
+    audio[1], audio[2] = {"bytes": None, "path": str(fifo)}, {"bytes": None, "path": str(tmp_path / "gone.wav")}
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({"utt": [u for u, _, _ in rows], "audio": audio, "sentence": ["a b"] * 5}),
+                   tmp_path / "data" / "train-00000-of-00002.parquet")
+    pq.write_table(pa.table({"utt": ["zero", "one"], "audio": [0, 1], "sentence": ["a b"] * 2}),
+                   tmp_path / "data" / "train-00001-of-00002.parquet")
+    shards = open_shards(resolve_shards(str(tmp_path)), COLUMNS)
+    old = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the data check blocked"))
+    signal.alarm(60)
+    try:
+        kept = check_shards(shards, COLUMNS, tmp_path / "out", on_bad_data="skip", workers=1)
+        with pytest.raises(RunError) as e:
+            check_shards(shards, COLUMNS, tmp_path / "out", workers=1)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert [s.skip for s in kept] == [(1, 2, 3), (0, 1)]
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(
+        "5 unusable rows in 2 of 2 shards (2 audio is not bytes or a file path, 1 not a regular file, 1 missing file, "
+        "1 multi-channel audio): ")
+    assert f"{shards[0].path} row 1: not a regular file (a FIFO), and 4 more" in message
+    problems = [json.loads(line) for line in next((tmp_path / "out").glob("stream-check-*/problems.jsonl")).open()]
+    assert [(p["row"], p["reason"], p["detail"]) for p in problems] == [
+        (1, "not a regular file", "a FIFO"), (2, "missing file", str(tmp_path / "gone.wav")),
+        (3, "multi-channel audio", "2 channels"), (0, "audio is not bytes or a file path", "int 0"),
+        (1, "audio is not bytes or a file path", "int 1")]

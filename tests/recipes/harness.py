@@ -43,7 +43,8 @@ def command(recipe: str, nproc: int, args: list[str], profile: str = "cpu_ddp.ya
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the launcher and every process under it at once, as a scheduler killing the job
     would. (torch's elastic agent starts its workers in sessions of their own, so killing the
-    launcher's process group alone leaves the training processes running.)"""
+    launcher's process group alone misses them: they stop on their own once they notice, through a
+    save, see common/launcher.py.)"""
     procs = [psutil.Process(proc.pid)]
     procs += procs[0].children(recursive=True)
     for p in procs:

@@ -47,3 +47,16 @@ def test_quiet_launch_and_the_script_itself_say_one_line(tmp_path):
     assert proc.returncode == 1 and proc.stderr == MESSAGE + "\n", proc.stderr
     proc = launch([sys.executable, str(ROOT / "recipes" / "best_rq" / "train.py"), "--max_steps", "0"], tmp_path)
     assert proc.returncode == 2 and proc.stderr == MESSAGE + "\n", proc.stderr
+
+
+def test_a_bad_value_in_a_yaml_file_names_the_file_through_the_script(tmp_path):
+    """The vocoder trained with `periods: [2, 0]` until the first adversarial step (ZeroDivisionError);
+    now the script's one line names the value, the file and its line, before anything is created."""
+    y = tmp_path / "my.yaml"
+    y.write_text("max_steps: 10\nperiods: [2, 0]\n")
+    out = tmp_path / "out"
+    proc = launch([sys.executable, str(ROOT / "recipes" / "vocoder" / "train.py"), "--config", str(y),
+                   "--output_dir", str(out)], tmp_path)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"error: --periods: must be ≥ 1, got 0 (in [2, 0]) (--config {y}, line 2)\n"), proc.stderr
+    assert not out.exists()

@@ -128,7 +128,7 @@ def test_column_and_split_mistakes_name_what_there_is(source, tmp_path, monkeypa
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
     cfg = source_cfg(source, **changes, **({} if streaming else {"streaming": "false", "per_device_train_batch_size": "none",
-                                                                  "stream_partitions": 64}))
+                                                                  "stream_partitions": "none"}))
     with pytest.raises(UsageError, match=message):
         if streaming:
             open_stream(cfg, cfg.train_split_name, text=True, partitions=4)
@@ -168,8 +168,8 @@ def test_a_missing_column_stops_the_recipe_in_one_line_with_exit_code_2(source, 
 @pytest.mark.slow
 def test_streamed_1proc_killed_and_resumed_is_bit_identical_and_changed_shards_are_refused(source, tmp_path, env):
     """8 batches of ≤ 8 an epoch: 10 steps cross into epoch 1; killed after step 3, resumed reading
-    with 2 data workers; validation streamed at steps 5 and 10. Then a rewritten shard (same bytes:
-    its ctime moves) refuses the resume."""
+    with 2 data workers; validation streamed at steps 5 and 10. Then a shard rewritten without its
+    last row refuses the resume, naming it."""
     data = tmp_path / "source"
     shutil.copytree(source, data)  # this test rewrites a shard
     extra = ["--max_steps", "10", "--save_steps", "1", "--eval_steps", "5", "--per_device_train_batch_size", "8"]
@@ -187,11 +187,29 @@ def test_streamed_1proc_killed_and_resumed_is_bit_identical_and_changed_shards_a
     assert [r["eval_wer"] for r in rows if "eval_wer" in r] == [r["eval_wer"] for r in metrics(cont) if "eval_wer" in r]
     assert len([r for r in rows if "eval_wer" in r]) == 2
 
+    import pyarrow.parquet as pq
+
     shard = data / "data" / "train-00001-of-00003.parquet"
-    time.sleep(0.01)
-    shard.write_bytes(shard.read_bytes())
+    pq.write_table(pq.read_table(shard).slice(0, 4), shard)  # its last row removed
     log = run("asr", 1, args_for(data, cut, *extra), env=env, expect_rc=1)
-    assert "refusing to resume" in log and "training data changed: checkpoint 48 utterances (fingerprint" in log
+    assert "refusing to resume" in log and ("training data changed: 1 shard changed (its content digest differs): "
+                                            "train-00001-of-00003.parquet") in log
+
+
+@pytest.mark.slow
+def test_unset_partitions_fill_the_batches_and_a_resume_keeps_them(source, tmp_path, env):
+    """--stream_partitions unset, 48 rows in batches of 8: 2 partitions (64 would give batches of at
+    most 1), recorded in the checkpoint; a re-launch with more steps resumes with them."""
+    args = args_for(source, tmp_path / "out", "--max_steps", "2", "--save_steps", "1")
+    i = args.index("--stream_partitions")
+    args = args[:i] + args[i + 2 :]
+    args[args.index("--per_device_train_batch_size") + 1] = "8"
+    log = run("asr", 1, args, env=env)
+    assert "6 batches of 8–8 an epoch in 2 partitions" in log and "streamed batches hold" not in log
+    args[args.index("--max_steps") + 1] = "3"
+    log = run("asr", 1, args, env=env)
+    assert "refusing" not in log and len(resumed_positions(tmp_path / "out.log")) == 1
+    assert [r["step"] for r in metrics(tmp_path / "out") if "step" in r] == [1, 2, 3]
 
 
 @pytest.mark.slow
@@ -343,7 +361,8 @@ def test_tts_and_vocoder_build_their_data_from_a_source(recipe, streaming, sourc
     batch = next(iter(data.train_loader))
     assert set(batch["ids"]) <= set(read_librispeech_ids(source))
     assert data.summary["utterances"] == 48
-    assert ("fingerprint" if streaming else "contents") in data.summary
+    assert "fingerprint" in data.summary and list(data.summary["shard_files"]) == [
+        f"train-0000{i}-of-00003.parquet" for i in range(3)]  # each file's content digest, by name
     if streaming:
         assert len(batch["ids"]) == 4 and len(batch["durations"]) == 4
     rows = data.valid_rows(2)

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -77,6 +78,51 @@ def test_preemption_saves_the_same_step_on_all_ranks_and_resumes_exactly(tiny_co
     run("best_rq", nproc, args_for(tiny_corpus, out, *STEPS))
     assert_same_weights(continuous(nproc), out)
     assert_same_losses(continuous(nproc), out)
+
+
+def test_a_killed_launcher_stops_its_workers_and_an_immediate_relaunch_resumes_exactly(tiny_corpus, tmp_path,
+                                                                                        continuous):
+    """`kill -9 -- -<pgid>` of a setsid'ed 2-process `accelerate launch` kills the launcher only: torch's
+    elastic agent starts its workers in sessions of their own. They notice their launcher is gone and
+    stop as on a preemption (save at the next step, exit 75, lock released), and the same command
+    launched at once waits for them, resumes, and ends bit-identical to a run never interrupted."""
+    out = tmp_path / "run"
+    args = args_for(tiny_corpus, out, *STEPS)
+    workers = []
+
+    def kill_launcher_group(proc):  # what a scheduler killing the job's process group does
+        workers.extend(worker(proc, r) for r in range(2))
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    # 3 s per save: the orphans, left alone, would still be training when the re-launch starts
+    run("best_rq", 2, args, when=checkpoint_exists(2), then=kill_launcher_group, expect_rc=None,
+        env={"PYTHONPATH": str(SUPPORT), "SLOW_SAVE": "3"})
+    try:
+        assert all(running(w) for w in workers)  # survived the group kill ...
+        deadline = time.monotonic() + 30  # ... and mark the run lock: a re-launch meanwhile waits, never refused
+        while json.loads((out / ".run.lock").read_text())["state"] != "stopping":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        log = run("best_rq", 2, args)
+        assert not [w for w in workers if running(w)]
+    finally:
+        for w in workers:
+            if running(w):
+                w.kill()
+    both = (tmp_path / "run.log").read_text()  # the orphans' lines too (they kept the launcher's stdout)
+    assert both.count("the launcher (pid ") == 2 and "preempted at step" in both  # each rank says why
+    assert "resumed from" in log and "Traceback" not in both
+    assert newest_step(out) == 8
+    assert_same_weights(continuous(2), out)
+    assert_same_losses(continuous(2), out)
+
+
+def running(p: psutil.Process) -> bool:
+    """Not ended (an orphan's zombie counts as ended: its new parent may never reap it)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_kill_mid_save_and_torn_metrics_line_lose_nothing(tiny_corpus, tmp_path, continuous):

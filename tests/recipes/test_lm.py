@@ -146,6 +146,9 @@ def test_decode_and_pipeline_with_the_lm(tiny_corpus, tmp_path):
                                    "--lm_alpha", str(summary["lm_alpha"]), "--lm_beta", str(summary["lm_beta"])],
                   tmp_path / "export.log")
     assert proc.returncode == 0, proc.stdout
+    from common.checkpoint import resolve_checkpoint
+
+    assert resolve_checkpoint(export) == export  # sealed like a training final/: the tools accept it
     asr_pipe = pipeline("automatic-speech-recognition", model=str(export), trust_remote_code=True)
     assert asr_pipe.type == "ctc_with_lm"
     theirs = {row["id"]: asr_pipe({"raw": sf.read(row["path"], dtype="float32")[0], "sampling_rate": 16000})["text"]

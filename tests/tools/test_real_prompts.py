@@ -118,6 +118,13 @@ def test_refusals_are_one_line(tmp_path):
     english = run("--lang", "en", "--out", str(tmp_path / "o"))
     assert english.returncode == 2 and "outside check" in english.stderr
     assert not (tmp_path / "o").exists()
+    sounds, doc = _fake_package(tmp_path / "pkg")
+    (tmp_path / "a_file").write_text("")
+    unwritable = run("--lang", "fr", "--out", str(tmp_path / "a_file" / "o"), "--doc_root", str(doc),
+                     "--sounds_root", str(sounds))
+    assert unwritable.returncode == 2 and unwritable.stdout == ""
+    assert unwritable.stderr.strip().splitlines() == [unwritable.stderr.strip()]
+    assert f"--out {tmp_path / 'a_file' / 'o'}: cannot create" in unwritable.stderr
 
 
 # The split sizes documented in tools/README.md (Debian 12, asterisk-core-sounds 1.6.1-1).

@@ -1,0 +1,211 @@
+"""`common.source` on tiny local sources: a map-style split's bad rows and files refused in one line
+(exit code 2) naming the split and row or the file, never a traceback or a blocked read; what a
+checkpoint records of the files follows their contents; stream messages name the fix."""
+import io
+import os
+import shutil
+import signal
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from common.faults import RunError
+from common.manifest import DataError, data_change
+from common.source import load_split, with_contents
+from common.stream import ShardStream, open_shards, resolve_shards
+
+AUDIO = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def wav(channels=1, frames=900) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.full((frames, channels), 0.1, "float32"), 16000, format="WAV")
+    return buf.getvalue()
+
+
+def source(folder, train: list, sentences=None, audio_type=AUDIO):
+    """<folder>/data/{train,validation}-00000-of-00001.parquet: `train`'s audio cells (structs unless
+    `audio_type` says otherwise) and one validation row (good audio; of another type, the first of `train`)."""
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    sentences = sentences or ["a b"] * len(train)
+    pq.write_table(pa.table({"audio": pa.array(train, audio_type), "sentence": sentences}),
+                   folder / "data" / "train-00000-of-00001.parquet")
+    valid = [{"bytes": wav(), "path": None}] if audio_type == AUDIO else train[:1]
+    pq.write_table(pa.table({"audio": pa.array(valid, audio_type), "sentence": ["a"]}),
+                   folder / "data" / "validation-00000-of-00001.parquet")
+    return folder
+
+
+def cfg(folder):
+    return SimpleNamespace(dataset_name=str(folder), dataset_config_name=None, audio_column_name="audio",
+                           text_column_name="sentence")
+
+
+@pytest.fixture(autouse=True)
+def offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+def refused(folder, text=True) -> str:
+    with pytest.raises(DataError) as e:
+        load_split(cfg(folder), "train", text=text)
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+    return str(e.value)
+
+
+def good():
+    return {"bytes": wav(), "path": None}
+
+
+def test_a_corrupt_row_is_named_in_one_line(tmp_path):
+    folder = source(tmp_path, [good(), {"bytes": b"not audio at all", "path": None}])
+    assert refused(folder).startswith(f"--dataset_name {folder} split train row 1: unreadable audio (Error opening "
+                                      "its bytes: Format not recognised.); re-encode or remove it")
+
+
+def test_multi_channel_audio_is_refused_as_from_a_folder(tmp_path):
+    folder = source(tmp_path, [good(), good(), {"bytes": wav(channels=2), "path": None}])
+    assert refused(folder).startswith(f"--dataset_name {folder} split train row 2: multi-channel audio (2 channels)")
+
+
+def test_an_empty_transcript_is_named_where_transcripts_are_read(tmp_path):
+    folder = source(tmp_path, [good(), good()], sentences=["a b", "  "])
+    assert refused(folder).startswith(f"--dataset_name {folder} split train row 1: empty transcript")
+    ds, _ = load_split(cfg(folder), "train", text=False)  # a recipe that reads no transcripts takes it
+    assert len(ds) == 2
+
+
+def test_a_fifo_path_is_refused_without_opening_it(tmp_path):
+    fifo = tmp_path / "audio.fifo"
+    os.mkfifo(fifo)
+    folder = source(tmp_path / "src", [good(), {"bytes": None, "path": str(fifo)}])
+    old = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("reading the source blocked"))
+    signal.alarm(60)
+    try:
+        message = refused(folder)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert message.startswith(f"--dataset_name {folder} split train row 1: not a regular file (a FIFO)")
+
+
+def test_an_audio_column_of_integers_is_one_line(tmp_path):
+    folder = source(tmp_path, [0, 1], audio_type=pa.int64())
+    assert refused(folder) == (f"--audio_column_name audio of --dataset_name {folder} split train holds int64, not "
+                               "audio (encoded bytes, a file path, or a datasets Audio column): name the audio column")
+
+
+def test_files_that_disagree_or_are_empty_are_named(tmp_path):
+    folder = source(tmp_path / "mixed", [good()])
+    odd = folder / "data" / "train-00001-of-00001.parquet"
+    pq.write_table(pa.table({"audio": [0], "sentence": ["a"]}), odd)
+    message = refused(folder)
+    assert "`datasets` cannot build its splits: " in message and f", in {odd} (audio: int64, sentence: string, " \
+        f"where {folder}/data/train-00000-of-00001.parquet has audio: struct<bytes: binary, path: string>" in message
+    odd.write_bytes(b"")
+    assert refused(folder) == (f"{odd}: not a readable parquet file (0 bytes): re-download or re-write it, or "
+                               "remove it from the split")
+    with pytest.raises(DataError, match=r"^.*train-00001-of-00001\.parquet: not a readable parquet file \(0 bytes\)"):
+        open_shards(resolve_shards(str(folder)), {"audio": "audio", "text": None, "id": None, "duration": None})
+
+
+def test_what_a_checkpoint_records_follows_the_files_contents(tmp_path):
+    """A plain copy of the source (new file times) records the same; another file's content is named."""
+    folder = source(tmp_path / "a", [good(), good()])
+    ds, files = load_split(cfg(folder), "train")
+    copy = tmp_path / "b"
+    shutil.copytree(folder, copy, copy_function=shutil.copyfile)
+    ds2, files2 = load_split(cfg(copy), "train")
+    assert files2 == files == {"train-00000-of-00001.parquet": files["train-00000-of-00001.parquet"]}
+    assert data_change(with_contents(ds, files), with_contents(ds2, files2), tmp_path) is None
+    changed = {"train-00000-of-00001.parquet": "0" * 16}
+    assert data_change(with_contents(ds, files), with_contents(ds2, changed), tmp_path) == (
+        "training data changed: 1 shard changed (its content digest differs): train-00000-of-00001.parquet")
+
+
+COLUMNS = {"audio": "audio", "text": None, "id": None, "duration": None}
+
+
+def test_a_validation_split_too_small_for_its_readers_names_what_fixes_it(tmp_path):
+    """Its partitions are one per process × data worker, not --stream_partitions."""
+    from common.source import open_streams
+
+    folder = source(tmp_path, [good()] * 8)
+    settings = SimpleNamespace(**vars(cfg(folder)), train_split_name="train", eval_split_name="validation",
+                               seed=0, stream_partitions=2, stream_block_rows=8, per_device_train_batch_size=2,
+                               data_check="header", on_bad_data="error")
+    accelerator = SimpleNamespace(num_processes=2, is_main_process=True)
+    with pytest.raises(RunError) as e:
+        open_streams(settings, accelerator, tmp_path / "out", text=False, num_workers=0)
+    assert str(e.value) == (
+        "1 rows cannot fill 2 partitions of 1 batches: the validation split (--eval_split_name validation) is read "
+        "in one partition per process × data worker (2 × 1), each needing a row: give it more rows, or launch fewer "
+        "processes (--num_processes) or data workers (--num_workers)")
+    assert e.value.exit_code == 2
+
+
+def test_a_shard_without_the_id_column_the_others_have_names_no_flag(tmp_path):
+    folder = source(tmp_path, [good()])
+    pq.write_table(pa.table({"id": ["x"], "audio": pa.array([good()], AUDIO), "sentence": ["a"]}),
+                   folder / "data" / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"audio": pa.array([good()], AUDIO), "sentence": ["a"]}),
+                   folder / "data" / "train-00001-of-00001.parquet")
+    paths = resolve_shards(str(folder))
+    with pytest.raises(RunError) as e:
+        open_shards(paths, {**COLUMNS, "id": "id"})
+    assert str(e.value) == (f"{paths[1]} has no id column, which {paths[0]} has (it has audio, sentence): every "
+                            "shard of a split needs the same columns; add it, or drop it from all")
+    assert "--id_column_name" not in str(e.value)
+
+
+def stream_settings(folder, partitions):
+    return SimpleNamespace(**vars(cfg(folder)), train_split_name="train", eval_split_name="validation", seed=0,
+                           stream_partitions=partitions, stream_block_rows=1000, per_device_train_batch_size=8,
+                           data_check="header", on_bad_data="error")
+
+
+def test_streamed_batches_hold_what_was_asked_or_the_run_says_which_partitions_would(tmp_path, caplog):
+    """200 rows in batches of 8: unset, --stream_partitions becomes 4 (batches of 7–8, not 3–4 in the
+    old 64) and is set on the config (the checkpoint records it); a resume keeps the value its
+    checkpoint recorded (64 before the automatic value); 64 asked for is said in one line."""
+    import json
+    import logging
+
+    from common.source import build_stream_loaders, open_streams
+
+    folder = source(tmp_path / "src", [good()] * 200)
+    accelerator = SimpleNamespace(num_processes=1, is_main_process=True, process_index=0,
+                                  device=SimpleNamespace(type="cpu"))
+    settings = stream_settings(folder, None)
+    train, valid = open_streams(settings, accelerator, tmp_path / "fresh", text=False, num_workers=0)
+    assert settings.stream_partitions == train.partitions == 4 and len(train) == 4 * 7
+
+    def loaders(partitions, out):
+        settings = stream_settings(folder, partitions)
+        streams = open_streams(settings, accelerator, out, text=False, num_workers=0)
+        with caplog.at_level(logging.INFO):
+            build_stream_loaders(settings, accelerator, global_batch=1, num_workers=0,
+                                 train=(streams[0], None, list), valid=(streams[1], None, list))
+        return settings.stream_partitions
+
+    caplog.clear()
+    assert loaders(None, tmp_path / "fresh") == 4
+    assert "800 batches" not in caplog.text and "28 batches of 7–8 an epoch in 4 partitions" in caplog.text
+    assert "streamed batches hold" not in caplog.text
+
+    ckpt = tmp_path / "old" / "checkpoints" / "step_00000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "train_state.json").write_text(json.dumps({"config": {"stream_partitions": 64}}))
+    (ckpt / "COMPLETE").write_text("")
+    caplog.clear()
+    assert loaders(None, tmp_path / "old") == 64  # a resume: the checkpoint's partitions, its batches
+    short = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert short == ["streamed batches hold 3–4 utterances, not --per_device_train_batch_size 8: 200 rows in 64 "
+                     "partitions are 3–4 a partition, cut into batches of equal count; --stream_partitions 28 would "
+                     "give batches of 7–8 (in a new --output_dir: the partitions decide the batches)"]
