@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from common.config import (Count, DatasetConfig, Internal, NonNegative, Positive, Range, ResumeSafe,
+from common.config import (Count, DatasetConfig, ExistingPath, Internal, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
-LOSSES = ("mel_loss", "dur_loss", "align_loss", "bin_loss")
+LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")
 
 
 @dataclass
@@ -70,6 +70,7 @@ class Config(DatasetConfig):
     win_length: Annotated[int, Count] = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
     hop_length: Annotated[int, Count] = 256  # samples (11.6 ms per frame)
     # --- model ---
+    init_from: Annotated[str | None, ExistingPath] = None  # a TTS output_dir or final/ to start from (another voice or language): its weights, symbol embeddings matched by symbol (README, "Transfer")
     dim: Annotated[int, Count] = 128  # encoder/decoder width
     encoder_layers: Annotated[int, Count] = 2  # FFT blocks over symbols
     decoder_layers: Annotated[int, Count] = 2  # FFT blocks over frames
@@ -84,6 +85,7 @@ class Config(DatasetConfig):
     blank_logprob: Annotated[float, Range(hi=0)] = -1.0  # score (a log-probability) of the CTC blank column in the forward-sum loss
     # --- losses ---
     duration_loss_weight: Annotated[float, NonNegative] = 0.1
+    length_loss_weight: Annotated[float, NonNegative] = 0.1  # utterance length (log frames) of the predicted durations; 0 = the per-symbol loss alone (speech ~17 % short on a real voice: README)
     align_loss_weight: Annotated[float, NonNegative] = 1.0  # forward-sum loss
     binarization_loss_weight: Annotated[float, NonNegative] = 1.0
     binarization_start_steps: Annotated[int | None, NonNegative] = None  # optimizer steps before the binarization loss is switched on; None = never (on a real voice it locks in a wrong path: README)
@@ -116,7 +118,7 @@ from tools.corpus import resolve_data_dir  # noqa: E402
 from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
 from data import Collator, TTSDataset, split_manifest  # noqa: E402
 from frontend import AUTO, Symbols  # noqa: E402
-from model import build_model  # noqa: E402
+from model import build_model, transfer_from  # noqa: E402
 
 logger = get_logger(__name__)
 
@@ -185,7 +187,8 @@ def compute_loss(model, batch: dict, cfg: Config, binarize: bool) -> tuple[torch
     """(loss to back-propagate, values to log): the weighted sum of the mel, duration, alignment and,
     from binarization_start_steps on (`binarize`), binarization losses; and each of them."""
     out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], binarize)
-    loss = out["mel_loss"] + cfg.duration_loss_weight * out["dur_loss"] + cfg.align_loss_weight * out["align_loss"]
+    loss = (out["mel_loss"] + cfg.duration_loss_weight * out["dur_loss"] + cfg.length_loss_weight * out["len_loss"]
+            + cfg.align_loss_weight * out["align_loss"])
     if binarize:
         loss = loss + cfg.binarization_loss_weight * out["bin_loss"]
     return loss, {"loss": loss, **{k: out[k] for k in LOSSES}}
@@ -243,6 +246,11 @@ def main(cfg: Config) -> None:
     model = build_model(cfg)
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
+    if cfg.init_from:  # every rank; a resume then loads its checkpoint over it
+        try:
+            logger.info(transfer_from(model, cfg.symbols, cfg.init_from))
+        except ValueError as e:
+            raise RunError(str(e)) from None
     optimizer, scheduler = build_optimizer(cfg, model)
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model

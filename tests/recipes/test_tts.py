@@ -159,7 +159,31 @@ def test_model_infer_lengths_match_durations():
     prior[1, :11, :2] = model.beta_binomial_prior(11, 2).log()
     out = m(tokens, torch.tensor([4, 2]), mels, mel_lens, prior, True)
     assert torch.equal(out["durations"].sum(1), mel_lens)
-    assert all(torch.isfinite(out[k]) for k in ("mel_loss", "dur_loss", "align_loss", "bin_loss"))
+    assert all(torch.isfinite(out[k]) for k in ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss"))
+
+
+def test_length_loss_fits_the_utterance_length():
+    """len_loss compares Σ expm1(predicted log-durations) with the mel length: 0 when they agree, and
+    its gradient raises a too-short prediction (the per-symbol log loss alone fits a geometric mean,
+    which is short when durations vary)."""
+    torch.manual_seed(0)
+    m = model.AlignedFastSpeech(n_symbols=10, n_mels=80, dim=16, encoder_layers=1, decoder_layers=1, heads=2,
+                                ffn_dim=32, kernel=3, dropout=0.0, duration_channels=16, attention_dim=16,
+                                attention_temperature=0.005, blank_logprob=-1.0)
+    tokens, text_lens = torch.tensor([[1, 2, 3, 4]]), torch.tensor([4])
+    mels, mel_lens = torch.randn(1, 20, 80), torch.tensor([20])
+    prior = model.beta_binomial_prior(20, 4).log()[None]
+    out_layer = m.duration_predictor.out
+    torch.nn.init.zeros_(out_layer.weight)
+    with torch.no_grad():
+        out_layer.bias.fill_(math.log1p(20 / 4))  # 5 frames per symbol: Σ = 20 = the mel length
+    assert m(tokens, text_lens, mels, mel_lens, prior, False)["len_loss"].item() < 1e-10
+    with torch.no_grad():
+        out_layer.bias.fill_(math.log1p(2.0))  # 8 frames in all: too short
+    len_loss = m(tokens, text_lens, mels, mel_lens, prior, False)["len_loss"]
+    assert len_loss.item() == pytest.approx((math.log1p(8) - math.log1p(20)) ** 2, rel=1e-5)
+    len_loss.backward()
+    assert out_layer.bias.grad.item() < 0  # gradient descent lengthens it
 
 
 def test_mcd_constants_and_dtw():
@@ -209,6 +233,26 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
     events = list((out / "tensorboard").rglob("events.out.tfevents.*"))
     blob = b"".join(p.read_bytes() for p in events)
     assert b"mel/0_synth" in blob and b"alignment/0_soft_hard" in blob and b"audio/0" in blob
+
+    # --init_from's transfer: every weight but the symbol embeddings (matched by symbol) and the
+    # feature statistics; a model of another shape is refused
+    theirs = model.load_tts(out)[0].state_dict()
+    table = json.loads((out / "final" / "symbols.json").read_text())["symbols"]
+    cfg = model.load_tts(out)[1]
+    new_table = table[5] + table[1] + "ж"  # two shared symbols in another order, one new
+    fresh = model.build_model(type(cfg)(**{**vars(cfg), "symbols": new_table}))
+    before = fresh.state_dict()
+    line = model.transfer_from(fresh, new_table, out)
+    after = fresh.state_dict()
+    assert "2 of 3 symbols shared" in line and "'ж'" in line
+    assert torch.equal(after["embed.weight"][1], theirs["embed.weight"][6])
+    assert torch.equal(after["embed.weight"][2], theirs["embed.weight"][2])
+    assert torch.equal(after["embed.weight"][3], before["embed.weight"][3])  # the new symbol keeps its row
+    assert torch.equal(after["feat_mean"], before["feat_mean"]) and not torch.equal(after["feat_mean"], theirs["feat_mean"])
+    assert all(torch.equal(after[k], v) for k, v in theirs.items() if k not in ("embed.weight", "feat_mean", "feat_std"))
+    wider = model.build_model(type(cfg)(**{**vars(cfg), "dim": 48}))
+    with pytest.raises(ValueError, match="another shape"):
+        model.transfer_from(wider, table, out)
 
     text = "she could not believe the farmer"
     wav_path = tmp_path / "out.wav"
