@@ -352,9 +352,11 @@ def field_specs(cls: type) -> dict[str, tuple[Any, tuple[Rule, ...]]]:
         if not own:
             continue
         module = sys.modules.get(klass.__module__)
-        # A recipe's train.py imported under another name (tests) may be gone from sys.modules:
-        # its dataclass __init__ still holds the module's globals.
-        namespace = vars(module) if module is not None else getattr(klass.__init__, "__globals__", {})
+        # A recipe's script imported under another name (tests) may be gone from sys.modules, or its
+        # name may now be another module's (vocoder/evaluate.py vs the `evaluate` package): its
+        # dataclass __init__ still holds the defining module's globals.
+        defines = module is not None and getattr(module, klass.__name__, None) is klass
+        namespace = vars(module) if defines else getattr(klass.__init__, "__globals__", {})
         for name, annotation in own.items():
             tp = eval(annotation, namespace) if isinstance(annotation, str) else annotation  # noqa: S307 — our own source
             tp, rules = _split_rules(tp)

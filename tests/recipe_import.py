@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_NAMES = ("audio", "ctc_decode", "data", "frontend", "model", "scoring", "text", "train", "decode", "synthesize",
-               "score", "lm", "export")
+               "score", "lm", "export", "evaluate")
 
 
 def recipe_modules(recipe: str, *names: str) -> SimpleNamespace:
