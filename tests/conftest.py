@@ -16,12 +16,31 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(autouse=True)
+def _one_process_launcher(request):
+    """`@pytest.mark.accelerate_launch`: this test's one-process runs go through `accelerate launch`
+    (the others run `python train.py`: the same training, without the launcher's start-up)."""
+    from tests.recipes import harness
+
+    harness.LAUNCH_ONE[0] = request.node.get_closest_marker("accelerate_launch") is not None
+    yield
+    harness.LAUNCH_ONE[0] = False
+
+
+def suite_dir(tmp_path_factory) -> Path:
+    """A folder of this test run shared by all its pytest-xdist workers (each has its own basetemp
+    below it); without xdist, the run's basetemp itself."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
-    """The built-in corpus, `tiny` profile (a few seconds to generate), shared by the session."""
+    """The built-in corpus, `tiny` profile (a few seconds to generate), built once per test run: the
+    first worker to ask builds it under the corpus cache's file lock, the others wait for it."""
     from tools.corpus import ensure_builtin_corpus
 
-    return ensure_builtin_corpus(tmp_path_factory.mktemp("cache"), profile="tiny")
+    return ensure_builtin_corpus(suite_dir(tmp_path_factory) / "cache", profile="tiny")
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +48,38 @@ def ssltiny_corpus(tmp_path_factory) -> Path:
     """The built-in corpus, `ssltiny` profile: tiny's held-out splits, a new augmented training split."""
     from tools.corpus import ensure_builtin_corpus
 
-    return ensure_builtin_corpus(tmp_path_factory.mktemp("cache"), profile="ssltiny")
+    return ensure_builtin_corpus(suite_dir(tmp_path_factory) / "cache", profile="ssltiny")
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """`reference(recipe, nproc, make_args)` -> the output folder of a run never interrupted, trained
+    once per test run and shared by every test, in every pytest-xdist worker, that asks for the same
+    command (`make_args(output_dir)` -> the recipe's arguments). Tests compare their interrupted runs
+    against it and only read it: a test that writes into a run makes its own."""
+    import fcntl
+    import hashlib
+    import json
+    import shutil
+
+    from tests.recipes.harness import run
+
+    root = suite_dir(tmp_path_factory) / "references"
+    root.mkdir(exist_ok=True)
+
+    def get(recipe: str, nproc: int, make_args, env: dict | None = None) -> Path:
+        key = hashlib.sha256(json.dumps([recipe, nproc, make_args(Path("OUT")), env]).encode()).hexdigest()[:16]
+        folder = root / f"{recipe}{nproc}-{key}"
+        with open(f"{folder}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one worker trains it, the others wait (released on close)
+            if not (folder / "DONE").exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a run a failed test left half-done
+                folder.mkdir()
+                run(recipe, nproc, make_args(folder / "run"), env=env, launcher=False)
+                (folder / "DONE").touch()
+        return folder / "run"
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,9 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORT = ROOT / "tests" / "recipes" / "support"  # sitecustomize: write audit, fault injection
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
+# Whether run() starts a one-process run through `accelerate launch`: set per test by the
+# `accelerate_launch` mark (tests/conftest.py). Every recipe keeps one such test per guarantee.
+LAUNCH_ONE = [False]
 
 
 def free_port() -> int:
@@ -27,16 +30,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(recipe: str, nproc: int, args: list[str], profile: str = "cpu_ddp.yaml") -> list[str]:
+def command(recipe: str, nproc: int, args: list[str], profile: str = "cpu_ddp.yaml",
+            launcher: bool = True) -> list[str]:
     """The launch command; `profile` (an accelerate_configs/ file) is used for nproc > 1. `recipe`: a
-    folder of recipes/, or a `train.py` path relative to the repository (a test recipe)."""
+    folder of recipes/, or a `train.py` path relative to the repository (a test recipe).
+    `launcher=False` with one process: `python train.py` itself, as a user may run it too (the
+    launcher's own start-up, ~1.5 s of imports, is then spared)."""
+    script = ROOT / recipe if recipe.endswith(".py") else ROOT / "recipes" / recipe / "train.py"
+    if nproc == 1 and not launcher:
+        return [sys.executable, str(script), *args]
     if nproc == 1:
         launch = ACCELERATE + ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
                                "--dynamo_backend", "no"]
     else:
         launch = ACCELERATE + ["--config_file", str(ROOT / "accelerate_configs" / profile),
                                "--num_processes", str(nproc), "--main_process_port", str(free_port())]
-    script = ROOT / recipe if recipe.endswith(".py") else ROOT / "recipes" / recipe / "train.py"
     return launch + [str(script), *args]
 
 
@@ -57,7 +65,9 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def worker(proc: subprocess.Popen, rank: int) -> psutil.Process:
-    """The training process of `rank` under a launcher."""
+    """The training process of `rank` under a launcher (or `proc` itself, started without one)."""
+    if rank == 0 and "train.py" in " ".join(psutil.Process(proc.pid).cmdline()):
+        return psutil.Process(proc.pid)
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
             if child.environ().get("RANK", "0") == str(rank) and "train.py" in " ".join(child.cmdline()):
@@ -73,8 +83,11 @@ def checkpoint_exists(step: int):
 
 def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, timeout: float = 600,
         kill_after_checkpoint: int | None = None, when=None, then=None, expect_rc: int | None = 0,
-        profile: str = "cpu_ddp.yaml") -> str:
+        profile: str = "cpu_ddp.yaml", launcher: bool | None = None) -> str:
     """Launch a recipe and wait for it; return its log.
+
+    One process runs as `python train.py` unless `launcher` (or the test's `accelerate_launch` mark,
+    see tests/conftest.py) asks for `accelerate launch`; several processes always use it.
 
     `when(output_dir)` is polled every 20 ms; the first time it is true, `then(proc)` runs once
     (e.g. `kill_tree`, or a signal to one rank). `kill_after_checkpoint=k` is short for killing the
@@ -88,8 +101,9 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (full_env.get("PYTHONPATH"), str(ROOT)) if p)
     log_path = out_dir.parent / f"{out_dir.name}.log"
     start = log_path.stat().st_size if log_path.exists() else 0
+    launch_one = LAUNCH_ONE[0] if launcher is None else launcher
     with open(log_path, "a") as log:
-        proc = subprocess.Popen(command(recipe, nproc, args, profile), cwd=ROOT, env=full_env, stdout=log,
+        proc = subprocess.Popen(command(recipe, nproc, args, profile, launch_one), cwd=ROOT, env=full_env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
     fired = False
@@ -104,6 +118,11 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     finally:
         if proc.poll() is None:
             kill_tree(proc)
+    if os.environ.get("HARNESS_LAUNCH_LOG"):  # suite profiling: one JSON line per launch
+        with open(os.environ["HARNESS_LAUNCH_LOG"], "a") as f:
+            f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "recipe": recipe,
+                                "nproc": nproc, "launcher": nproc > 1 or bool(launch_one),
+                                "seconds": round(time.monotonic() - (deadline - timeout), 2)}) + "\n")
     with open(log_path, errors="replace") as f:
         f.seek(start)
         text = f.read()

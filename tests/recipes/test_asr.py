@@ -218,6 +218,7 @@ def test_config_yaml_is_valid():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.accelerate_launch
 @pytest.mark.slow
 def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     """Char tokens, SpecAugment, speed perturbation, validation WER/CER; SIGKILL inside epoch 1, resumed

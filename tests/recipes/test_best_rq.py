@@ -180,6 +180,7 @@ def test_evaluate_reports_the_label_entropy():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.accelerate_launch
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     """Two SIGKILLs: one inside epoch 0, one inside epoch ≥ 1; same weights and per-step losses, also

@@ -27,25 +27,17 @@ TINY_ARGS = [*TINY, "--max_batch_seconds", "16", "--max_steps", "3",
 STEPS = ["--max_batch_seconds", "16", "--max_steps", "8", "--save_steps", "1", "--save_total_limit", "2"]
 
 
-@pytest.fixture(scope="module")
-def continuous(tiny_corpus, tmp_path_factory):
-    """Reference runs that were never interrupted, per process count."""
-    cache = {}
-
-    def get(nproc: int) -> Path:
-        if nproc not in cache:
-            out = tmp_path_factory.mktemp(f"continuous{nproc}") / "run"
-            run("best_rq", nproc, args_for(tiny_corpus, out, *STEPS))
-            cache[nproc] = out
-        return cache[nproc]
-
-    return get
+@pytest.fixture
+def continuous(tiny_corpus, reference):
+    """Reference runs that were never interrupted, per process count (trained once per test run)."""
+    return lambda nproc: reference("best_rq", nproc, lambda out: args_for(tiny_corpus, out, *STEPS))
 
 
 def newest_step(out: Path) -> int:
     return int(list_checkpoints(out)[-1].name.split("_")[1])
 
 
+@pytest.mark.accelerate_launch
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_preemption_saves_the_same_step_on_all_ranks_and_resumes_exactly(tiny_corpus, tmp_path, continuous, nproc):
     """SIGUSR1 to the last rank only, then SIGTERM to every rank while the save is running."""

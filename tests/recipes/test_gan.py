@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 GAN = "tests/recipes/support/gan_recipe/train.py"
 
 
+@pytest.mark.accelerate_launch
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_gan_interrupted_equals_continuous(tmp_path, nproc):
     args = lambda out: ["--output_dir", str(out), "--gradient_accumulation_steps", "2", "--max_steps", "16"]  # noqa: E731

@@ -146,6 +146,7 @@ def test_foreign_output_dir_is_refused(tiny_corpus, tmp_path):
     assert "holds a run of the 'best_rq' recipe, not 'asr'" in log
 
 
+@pytest.mark.accelerate_launch
 def test_ctrl_c_saves_at_the_next_step_then_exits(tiny_corpus, tmp_path):
     out = tmp_path / "run"
     args = args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--save_steps", "100", "--max_steps", "200")

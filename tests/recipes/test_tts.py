@@ -287,6 +287,7 @@ def test_smoke_two_processes(tiny_corpus, tmp_path):
     assert (out / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.accelerate_launch
 @slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):

@@ -78,19 +78,10 @@ def test_mel_mismatch_names_what_differs():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def continuous(tiny_corpus, tmp_path_factory):
-    """Runs never interrupted, per process count."""
-    cache = {}
-
-    def get(nproc: int) -> Path:
-        if nproc not in cache:
-            out = tmp_path_factory.mktemp(f"vocoder{nproc}") / "run"
-            run("vocoder", nproc, args_for(tiny_corpus, out, *STEPS))
-            cache[nproc] = out
-        return cache[nproc]
-
-    return get
+@pytest.fixture
+def continuous(tiny_corpus, reference):
+    """Runs never interrupted, per process count (trained once per test run)."""
+    return lambda nproc: reference("vocoder", nproc, lambda out: args_for(tiny_corpus, out, *STEPS))
 
 
 def assert_same_discriminators(a: Path, b: Path) -> None:
@@ -100,6 +91,7 @@ def assert_same_discriminators(a: Path, b: Path) -> None:
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f.name
 
 
+@pytest.mark.accelerate_launch
 @slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_vocoder_interrupted_equals_continuous(tiny_corpus, tmp_path, continuous, nproc):
