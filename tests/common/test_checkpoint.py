@@ -548,12 +548,30 @@ def test_non_finite_weights_name_the_model(tmp_path):
         _save(accelerator, tmp_path, state, **parts)
 
 
+def as_json_layout(ckpt):
+    """`ckpt` as checkpoints were written before the run's state was registered for checkpointing:
+    no custom_checkpoint_<i>.pkl, no `registered` in train_state.json (the position and the schedules
+    there only), re-sealed."""
+    saved = json.loads((ckpt / "train_state.json").read_text())
+    assert saved.pop("registered") == ["RunState"]
+    (ckpt / "train_state.json").write_text(json.dumps(saved, indent=2))
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    for path in ckpt.glob("custom_checkpoint_*.pkl"):
+        path.unlink()
+        del marker["files"][path.name]
+    marker["files"]["train_state.json"] = {"bytes": (ckpt / "train_state.json").stat().st_size,
+                                           "sha256": _digest(ckpt / "train_state.json")}
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    assert verify_checkpoint(ckpt) is None
+
+
 def test_a_checkpoint_without_names_still_resumes(tmp_path):
     """One model, one optimizer, `"scheduler"` in train_state.json: what checkpoints held before."""
     accelerator, model, opt, sched, state = setup()
     train_step(model, opt, sched)
     state.step = 1
     ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    as_json_layout(ckpt)
     saved = json.loads((ckpt / "train_state.json").read_text())
     del saved["models"], saved["optimizers"]
     saved["scheduler"] = saved.pop("schedulers")["scheduler"]
@@ -592,6 +610,7 @@ def test_each_launch_is_recorded_with_the_step_it_started_at(tmp_path, monkeypat
     assert [(launch["from_step"], launch["command"][-13:]) for launch in state2.launches] == [
         (0, "--max_steps 2"), (2, "--max_steps 4")]
 
+    as_json_layout(ckpt)
     saved = json.loads((ckpt / "train_state.json").read_text())
     del saved["launches"]  # as written before launches were recorded
     (ckpt / "train_state.json").write_text(json.dumps(saved))
