@@ -5,9 +5,14 @@ Layout of `<output_dir>/checkpoints/`:
     step_00001200/            complete checkpoint (the name exists only once everything is written)
         model.safetensors     weights, rank 0      ─┐ accelerate.save_state: every prepared model and
         optimizer.bin         rank 0                │ optimizer in prepare order (a second one:
-        random_states_<r>.pkl every rank           ─┘ model_1.safetensors, optimizer_1.bin, ...)
-        train_state.json      the position (TrainState), the names of the models and optimizers in
-                              prepare order, and each LR scheduler's state by name, as JSON (rank 0)
+        random_states_<r>.pkl every rank            │ model_1.safetensors, optimizer_1.bin, ...)
+        custom_checkpoint_<i>.pkl                  ─┘ the objects registered for checkpointing, rank 0:
+                              a recipe's own (registered before resume_from_checkpoint), then the
+                              run's RunState (the position, TrainState, and every LR schedule's state)
+        train_state.json      the same position and schedules readable, with what is checked before
+                              anything is loaded: config, data summary, global batch, the names of the
+                              models and optimizers in prepare order and of the registered objects
+                              (`registered`, in registration order) (rank 0)
         config.yaml           the resolved config (rank 0)
         COMPLETE              marker with every file's size and SHA-256 digest: written last,
                               then the folder is renamed into place
@@ -30,15 +35,25 @@ complete, and `find_latest_checkpoint` ignores anything without the marker. At r
 newest checkpoint whose files all match the marker's digests, and whose pickles load without
 running code, is loaded; a damaged one is named in a warning and skipped for the one before it.
 
-Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer
-and RNG states through accelerate's `torch.load(weights_only=True)`, and our own state from JSON.
-(accelerate would unpickle objects given to `register_for_checkpointing` with `weights_only=False`,
-so we register none: the position and the schedules are plain numbers, saved as JSON.)
+Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer,
+RNG states and registered objects through `torch.load(weights_only=True)`. accelerate's
+`load_custom_state` asks for `weights_only=False` (accelerate 1.15, checkpointing.py), so two
+guards keep registered objects safe: `choose_checkpoint` loads every pickle of a candidate (every
+rank's RNG file, every custom_checkpoint_<i>.pkl, optimizer*.bin, scaler.pt) with weights only and
+skips the checkpoint as damaged if one fails; and `load_state` runs with torch's
+TORCH_FORCE_WEIGHTS_ONLY_LOAD set, so a file swapped after that check is refused, not run. A
+registered object's state_dict must therefore be plain data (dicts, lists, numbers, strings,
+tensors): `save_checkpoint` says so at the first save otherwise. accelerate saves rank 0's state of
+each one: register only state that is the same on every rank. It matches files to objects by
+position: a resume whose registered names differ is refused before anything is loaded. A checkpoint
+written before the run's state was registered (no `registered` in train_state.json, no
+custom_checkpoint files) resumes from its train_state.json, and its next save writes the new layout.
 Exception: an FSDP checkpoint's `.metadata` files are read by torch.distributed.checkpoint with a
 plain `pickle.load` (torch/distributed/checkpoint/filesystem.py, `FileSystemReader.read_metadata`):
 resume FSDP runs only from checkpoints you wrote. The same holds for DeepSpeed checkpoints: its engine
 loads its `.pt` files with `torch.load(weights_only=False)` (deepspeed 0.19,
-runtime/checkpoint_engine/torch_checkpoint_engine.py).
+runtime/checkpoint_engine/torch_checkpoint_engine.py), so under DeepSpeed `load_state` runs without
+forced weights-only loads (the check before it still covers the registered objects).
 
 Several models (a GAN: `models={"generator": g, "discriminator": d}`, likewise `optimizers=` and
 `schedulers=`): accelerate saves and loads them by prepare order, so the checkpoint records their
