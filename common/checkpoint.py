@@ -725,7 +725,8 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     if accelerator.is_main_process:
         remove_leftovers(output_dir)
         for ckpt in reversed(list_checkpoints(output_dir)):
-            problem = verify_checkpoint(ckpt) or _unloadable_pickle(ckpt) or _nonfinite_weights(ckpt)
+            problem = (verify_checkpoint(ckpt) or _unloadable_pickle(ckpt) or _run_state_problem(ckpt)
+                       or _nonfinite_weights(ckpt))
             if problem is None:
                 choice = [str(ckpt)]
                 break
@@ -780,6 +781,25 @@ def _registered_files_problem(ckpt: Path) -> str | None:
                    - {f"custom_checkpoint_{i}.pkl" for i in range(len(registered))})
     if extra:
         return f"{extra[0]} is not the state of any object it records ({len(registered)} registered)"
+    return None
+
+
+def _run_state_problem(ckpt: Path) -> str | None:
+    """None if the checkpoint's `RunState` file (after `_unloadable_pickle` passed it) holds a run's
+    state at the marker's step, as `save_checkpoint` writes it, else what it holds instead: a resume
+    would fail on it after loading the weights."""
+    try:
+        registered = json.loads((ckpt / "train_state.json").read_text()).get("registered") or []
+        step = json.loads((ckpt / MARKER).read_text())["step"]
+    except (OSError, ValueError, AttributeError, KeyError):
+        return f"train_state.json or {MARKER} cannot be read"
+    if RunState.__qualname__ not in registered:
+        return None  # written before the run's state was registered: train_state.json holds it
+    name = f"custom_checkpoint_{registered.index(RunState.__qualname__)}.pkl"
+    held = accelerate_load(ckpt / name, map_location="cpu", mmap=True)
+    position = held.get("train_state") if isinstance(held, dict) else None
+    if not (isinstance(position, dict) and position.get("step") == step and isinstance(held.get("schedulers"), dict)):
+        return f"{name} does not hold the run's state at step {step} (a position and the schedules)"
     return None
 
 

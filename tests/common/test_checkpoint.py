@@ -846,7 +846,7 @@ def test_a_registered_state_crafted_after_the_check_still_runs_no_code(tmp_path)
     assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
 
 
-@pytest.mark.parametrize("change", ["missing", "extra"])
+@pytest.mark.parametrize("change", ["missing", "extra", "another step", "not a run state"])
 def test_a_missing_or_unrecorded_registered_state_file_skips_the_checkpoint(tmp_path, caplog, change):
     accelerator, model, opt, sched, state = setup()
     for step in (1, 2):
@@ -858,10 +858,17 @@ def test_a_missing_or_unrecorded_registered_state_file_skips_the_checkpoint(tmp_
         del marker["files"]["custom_checkpoint_0.pkl"]
         (ckpt / "COMPLETE").write_text(json.dumps(marker))
         expected = "custom_checkpoint_0.pkl is missing (the state of the registered RunState)"
-    else:
+    elif change == "extra":
         shutil.copy(ckpt / "custom_checkpoint_0.pkl", ckpt / "custom_checkpoint_1.pkl")
         _reseal(ckpt, "custom_checkpoint_1.pkl")
         expected = "custom_checkpoint_1.pkl is not the state of any object it records (1 registered)"
+    else:  # plain data that loads safely, but no run state of this step: copied or crafted, re-sealed
+        if change == "another step":
+            shutil.copy(checkpoint_dir(tmp_path, 1) / "custom_checkpoint_0.pkl", ckpt / "custom_checkpoint_0.pkl")
+        else:
+            torch.save({"step": 2}, ckpt / "custom_checkpoint_0.pkl")
+        _reseal(ckpt, "custom_checkpoint_0.pkl")
+        expected = "custom_checkpoint_0.pkl does not hold the run's state at step 2 (a position and the schedules)"
     accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
     with caplog.at_level("WARNING"):
         assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
