@@ -5,9 +5,14 @@ Layout of `<output_dir>/checkpoints/`:
     step_00001200/            complete checkpoint (the name exists only once everything is written)
         model.safetensors     weights, rank 0      ─┐ accelerate.save_state: every prepared model and
         optimizer.bin         rank 0                │ optimizer in prepare order (a second one:
-        random_states_<r>.pkl every rank           ─┘ model_1.safetensors, optimizer_1.bin, ...)
-        train_state.json      the position (TrainState), the names of the models and optimizers in
-                              prepare order, and each LR scheduler's state by name, as JSON (rank 0)
+        random_states_<r>.pkl every rank            │ model_1.safetensors, optimizer_1.bin, ...)
+        custom_checkpoint_<i>.pkl                  ─┘ the objects registered for checkpointing, rank 0:
+                              a recipe's own (registered before resume_from_checkpoint), then the
+                              run's RunState (the position, TrainState, and every LR schedule's state)
+        train_state.json      the same position and schedules readable, with what is checked before
+                              anything is loaded: config, data summary, global batch, the names of the
+                              models and optimizers in prepare order and of the registered objects
+                              (`registered`, in registration order) (rank 0)
         config.yaml           the resolved config (rank 0)
         COMPLETE              marker with every file's size and SHA-256 digest: written last,
                               then the folder is renamed into place
@@ -30,15 +35,25 @@ complete, and `find_latest_checkpoint` ignores anything without the marker. At r
 newest checkpoint whose files all match the marker's digests, and whose pickles load without
 running code, is loaded; a damaged one is named in a warning and skipped for the one before it.
 
-Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer
-and RNG states through accelerate's `torch.load(weights_only=True)`, and our own state from JSON.
-(accelerate would unpickle objects given to `register_for_checkpointing` with `weights_only=False`,
-so we register none: the position and the schedules are plain numbers, saved as JSON.)
+Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer,
+RNG states and registered objects through `torch.load(weights_only=True)`. accelerate's
+`load_custom_state` asks for `weights_only=False` (accelerate 1.15, checkpointing.py), so two
+guards keep registered objects safe: `choose_checkpoint` loads every pickle of a candidate (every
+rank's RNG file, every custom_checkpoint_<i>.pkl, optimizer*.bin, scaler.pt) with weights only and
+skips the checkpoint as damaged if one fails; and `load_state` runs with torch's
+TORCH_FORCE_WEIGHTS_ONLY_LOAD set, so a file swapped after that check is refused, not run. A
+registered object's state_dict must therefore be plain data (dicts, lists, numbers, strings,
+tensors): `save_checkpoint` says so at the first save otherwise. accelerate saves rank 0's state of
+each one: register only state that is the same on every rank. It matches files to objects by
+position: a resume whose registered names differ is refused before anything is loaded. A checkpoint
+written before the run's state was registered (no `registered` in train_state.json, no
+custom_checkpoint files) resumes from its train_state.json, and its next save writes the new layout.
 Exception: an FSDP checkpoint's `.metadata` files are read by torch.distributed.checkpoint with a
 plain `pickle.load` (torch/distributed/checkpoint/filesystem.py, `FileSystemReader.read_metadata`):
 resume FSDP runs only from checkpoints you wrote. The same holds for DeepSpeed checkpoints: its engine
 loads its `.pt` files with `torch.load(weights_only=False)` (deepspeed 0.19,
-runtime/checkpoint_engine/torch_checkpoint_engine.py).
+runtime/checkpoint_engine/torch_checkpoint_engine.py), so under DeepSpeed `load_state` runs without
+forced weights-only loads (the check before it still covers the registered objects).
 
 Several models (a GAN: `models={"generator": g, "discriminator": d}`, likewise `optimizers=` and
 `schedulers=`): accelerate saves and loads them by prepare order, so the checkpoint records their
@@ -54,14 +69,17 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import contextlib
 import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import io
 import json
 import logging
 import math
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -154,6 +172,49 @@ class TrainState:
         for k, v in state.items():
             setattr(self, k, v)
 
+
+
+class RunState:
+    """The run's own state, registered with `accelerator.register_for_checkpointing` so that
+    `save_state` writes it (`custom_checkpoint_<i>.pkl`) and `load_state` reads it back: the position
+    (`TrainState`) and the state of every schedule. `save_checkpoint` / `resume_from_checkpoint`
+    register it (once per Accelerator, after any object the recipe registered itself) and point it
+    at the run's state and schedules.
+
+    Loading only keeps what was read (`loaded`): `resume_from_checkpoint` applies it after its checks,
+    keeping this launch's config, topology and data summary. Its state_dict is plain data (dicts,
+    lists, numbers, strings), which `torch.load(weights_only=True)` reads without running code."""
+
+    def __init__(self) -> None:
+        self.state: TrainState | None = None
+        self.schedulers: dict[str, Any] = {}
+        self.loaded: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_state": self.state.state_dict(),
+                "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded = state
+
+
+def registered_names(accelerator) -> list[str]:
+    """The class names of the objects registered for checkpointing, in registration order (the order
+    in which `save_state` numbers their files, and `load_state` reads them back)."""
+    return [type(obj).__qualname__ for obj in accelerator._custom_objects]
+
+
+def _run_state(accelerator, register: bool = True) -> RunState | None:
+    """This Accelerator's `RunState`, registered at the first call (None if `register` is False and
+    it is not registered yet)."""
+    for obj in accelerator._custom_objects:
+        if isinstance(obj, RunState):
+            return obj
+    if not register:
+        return None
+    run_state = RunState()
+    accelerator.register_for_checkpointing(run_state)
+    return run_state
 
 _NO_DEFAULT = object()
 
@@ -376,6 +437,16 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, m
                             f"save after end_step, never inside an accumulation window or before "
                             f"resume_from_checkpoint")
     models, optimizers, schedulers = _parts(accelerator, models, optimizers, schedulers)
+    run_state = _run_state(accelerator)
+    run_state.state, run_state.schedulers = state, schedulers
+    resumed_with = getattr(state, "_registered", None)  # set by resume_from_checkpoint
+    if resumed_with is not None and registered_names(accelerator) != resumed_with:
+        raise ContractError(f"save_checkpoint at step {state.step}: objects registered for checkpointing "
+                            f"{registered_names(accelerator)} != {resumed_with} at resume_from_checkpoint: "
+                            f"register every object before resume_from_checkpoint (a later one was not resumed)")
+    unplain = _unplain_state(accelerator)  # every rank: the same objects, the same verdict
+    if unplain:
+        raise ContractError(unplain)
     # The training loop skips non-finite updates; this is the last line of defence.
     bad = _nonfinite_models(accelerator, models)
     if bad:
@@ -518,7 +589,8 @@ def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, mo
     if accelerator.is_main_process:
         (tmp / "train_state.json").write_text(
             json.dumps({**state.state_dict(), "models": list(models), "optimizers": list(optimizers),
-                        "schedulers": {name: s.state_dict() for name, s in schedulers.items()}}, indent=2))
+                        "schedulers": {name: s.state_dict() for name, s in schedulers.items()},
+                        "registered": registered_names(accelerator)}, indent=2))
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(state.config, f, sort_keys=False)
         files = _seal(tmp)
@@ -653,7 +725,8 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     if accelerator.is_main_process:
         remove_leftovers(output_dir)
         for ckpt in reversed(list_checkpoints(output_dir)):
-            problem = verify_checkpoint(ckpt) or _unloadable_pickle(ckpt) or _nonfinite_weights(ckpt)
+            problem = (verify_checkpoint(ckpt) or _unloadable_pickle(ckpt) or _run_state_problem(ckpt)
+                       or _nonfinite_weights(ckpt))
             if problem is None:
                 choice = [str(ckpt)]
                 break
@@ -664,21 +737,86 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
 
 
 def _unloadable_pickle(ckpt: Path) -> str | None:
-    """None if the pickled states beside the weights (`optimizer.bin`, `random_states_<r>.pkl`) load
-    the way resuming loads them (`torch.load(weights_only=True)`: no code runs), else which one does
-    not and why. A file can match its digest and still fail: written damaged, or crafted and
+    """None if every pickled state beside the weights loads the way a safe load reads it
+    (`torch.load(weights_only=True)`: no code runs), else which one does not and why: every file
+    `load_state` unpickles, whichever rank reads it (`optimizer*.bin`, `random_states_<r>.pkl` of
+    every rank, `custom_checkpoint_<i>.pkl` of the registered objects, `scaler.pt`, a scheduler's or
+    sampler's `.bin`). A file can match its digest and still fail: written damaged, or crafted and
     re-sealed. Memory-mapped: the pickle is parsed, the tensors' bytes are not read. (The FSDP and
     DeepSpeed subfolders are not checked: see the module docstring.)"""
-    for path in sorted([*ckpt.glob("*.bin"), *ckpt.glob("*.pkl")]):
+    problem = _registered_files_problem(ckpt)
+    if problem:
+        return problem
+    for path in sorted([*ckpt.glob("*.bin"), *ckpt.glob("*.pkl"), *ckpt.glob("*.pt")]):
         if not zipfile.is_zipfile(path):  # torch.save writes zip archives
             return f"{path.name} is not a torch.save archive"
         try:
             accelerate_load(path, map_location="cpu", mmap=True)
         except Exception as e:  # noqa: BLE001 — UnpicklingError, a zip reader's RuntimeError, ...
-            lines = [line for line in str(e).splitlines() if line.strip()] or [""]
-            # torch's weights-only refusal says what it refused in its second paragraph
-            reason = lines[1] if lines[0].startswith("Weights only load failed") and len(lines) > 1 else lines[0]
-            return f"{path.name} cannot be loaded safely ({type(e).__name__}: {reason[:200]})"
+            return f"{path.name} cannot be loaded safely ({_load_refusal(e)})"
+    return None
+
+
+def _load_refusal(e: BaseException) -> str:
+    """The one line of a refused or failed `torch.load`."""
+    lines = [line for line in str(e).splitlines() if line.strip()] or [""]
+    # torch's weights-only refusal says what it refused in its second paragraph
+    reason = lines[1] if lines[0].startswith("Weights only load failed") and len(lines) > 1 else lines[0]
+    return f"{type(e).__name__}: {reason[:200]}"
+
+
+def _registered_files_problem(ckpt: Path) -> str | None:
+    """None if the checkpoint holds one `custom_checkpoint_<i>.pkl` per registered object it records
+    (`registered` in train_state.json; a checkpoint written before objects were registered records
+    none and holds none), else the file that is missing or not recorded: `load_state` would stop
+    on either with accelerate's own error, after loading the weights."""
+    try:
+        registered = json.loads((ckpt / "train_state.json").read_text()).get("registered") or []
+    except (OSError, ValueError, AttributeError):
+        return "train_state.json cannot be read"
+    for i, name in enumerate(registered):
+        if not (ckpt / f"custom_checkpoint_{i}.pkl").is_file():
+            return f"custom_checkpoint_{i}.pkl is missing (the state of the registered {name})"
+    extra = sorted({p.name for p in ckpt.glob("custom_checkpoint_*.pkl")}
+                   - {f"custom_checkpoint_{i}.pkl" for i in range(len(registered))})
+    if extra:
+        return f"{extra[0]} is not the state of any object it records ({len(registered)} registered)"
+    return None
+
+
+def _run_state_problem(ckpt: Path) -> str | None:
+    """None if the checkpoint's `RunState` file (after `_unloadable_pickle` passed it) holds a run's
+    state at the marker's step, as `save_checkpoint` writes it, else what it holds instead: a resume
+    would fail on it after loading the weights."""
+    try:
+        registered = json.loads((ckpt / "train_state.json").read_text()).get("registered") or []
+        step = json.loads((ckpt / MARKER).read_text())["step"]
+    except (OSError, ValueError, AttributeError, KeyError):
+        return f"train_state.json or {MARKER} cannot be read"
+    if RunState.__qualname__ not in registered:
+        return None  # written before the run's state was registered: train_state.json holds it
+    name = f"custom_checkpoint_{registered.index(RunState.__qualname__)}.pkl"
+    held = accelerate_load(ckpt / name, map_location="cpu", mmap=True)
+    position = held.get("train_state") if isinstance(held, dict) else None
+    if not (isinstance(position, dict) and position.get("step") == step and isinstance(held.get("schedulers"), dict)):
+        return f"{name} does not hold the run's state at step {step} (a position and the schedules)"
+    return None
+
+
+def _unplain_state(accelerator) -> str | None:
+    """None if the state_dict() of every registered object is data that `torch.load(weights_only=True)`
+    reads back, else which object's is not: its checkpoints would be refused at every resume, so
+    the first save says so instead."""
+    for obj in accelerator._custom_objects:
+        buffer = io.BytesIO()
+        try:
+            torch.save(obj.state_dict(), buffer)
+            buffer.seek(0)
+            accelerate_load(buffer, map_location="cpu")
+        except Exception as e:  # noqa: BLE001 — PicklingError (a lambda), UnpicklingError (a class), ...
+            return (f"accelerator.register_for_checkpointing({type(obj).__qualname__}): its state_dict() is not plain "
+                    f"data ({_load_refusal(e)}): return dicts, lists, numbers, strings and tensors, which a resume "
+                    f"reads without running code")
     return None
 
 
@@ -804,6 +942,8 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
                        f"({', '.join(models)}): use a DDP or FSDP profile (accelerate_configs/)")
     if ckpt is None:
         state.launches = [this_launch(0, accelerator.num_processes)]
+        _run_state(accelerator)
+        state._registered = registered_names(accelerator)  # not saved: save_checkpoint checks it
         state.stage = "boundary"
         return None
     if not (ckpt / MARKER).is_file():
@@ -819,7 +959,23 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
     for kind, now in (("models", models), ("optimizers", optimizers), ("schedulers", schedulers)):
         if list(saved[kind]) != list(now):  # accelerate loads models and optimizers by prepare order
             problems.append(f"{kind}: checkpoint {list(saved[kind])} != now {list(now)} (names, in prepare order)")
-    was_data = saved.pop("data", None) or {}  # this launch's summary is kept: the same, or a change allowed below
+    # The objects registered for checkpointing: the recipe's own, then ours (RunState). accelerate
+    # loads them by position and stops on a different count, after the weights: compared first.
+    # A checkpoint written before they were registered ("registered" absent) holds none: our state
+    # comes from its train_state.json, and a recipe object it cannot hold is refused.
+    json_layout = "registered" not in saved
+    now_registered = registered_names(accelerator)
+    if _run_state(accelerator, register=False) is None:
+        now_registered.append(RunState.__qualname__)  # registered below, last
+    if json_layout and now_registered != [RunState.__qualname__]:
+        problems.append(f"registered objects: checkpoint none (written before registered objects were saved) != "
+                        f"now {[n for n in now_registered if n != RunState.__qualname__]} (the recipe's own state: "
+                        f"resume with the version of the recipe that wrote it)")
+    elif not json_layout and saved["registered"] != now_registered:
+        problems.append(f"registered objects: checkpoint {saved['registered']} != now {now_registered} (names, in "
+                        f"registration order: register_for_checkpointing before resume_from_checkpoint, as the "
+                        f"run that wrote it did)")
+    was_data = saved.get("data") or {}  # this launch's summary is kept: the same, or a change allowed below
     data_changed = data_change(was_data, state.data, ckpt.parent.parent / "data")
     if data_changed and not state.config.get("allow_data_change"):
         problems.append(data_changed)
@@ -844,17 +1000,22 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
             + (" and data (the --data_dir it was trained on, unchanged), or resume on the changed data on "
                "purpose with --allow_data_change true." if data else ".")
         )
-    if data_changed:
-        if accelerator.is_main_process:
-            logger.warning(f"RESUMING ON CHANGED DATA (--allow_data_change true): {data_changed}; the run will not "
-                           f"match one trained on either data alone; recorded in train_state.json (data_changes)")
-        state.data_changes = saved.pop("data_changes", []) + [{"step": saved["step"], "was": was_data, "now": state.data}]
+    if data_changed and accelerator.is_main_process:
+        logger.warning(f"RESUMING ON CHANGED DATA (--allow_data_change true): {data_changed}; the run will not "
+                       f"match one trained on either data alone; recorded in train_state.json (data_changes)")
     if saved["world_size"] == accelerator.num_processes:
         # accelerate ignores an RNG-state file it cannot load (it logs and goes on); we refuse instead.
         accelerate_load(ckpt / f"random_states_{accelerator.process_index}.pkl")  # weights_only: runs no code
     # (On another number of processes rank r may find no RNG file of its own: nothing is lost, the
     # loop reseeds the global RNG from the position before every micro-batch.)
-    accelerator.load_state(str(ckpt))  # models, optimizers (prepare order), this rank's RNG states
+    run_state = _run_state(accelerator, register=not json_layout)  # filled by load_state
+    try:
+        with _weights_only_loads(accelerator):
+            accelerator.load_state(str(ckpt))  # models, optimizers (prepare order), RNG states, registered objects
+    except pickle.UnpicklingError as e:  # changed after choose_checkpoint checked it: refused, not run
+        raise RunError(f"{ckpt}: a pickled state cannot be loaded safely ({_load_refusal(e)}); it changed after "
+                       f"the checkpoint was checked at launch: move {ckpt.name} out of {ckpt.parent} to resume "
+                       f"from the checkpoint before it") from None
     # choose_checkpoint skipped safetensors files with non-finite weights; FSDP and DeepSpeed weights
     # are read only here: the same verdict, after loading (collective under FSDP, like the load).
     bad = _nonfinite_models(accelerator, models)
@@ -862,20 +1023,55 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
         raise RunError(f"{ckpt}: non-finite weights in {', '.join(bad)} after loading it (a save never writes "
                        f"them: the checkpoint was damaged or crafted before it was sealed): move {ckpt.name} out of "
                        f"{ckpt.parent} to resume from the checkpoint before it")
-    for name, sd in saved.pop("schedulers").items():
+    if json_layout:
+        restored = saved  # the position and the schedules as JSON
+        run_state = _run_state(accelerator)  # registered now: the next save writes it
+    else:
+        restored = {**run_state.loaded["train_state"], "schedulers": run_state.loaded["schedulers"]}
+        run_state.loaded = None
+    run_state.state, run_state.schedulers = state, schedulers
+    state._registered = registered_names(accelerator)
+    for name, sd in restored.pop("schedulers").items():
         schedulers[name].load_state_dict(sd)
-    was_threads = saved.pop("threads_per_process", 0)
+    changes = restored.pop("data_changes", [])
+    state.data_changes = changes + ([{"step": restored["step"], "was": was_data, "now": state.data}]
+                                    if data_changed else [])
+    was_threads = restored.pop("threads_per_process", 0)
     if was_threads and was_threads != state.threads_per_process and accelerator.is_main_process:
         logger.warning(f"checkpoint trained with {was_threads} thread(s) per process, now {state.threads_per_process} "
                        f"(--num_threads): the result will not be bit-identical to an uninterrupted run "
                        f"(on CPU, float sums are split by thread); --num_threads 0 keeps the checkpoint's")
-    for key in ("config", "config_hash", "resume_safe", "world_size", "gradient_accumulation_steps", "models",
-                "optimizers"):
-        saved.pop(key, None)  # this launch's: resume-safe keys (max_steps, ...), its own topology, the names checked above
-    state.load_state_dict(saved)  # launches: those that made the checkpoint (none if it predates them)
+    for key in ("config", "config_hash", "resume_safe", "world_size", "gradient_accumulation_steps", "data",
+                "models", "optimizers", "registered"):
+        restored.pop(key, None)  # this launch's: resume-safe keys (max_steps, ...), its own topology and data
+        # summary (the same, or a change allowed above), the names checked above
+    state.load_state_dict(restored)  # launches: those that made the checkpoint (none if it predates them)
     state.launches = [*state.launches, this_launch(state.step, accelerator.num_processes)]
     state.stage = "boundary"
     if accelerator.is_main_process:
         logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "
                     f"batch {state.batches_in_epoch} of the epoch")
     return ckpt
+
+
+@contextlib.contextmanager
+def _weights_only_loads(accelerator):
+    """Every `torch.load` inside reads weights only, also accelerate's `load_custom_state`, which asks
+    for `weights_only=False` (torch's TORCH_FORCE_WEIGHTS_ONLY_LOAD, read at each call): even a file
+    swapped after `choose_checkpoint` checked it cannot run code. Under FSDP this covers
+    torch.distributed.checkpoint's non-tensor items too (plain data, read with `weights_only=False`
+    by its DefaultLoadPlanner: they load forced, tests/recipes/test_fsdp.py resumes exactly). Not
+    under DeepSpeed, whose engine loads its own `.pt` files with `weights_only=False` (see the module
+    docstring; deepspeed is not installed here, so that path is untested with these changes)."""
+    if accelerator.distributed_type.value == "DEEPSPEED":
+        yield
+        return
+    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v

@@ -161,7 +161,8 @@ def _reseal(ckpt, name):
 
 
 @pytest.mark.parametrize("victim,content", [("random_states_0.pkl", "crafted"), ("optimizer.bin", "crafted"),
-                                            ("optimizer.bin", "garbage"), ("random_states_0.pkl", "truncated")])
+                                            ("optimizer.bin", "garbage"), ("random_states_0.pkl", "truncated"),
+                                            ("custom_checkpoint_0.pkl", "crafted"), ("scaler.pt", "crafted")])
 def test_an_unloadable_pickle_is_named_and_the_previous_checkpoint_used(tmp_path, caplog, victim, content):
     """A crafted pickle (its digest re-sealed) is refused, not executed; like a damaged file it is
     named in a warning and the checkpoint before it is resumed from."""
@@ -548,12 +549,30 @@ def test_non_finite_weights_name_the_model(tmp_path):
         _save(accelerator, tmp_path, state, **parts)
 
 
+def as_json_layout(ckpt):
+    """`ckpt` as checkpoints were written before the run's state was registered for checkpointing:
+    no custom_checkpoint_<i>.pkl, no `registered` in train_state.json (the position and the schedules
+    there only), re-sealed."""
+    saved = json.loads((ckpt / "train_state.json").read_text())
+    assert saved.pop("registered") == ["RunState"]
+    (ckpt / "train_state.json").write_text(json.dumps(saved, indent=2))
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    for path in ckpt.glob("custom_checkpoint_*.pkl"):
+        path.unlink()
+        del marker["files"][path.name]
+    marker["files"]["train_state.json"] = {"bytes": (ckpt / "train_state.json").stat().st_size,
+                                           "sha256": _digest(ckpt / "train_state.json")}
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    assert verify_checkpoint(ckpt) is None
+
+
 def test_a_checkpoint_without_names_still_resumes(tmp_path):
     """One model, one optimizer, `"scheduler"` in train_state.json: what checkpoints held before."""
     accelerator, model, opt, sched, state = setup()
     train_step(model, opt, sched)
     state.step = 1
     ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    as_json_layout(ckpt)
     saved = json.loads((ckpt / "train_state.json").read_text())
     del saved["models"], saved["optimizers"]
     saved["scheduler"] = saved.pop("schedulers")["scheduler"]
@@ -592,6 +611,7 @@ def test_each_launch_is_recorded_with_the_step_it_started_at(tmp_path, monkeypat
     assert [(launch["from_step"], launch["command"][-13:]) for launch in state2.launches] == [
         (0, "--max_steps 2"), (2, "--max_steps 4")]
 
+    as_json_layout(ckpt)
     saved = json.loads((ckpt / "train_state.json").read_text())
     del saved["launches"]  # as written before launches were recorded
     (ckpt / "train_state.json").write_text(json.dumps(saved))
@@ -695,3 +715,161 @@ def test_a_discriminator_made_non_finite_and_resealed_is_named(tmp_path, caplog)
         assert choose_checkpoint(accelerator, tmp_path) == checkpoint_dir(tmp_path, 1)
     assert (f"skipping damaged checkpoint {ckpt}: model_1.safetensors (the discriminator) holds non-finite "
             f"weights (weight)") in caplog.text
+
+
+# ---- objects registered for checkpointing: the run's own state (RunState) and a recipe's ------------
+
+
+class Counter:
+    """A recipe's own state, registered by the recipe (not by common/)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def test_the_run_state_and_a_recipe_object_are_registered_and_come_back(tmp_path):
+    """save_state writes a recipe's registered object and the run's state (position, schedules) as
+    custom_checkpoint_<i>.pkl, in registration order; load_state brings them back."""
+    accelerator, model, opt, sched, state = setup()
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    parts = dict(models=model, optimizers=opt, schedulers=sched)
+    assert _resume(accelerator, None, state, **parts) is None
+    for step in (1, 2):
+        train_step(model, opt, sched)
+        counter.count += 3
+        state.step = step
+        ckpt = _save(accelerator, tmp_path, state, **parts)
+    saved = json.loads((ckpt / "train_state.json").read_text())
+    assert saved["registered"] == ["Counter", "RunState"]
+    assert torch.load(ckpt / "custom_checkpoint_0.pkl", weights_only=True) == {"count": 6}
+    run_state = torch.load(ckpt / "custom_checkpoint_1.pkl", weights_only=True)
+    assert run_state["train_state"]["step"] == 2 and set(run_state["schedulers"]) == {"scheduler"}
+
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    counter2 = Counter()
+    accelerator2.register_for_checkpointing(counter2)
+    assert _resume(accelerator2, choose_checkpoint(accelerator2, tmp_path), state2, models=model2, optimizers=opt2,
+                   schedulers=sched2) == ckpt
+    assert counter2.count == 6 and state2.step == 2 and sched2.state_dict() == sched.state_dict()
+    assert state2.config == state.config and [launch["from_step"] for launch in state2.launches] == [0, 2]
+
+
+def test_a_checkpoint_in_the_json_layout_resumes_bit_exactly(tmp_path):
+    """A checkpoint as written before the run's state was registered (train_state.json alone) resumes
+    from its JSON; the next steps are bit-identical, and the next save writes the registered layout."""
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2, 3):
+        train_step(model, opt, sched)
+        state.step, state.epoch, state.batches_in_epoch, state.applied_updates = step, 1, 2 * step, step
+        ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    as_json_layout(ckpt)
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == ckpt
+    assert (state2.step, state2.epoch, state2.batches_in_epoch, state2.applied_updates) == (3, 1, 6, 3)
+    assert sched2.state_dict() == sched.state_dict()
+    for m, o, s in ((model, opt, sched), (model2, opt2, sched2)):
+        for seed in (5, 6):
+            torch.manual_seed(seed)
+            train_step(m, o, s)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+    state2.step = 5
+    ckpt = save_checkpoint(accelerator2, model2, tmp_path, state2, sched2, save_total_limit=None)
+    assert json.loads((ckpt / "train_state.json").read_text())["registered"] == ["RunState"]
+    assert (ckpt / "custom_checkpoint_0.pkl").is_file()
+
+
+def test_a_registered_object_the_checkpoint_does_not_hold_is_refused_in_one_line(tmp_path):
+    """accelerate loads registered objects by position and stops on another count (after the weights):
+    a recipe that registers one more object than its checkpoint holds, or one fewer, is refused
+    before anything is loaded, naming both lists; a JSON-layout checkpoint holds none."""
+    accelerator, model, opt, sched, state = setup()
+    state.step = 1
+    ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+
+    def resume_with(*objects):
+        accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+        accelerator2.register_for_checkpointing(*objects)
+        with pytest.raises(RunError) as refused:
+            resume_from_checkpoint(accelerator2, tmp_path, state2, sched2)
+        assert all(torch.equal(a, b) for a, b in zip(model2.parameters(), setup(seed=1)[1].parameters()))  # unloaded
+        return str(refused.value)
+
+    assert ("registered objects: checkpoint ['RunState'] != now ['Counter', 'RunState'] (names, in registration "
+            "order: register_for_checkpointing before resume_from_checkpoint") in resume_with(Counter())
+    as_json_layout(ckpt)
+    assert ("registered objects: checkpoint none (written before registered objects were saved) != now ['Counter']"
+            in resume_with(Counter()))
+
+
+def test_a_registered_object_must_be_plain_data_and_registered_before_the_resume(tmp_path):
+    accelerator, model, opt, sched, state = setup()
+    parts = dict(models=model, optimizers=opt, schedulers=sched)
+    _resume(accelerator, None, state, **parts)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    with pytest.raises(ContractError, match=r"objects registered for checkpointing \['RunState', 'Counter'\] != "
+                                            r"\['RunState'\] at resume_from_checkpoint: register every object before"):
+        _save(accelerator, tmp_path, state, **parts)
+
+    accelerator, model, opt, sched, state = setup()
+    counter = Counter()
+    counter.count = _Evil()  # a class: torch.load(weights_only=True) refuses it
+    accelerator.register_for_checkpointing(counter)
+    state.stage = "boundary"
+    with pytest.raises(ContractError, match=r"register_for_checkpointing\(Counter\): its state_dict\(\) is not "
+                                            r"plain data \(UnpicklingError: .*posix.system"):
+        _save(accelerator, tmp_path, state, models=model, optimizers=opt, schedulers=sched)
+    assert find_latest_checkpoint(tmp_path) is None
+
+
+def test_a_registered_state_crafted_after_the_check_still_runs_no_code(tmp_path):
+    """A custom_checkpoint file replaced between choose_checkpoint's check and load_state (which asks
+    torch for weights_only=False) is refused by the load itself: one line, nothing run."""
+    accelerator, model, opt, sched, state = setup()
+    state.step = 1
+    ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    assert choose_checkpoint(accelerator2, tmp_path) == ckpt
+    _Evil.target = tmp_path / "pwned"
+    torch.save({"train_state": _Evil()}, ckpt / "custom_checkpoint_0.pkl")
+    with pytest.raises(RunError, match=r"step_00000001: a pickled state cannot be loaded safely \(UnpicklingError: "
+                                       r".*posix.system.*\); it changed after the checkpoint was checked"):
+        _resume(accelerator2, ckpt, state2, models=model2, optimizers=opt2, schedulers=sched2)
+    assert not _Evil.target.exists()
+    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "another step", "not a run state"])
+def test_a_missing_or_unrecorded_registered_state_file_skips_the_checkpoint(tmp_path, caplog, change):
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        state.step = step
+        ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    if change == "missing":
+        (ckpt / "custom_checkpoint_0.pkl").unlink()
+        del marker["files"]["custom_checkpoint_0.pkl"]
+        (ckpt / "COMPLETE").write_text(json.dumps(marker))
+        expected = "custom_checkpoint_0.pkl is missing (the state of the registered RunState)"
+    elif change == "extra":
+        shutil.copy(ckpt / "custom_checkpoint_0.pkl", ckpt / "custom_checkpoint_1.pkl")
+        _reseal(ckpt, "custom_checkpoint_1.pkl")
+        expected = "custom_checkpoint_1.pkl is not the state of any object it records (1 registered)"
+    else:  # plain data that loads safely, but no run state of this step: copied or crafted, re-sealed
+        if change == "another step":
+            shutil.copy(checkpoint_dir(tmp_path, 1) / "custom_checkpoint_0.pkl", ckpt / "custom_checkpoint_0.pkl")
+        else:
+            torch.save({"step": 2}, ckpt / "custom_checkpoint_0.pkl")
+        _reseal(ckpt, "custom_checkpoint_0.pkl")
+        expected = "custom_checkpoint_0.pkl does not hold the run's state at step 2 (a position and the schedules)"
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    with caplog.at_level("WARNING"):
+        assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
+    assert f"skipping damaged checkpoint {ckpt}: {expected}" in caplog.text

@@ -138,10 +138,11 @@ class _Crafted:
         return (os.system, ("touch pwned",))
 
 
-@pytest.mark.parametrize("damage", ["truncated weights", "crafted pickle"])
+@pytest.mark.parametrize("damage", ["truncated weights", "crafted pickle", "crafted registered state"])
 def test_damaged_newest_checkpoint_is_skipped(tiny_corpus, tmp_path, continuous, damage):
-    """A truncated file (its marker still there), or a crafted RNG pickle whose digest was re-sealed
-    into the marker: the checkpoint is named in a warning and the one before it resumes exactly."""
+    """A truncated file (its marker still there), or a crafted RNG pickle or registered state (the run's
+    position, which accelerate would unpickle with weights_only=False) whose digest was re-sealed into
+    the marker: the checkpoint is named in a warning and the one before it resumes exactly."""
     out = tmp_path / "run"
     run("best_rq", 1, args_for(tiny_corpus, out, *STEPS), kill_after_checkpoint=5)
     newest = list_checkpoints(out)[-1]
@@ -150,15 +151,36 @@ def test_damaged_newest_checkpoint_is_skipped(tiny_corpus, tmp_path, continuous,
         weights.write_bytes(weights.read_bytes()[:-100])  # truncated, marker still there
         expected = "model.safetensors has"
     else:
-        torch.save({"step": _Crafted()}, newest / "random_states_0.pkl")
+        name = "random_states_0.pkl" if damage == "crafted pickle" else "custom_checkpoint_0.pkl"
+        torch.save({"step": _Crafted()}, newest / name)
         marker = json.loads((newest / "COMPLETE").read_text())
-        marker["files"]["random_states_0.pkl"] = {"bytes": (newest / "random_states_0.pkl").stat().st_size,
-                                                  "sha256": _digest(newest / "random_states_0.pkl")}
+        marker["files"][name] = {"bytes": (newest / name).stat().st_size, "sha256": _digest(newest / name)}
         (newest / "COMPLETE").write_text(json.dumps(marker))
-        expected = "random_states_0.pkl cannot be loaded safely (UnpicklingError: "
+        expected = f"{name} cannot be loaded safely (UnpicklingError: "
     log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS))
     assert f"skipping damaged checkpoint {newest}: {expected}" in log
     assert "Traceback" not in log and not list(ROOT.glob("pwned"))
+    assert_same_weights(continuous(1), out)
+    assert_same_losses(continuous(1), out)
+
+
+def test_a_checkpoint_in_the_json_layout_resumes_exactly(tiny_corpus, tmp_path, continuous):
+    """A checkpoint as written before the run's state was registered for checkpointing (the position
+    and the schedule in train_state.json only, no custom_checkpoint_0.pkl) resumes bit-exactly."""
+    out = tmp_path / "run"
+    run("best_rq", 1, args_for(tiny_corpus, out, *STEPS), kill_after_checkpoint=4)
+    newest = list_checkpoints(out)[-1]
+    saved = json.loads((newest / "train_state.json").read_text())
+    assert saved.pop("registered") == ["RunState"]
+    (newest / "train_state.json").write_text(json.dumps(saved, indent=2))
+    (newest / "custom_checkpoint_0.pkl").unlink()
+    marker = json.loads((newest / "COMPLETE").read_text())
+    del marker["files"]["custom_checkpoint_0.pkl"]
+    marker["files"]["train_state.json"] = {"bytes": (newest / "train_state.json").stat().st_size,
+                                           "sha256": _digest(newest / "train_state.json")}
+    (newest / "COMPLETE").write_text(json.dumps(marker))
+    log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS))
+    assert f"resumed from {newest}" in log and "skipping" not in log
     assert_same_weights(continuous(1), out)
     assert_same_losses(continuous(1), out)
 

@@ -41,4 +41,6 @@ def test_gan_interrupted_equals_continuous(tmp_path, nproc):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     saved = json.loads((cut / "checkpoints" / "step_00000016" / "train_state.json").read_text())
     assert saved["models"] == ["generator", "discriminator"] and set(saved["schedulers"]) == {"generator", "discriminator"}
+    assert saved["registered"] == ["Balance", "RunState"]  # the recipe's own object, then the run's state
+    assert [r["generator_updates"] for r in rows] == [s // 2 for s in range(1, 17)]
 

@@ -1,6 +1,7 @@
 """A minimal GAN, the second shape the loop mechanics must take without edits to common/: a generator
 and a discriminator (two models), two AdamW, two schedules, discriminator-only steps every other
-step, gradient accumulation, through one Accelerator. Test-only (tests/recipes/test_gan.py).
+step, gradient accumulation, through one Accelerator, and a state of its own registered for
+checkpointing (`Balance`). Test-only (tests/recipes/test_gan.py).
 
     accelerate launch tests/recipes/support/gan_recipe/train.py --output_dir /tmp/gan
 
@@ -71,6 +72,23 @@ def collate(items):
     return {"ids": [i for i, _ in items], "real": torch.stack([x for _, x in items])}
 
 
+class Balance:
+    """The recipe's own state, registered with the Accelerator without any edit to common/: the
+    generator updates made so far and a running mean of the discriminator loss, both logged every step
+    (a resume that lost them would log other values). Plain numbers in its state_dict, as a registered
+    object must hold: the resume reads them back with torch.load(weights_only=True). The same on every
+    rank (rank 0's is saved)."""
+
+    def __init__(self):
+        self.generator_updates, self.d_loss_mean = 0, 0.0
+
+    def state_dict(self) -> dict:
+        return {"generator_updates": self.generator_updates, "d_loss_mean": self.d_loss_mean}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator_updates, self.d_loss_mean = state["generator_updates"], state["d_loss_mean"]
+
+
 def mlp(n_in: int, hidden: int, n_out: int, dropout: float) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.LeakyReLU(0.2), torch.nn.Dropout(dropout),
                                torch.nn.Linear(hidden, n_out))
@@ -103,6 +121,8 @@ def main(cfg: Config) -> None:
     parts = dict(models={"generator": generator, "discriminator": discriminator},
                  optimizers={"generator": g_opt, "discriminator": d_opt},
                  schedulers={"generator": g_sched, "discriminator": d_sched})
+    balance = Balance()
+    accelerator.register_for_checkpointing(balance)  # before the resume: it loads it
     state = TrainState.for_run(cfg, world, accumulation)
     resume_from_checkpoint(accelerator, ckpt, state, **parts)
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
@@ -135,9 +155,12 @@ def main(cfg: Config) -> None:
             optimizer_update(accelerator, generator, g_opt, state, max_grad_norm=cfg.max_grad_norm,
                              max_nonfinite_updates=cfg.max_nonfinite_updates)
         end_step(state, d_sched, *([g_sched] if update_g else []))
-        means = accelerator.reduce(window, "mean").tolist()  # collective
+        means = accelerator.reduce(window, "mean").tolist()  # collective: the same on every rank
+        balance.generator_updates += update_g
+        balance.d_loss_mean = 0.9 * balance.d_loss_mean + 0.1 * means[0]
         metrics.log({"step": state.step, "epoch": state.epoch, "loss": means[0], "g_loss": means[1],
-                     "d_lr": d_sched.get_last_lr()[0], "g_lr": g_sched.get_last_lr()[0]})
+                     "d_lr": d_sched.get_last_lr()[0], "g_lr": g_sched.get_last_lr()[0],
+                     "d_loss_mean": balance.d_loss_mean, "generator_updates": balance.generator_updates})
         window.zero_()
         save_or_preempt(accelerator, out, state, preemption, **parts, save_steps=cfg.save_steps,
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)
