@@ -53,6 +53,7 @@ import re
 import signal
 import stat
 import sys
+import time
 import tokenize
 import types
 import typing
@@ -751,12 +752,21 @@ def format_help(cls: type, prog: str, default_yaml: str | Path | None, yaml_valu
     return "\n".join(lines) + "\n"
 
 
+SILENT_RANK_WAIT_S = 30.0  # how long a process that does not print waits for the one that does
+
+
 def _fail(message: str) -> typing.NoReturn:
     # Under a multi-process launcher every process reads the same command line and files: the
-    # first process of each machine says it (one write, so that lines never interleave).
+    # first process of each machine says it (one write, so that lines never interleave). The others
+    # must not exit first: the launcher would stop the speaking process before it has printed (seen
+    # on a loaded machine: only "SIGTERM during start-up" was left). They wait, and die quietly on
+    # the SIGTERM the launcher sends once the speaking process has exited.
     if os.environ.get("LOCAL_RANK", "0") == "0":
         sys.stderr.write(f"error: {message}\n")
         sys.stderr.flush()
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(SILENT_RANK_WAIT_S)
     raise SystemExit(2)
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.recipes.harness import ROOT, free_port
 
 WORKER = textwrap.dedent('''
@@ -58,6 +60,7 @@ WORKER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_global_norm_and_weight_check_on_sharded_dtensors(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -101,6 +101,7 @@ def _dead_holder() -> dict:
     return {"host": socket.gethostname(), "pid": int(pid), "started": float(started)}
 
 
+@pytest.mark.slow
 def test_launches_released_at_once_never_both_take_the_lock(tmp_path):
     """20 rounds of 2-4 launches released at once by a file; in odd rounds the folder holds a dead
     process's lock that they all judge dead at the same moment. Exactly one wins every round, and
@@ -146,6 +147,7 @@ def test_launches_released_at_once_never_both_take_the_lock(tmp_path):
     assert all(p.exitcode == 0 for p in procs)
 
 
+@pytest.mark.slow
 def test_a_launch_examines_the_lock_only_while_no_other_does(tmp_path):
     """The guard that makes a takeover race-free: while another launch holds `.run.lock.guard`
     (here: this test, with the folder holding a dead process's lock), a launch does not touch the
@@ -184,6 +186,7 @@ def _holder(out, stopping: bool, seconds: float) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_a_launch_waits_for_a_stopping_run_and_refuses_a_running_one(tmp_path, caplog):
     """A run that was signalled and is saving its last checkpoint marks its lock `stopping`: a new
     launch says so and waits for it to end, then takes the folder. A running one is refused at

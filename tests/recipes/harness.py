@@ -66,7 +66,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 def worker(proc: subprocess.Popen, rank: int) -> psutil.Process:
     """The training process of `rank` under a launcher (or `proc` itself, started without one)."""
-    if rank == 0 and "train.py" in " ".join(psutil.Process(proc.pid).cmdline()):
+    cmd = psutil.Process(proc.pid).cmdline()
+    if rank == 0 and len(cmd) > 1 and cmd[1].endswith("train.py"):  # `python train.py ...`, no launcher
         return psutil.Process(proc.pid)
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:

@@ -185,6 +185,7 @@ def _tree_digest(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_generation_is_byte_identical_across_processes(tiny_corpus, tmp_path):
     out = tmp_path / "again"
     proc = subprocess.run(
@@ -252,6 +253,7 @@ def test_ssl10h_plan_keeps_the_default_test_voices_and_sentences_out(tmp_path):
     assert "AUGMENTATION.txt" in {p.name for p in ssl_files}
 
 
+@pytest.mark.slow
 def test_ssltiny_is_byte_identical_in_another_process_with_one_worker(ssltiny_corpus, tiny_corpus, tmp_path):
     # ensure_builtin_corpus rendered with worker processes (every core); this one renders alone.
     out = tmp_path / "again"
