@@ -18,13 +18,14 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 @pytest.fixture(autouse=True)
 def _one_process_launcher(request):
-    """`@pytest.mark.accelerate_launch`: this test's one-process runs go through `accelerate launch`
-    (the others run `python train.py`: the same training, without the launcher's start-up)."""
+    """`@pytest.mark.accelerate_launch`: this test's runs go through `accelerate launch`, in fresh
+    interpreters (the others are forked from the harness's fork server: the same training, without
+    the launcher's and the imports' start-up; see tests/recipes/harness.py)."""
     from tests.recipes import harness
 
-    harness.LAUNCH_ONE[0] = request.node.get_closest_marker("accelerate_launch") is not None
+    harness.REAL_LAUNCH[0] = request.node.get_closest_marker("accelerate_launch") is not None
     yield
-    harness.LAUNCH_ONE[0] = False
+    harness.REAL_LAUNCH[0] = False
 
 
 def suite_dir(tmp_path_factory) -> Path:

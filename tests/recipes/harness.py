@@ -19,9 +19,14 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[2]
 SUPPORT = ROOT / "tests" / "recipes" / "support"  # sitecustomize: write audit, fault injection
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
-# Whether run() starts a one-process run through `accelerate launch`: set per test by the
-# `accelerate_launch` mark (tests/conftest.py). Every recipe keeps one such test per guarantee.
-LAUNCH_ONE = [False]
+# Whether run() starts its runs through `accelerate launch` (fresh interpreters, the real launcher):
+# set per test by the `accelerate_launch` mark (tests/conftest.py). Every recipe keeps such tests for
+# each guarantee, in 1 and 2 processes.
+REAL_LAUNCH = [False]
+# The other runs are forked from a server that has done the imports (tests/recipes/zygote.py): one
+# process as `python train.py`, several as cpu_ddp.yaml's DDP ranks. HARNESS_FORK=0 turns that off
+# (each run a fresh interpreter: `python train.py`, or `accelerate launch` for several processes).
+FORK = os.environ.get("HARNESS_FORK", "1") != "0"
 
 
 def free_port() -> int:
@@ -48,13 +53,183 @@ def command(recipe: str, nproc: int, args: list[str], profile: str = "cpu_ddp.ya
     return launch + [str(script), *args]
 
 
+def base_env(env: dict | None = None) -> dict:
+    """The environment of a run: ours, unbuffered, one OpenMP thread, this checkout first on the path
+    (an `env` PYTHONPATH adds to it, never replaces it), then `env`."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (full_env.get("PYTHONPATH"), str(ROOT)) if p)
+    return full_env
+
+
+def env_difference(a: dict, b: dict) -> list[str]:
+    """The variables that differ, but for pytest's per-test bookkeeping ones."""
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith("PYTEST_"))
+
+
+class Forked:
+    """A run forked by the zygote: the part of `subprocess.Popen` the harness and tests use. `pid` is
+    the run's own process (signal it, psutil it); its exit status comes from the server, its parent."""
+
+    def __init__(self, pid: int, conn: socket.socket):
+        self.pid, self._conn, self.returncode = pid, conn, None
+
+    def _read(self, timeout: float | None) -> None:
+        if self.returncode is None:
+            self._conn.settimeout(timeout)
+            try:
+                msg = self._conn.recv(4096)
+            except (TimeoutError, BlockingIOError):
+                return
+            if not msg:
+                raise RuntimeError(f"the fork server died before reporting run {self.pid}'s exit")
+            self.returncode = json.loads(msg)["returncode"]
+            self._conn.close()
+
+    def poll(self) -> int | None:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._read(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"forked run {self.pid}", timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedGroup:
+    """Several forked ranks of one DDP run, with what torch's elastic agent (`accelerate launch
+    --config_file accelerate_configs/cpu_ddp.yaml`) does around them: it reports 0 when every rank
+    ended with 0, else 1; once a rank has failed it SIGTERMs the others, and SIGKILLs them 30 s later.
+    It has no launcher to signal: a test about the launcher itself (SIGTERM or Ctrl-C to it, the
+    launcher killed) is marked `accelerate_launch` and gets the real one."""
+
+    STOP_GRACE_S = 30.0  # the agent's wait between SIGTERM and SIGKILL
+
+    def __init__(self, ranks: list[Forked]):
+        self.ranks, self.pid, self.returncode, self._stopping = ranks, ranks[0].pid, None, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            codes = [r.poll() for r in self.ranks]
+            if None not in codes:
+                self.returncode = 0 if not any(codes) else 1
+            elif any(codes) and self._stopping is None:  # a rank failed: stop the others
+                self._stopping = time.monotonic()
+                for r in self.ranks:
+                    r.send_signal(signal.SIGTERM)
+            elif self._stopping is not None and time.monotonic() - self._stopping > self.STOP_GRACE_S:
+                for r in self.ranks:
+                    r.send_signal(signal.SIGKILL)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("forked ranks", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        raise NotImplementedError("forked ranks have no launcher to signal: mark the test "
+                                  "@pytest.mark.accelerate_launch to run it under the real launcher")
+
+    terminate = send_signal
+
+    def kill(self) -> None:
+        for r in self.ranks:
+            r.kill()
+
+
+def ddp_env(rank: int, world: int, port: int) -> dict:
+    """What `accelerate launch --config_file accelerate_configs/cpu_ddp.yaml` adds to a worker's
+    environment (tests/recipes/test_harness.py compares it with the real launcher's), less the agent's
+    own channels: no TORCHELASTIC_USE_AGENT_STORE (rank 0 hosts the rendezvous store itself) and no
+    TORCHELASTIC_ERROR_FILE."""
+    return {"ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_DYNAMO_MODE": "default",
+            "ACCELERATE_DYNAMO_USE_DYNAMIC": "False", "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+            "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False", "ACCELERATE_MIXED_PRECISION": "no",
+            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+            "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "none",
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "WORLD_SIZE": str(world)}
+
+
+_zygote: dict = {}  # the server of this test process: {"proc", "path", "env"}
+
+
+def _server(env: dict) -> dict:
+    """The fork server, started with `env` (again, if the suite's environment has changed since: an
+    in-process import may set a variable, e.g. TOKENIZERS_PARALLELISM, that a fresh interpreter would
+    inherit; the server's imports must have seen what the run's interpreter would see)."""
+    if _zygote and (_zygote["proc"].poll() is not None or env_difference(env, _zygote["env"])):
+        _zygote["proc"].kill()
+        _zygote["proc"].wait()
+        _zygote.clear()
+    if not _zygote:
+        import atexit
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(prefix="zygote"), "socket")
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "recipes" / "zygote.py"), path], cwd=ROOT,
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=open(path + ".log", "w"), start_new_session=True)
+        atexit.register(proc.kill)
+        _zygote.update(proc=proc, path=path, env=env)
+    return _zygote
+
+
+def _fork_one(argv: list[str], env: dict, log) -> Forked:
+    server = _zygote
+    deadline = time.monotonic() + 120
+    while not os.path.exists(server["path"]):  # it is importing
+        if server["proc"].poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the fork server did not start: {open(server['path'] + '.log').read()[-2000:]}")
+        time.sleep(0.02)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.connect(server["path"])
+    socket.send_fds(conn, [json.dumps({"argv": argv, "cwd": str(ROOT), "env": env}).encode()], [log.fileno()])
+    return Forked(json.loads(conn.recv(4096))["pid"], conn)
+
+
+def fork(argv: list[str], nproc: int, env: dict, log) -> Forked | ForkedGroup | None:
+    """`python <argv>` (one process) or its `nproc` DDP ranks (`env` plus `ddp_env`), forked by the
+    fork server; None (start fresh interpreters) when `env` is not the suite's own (`base_env()`): a
+    run with its own variables (HF_* caches and switches, a sitecustomize that injects faults) may
+    change what is imported and how, which the server has done once for all."""
+    if not FORK or env_difference(env, base_env()):
+        return None
+    _server(env)
+    if nproc == 1:
+        return _fork_one(argv, env, log)
+    port = free_port()
+    return ForkedGroup([_fork_one(argv, {**env, **ddp_env(r, nproc, port)}, log) for r in range(nproc)])
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the launcher and every process under it at once, as a scheduler killing the job
     would. (torch's elastic agent starts its workers in sessions of their own, so killing the
     launcher's process group alone misses them: they stop on their own once they notice, through a
     save, see common/launcher.py.)"""
-    procs = [psutil.Process(proc.pid)]
-    procs += procs[0].children(recursive=True)
+    procs = []
+    for pid in [r.pid for r in proc.ranks] if isinstance(proc, ForkedGroup) else [proc.pid]:
+        try:
+            procs.append(psutil.Process(pid))
+            procs += procs[-1].children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
     for p in procs:
         try:
             p.send_signal(signal.SIGKILL)
@@ -66,9 +241,11 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 def worker(proc: subprocess.Popen, rank: int) -> psutil.Process:
     """The training process of `rank` under a launcher (or `proc` itself, started without one)."""
+    if isinstance(proc, ForkedGroup):
+        return psutil.Process(proc.ranks[rank].pid)
     cmd = psutil.Process(proc.pid).cmdline()
-    if rank == 0 and len(cmd) > 1 and cmd[1].endswith("train.py"):  # `python train.py ...`, no launcher
-        return psutil.Process(proc.pid)
+    if rank == 0 and (isinstance(proc, Forked) or len(cmd) > 1 and cmd[1].endswith("train.py")):
+        return psutil.Process(proc.pid)  # `python train.py ...` (or its fork), no launcher
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
             if child.environ().get("RANK", "0") == str(rank) and "train.py" in " ".join(child.cmdline()):
@@ -87,8 +264,11 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
         profile: str = "cpu_ddp.yaml", launcher: bool | None = None) -> str:
     """Launch a recipe and wait for it; return its log.
 
-    One process runs as `python train.py` unless `launcher` (or the test's `accelerate_launch` mark,
-    see tests/conftest.py) asks for `accelerate launch`; several processes always use it.
+    `launcher` (default: the test's `accelerate_launch` mark, see tests/conftest.py): True starts
+    `accelerate launch` (fresh interpreters under the real launcher); False forks the run from the
+    fork server — `python train.py` in one process, cpu_ddp.yaml's ranks in several — or, where the
+    server cannot stand for it (a run with its own environment, another profile), starts
+    `python train.py` (one process) or `accelerate launch` (several).
 
     `when(output_dir)` is polled every 20 ms; the first time it is true, `then(proc)` runs once
     (e.g. `kill_tree`, or a signal to one rank). `kill_after_checkpoint=k` is short for killing the
@@ -97,15 +277,18 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     if kill_after_checkpoint is not None:
         when, then, expect_rc = checkpoint_exists(kill_after_checkpoint), kill_tree, None
     out_dir = Path(args[args.index("--output_dir") + 1])
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    # This checkout's common/ always (an `env` PYTHONPATH adds to it, never replaces it).
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (full_env.get("PYTHONPATH"), str(ROOT)) if p)
+    full_env = base_env(env)
     log_path = out_dir.parent / f"{out_dir.name}.log"
     start = log_path.stat().st_size if log_path.exists() else 0
-    launch_one = LAUNCH_ONE[0] if launcher is None else launcher
+    real = REAL_LAUNCH[0] if launcher is None else launcher
+    cmd = command(recipe, nproc, args, profile, launcher=real)
     with open(log_path, "a") as log:
-        proc = subprocess.Popen(command(recipe, nproc, args, profile, launch_one), cwd=ROOT, env=full_env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = None
+        if not real and (nproc == 1 or profile == "cpu_ddp.yaml"):
+            proc = fork(command(recipe, 1, args, launcher=False)[1:], nproc, full_env, log)
+        if proc is None:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
     started = time.monotonic()
     deadline = started + timeout
     fired = False
@@ -123,7 +306,7 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     if os.environ.get("HARNESS_LAUNCH_LOG"):  # suite profiling: one JSON line per launch
         with open(os.environ["HARNESS_LAUNCH_LOG"], "a") as f:
             f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "recipe": recipe,
-                                "nproc": nproc, "launcher": nproc > 1 or bool(launch_one),
+                                "nproc": nproc, "forked": isinstance(proc, (Forked, ForkedGroup)),
                                 "seconds": round(time.monotonic() - started, 2)}) + "\n")
     with open(log_path, errors="replace") as f:
         f.seek(start)

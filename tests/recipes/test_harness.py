@@ -1,0 +1,105 @@
+"""The fork server stands for fresh interpreters: what a forked run sees and how it ends is what
+`python train.py` (one process) and `accelerate launch --config_file cpu_ddp.yaml` (several) give."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.recipes import harness
+
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "env": dict(os.environ),
+                      "main": __name__, "threads": torch.get_num_threads()}))
+    how = sys.argv[1]
+    if how == "code":
+        sys.exit(3)
+    if how == "message":
+        sys.exit("a message")
+    if how == "raise":
+        raise ValueError("boom")
+    if how == "ctrl-c":
+        raise KeyboardInterrupt
+""")
+
+
+def _fork(tmp_path, how: str, nproc: int = 1, port: int = 0):
+    script = tmp_path / "probe" / "probe.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(PROBE)
+    log_path = tmp_path / f"{how}{nproc}.log"
+    with open(log_path, "w") as log:
+        proc = harness.fork([str(script), how], nproc, harness.base_env(), log)
+    assert proc is not None, "the fork server refused a run with the suite's own environment"
+    proc.wait(timeout=60)
+    return proc, log_path.read_text(), script
+
+
+@pytest.mark.parametrize("how,code", [("ok", 0), ("code", 3), ("message", 1), ("raise", 1),
+                                      ("ctrl-c", -signal.SIGINT)])
+def test_a_forked_run_sees_and_ends_as_python_script_does(tmp_path, how, code):
+    proc, log, script = _fork(tmp_path, how)
+    seen = json.loads(log.splitlines()[0])
+    assert proc.returncode == code, log
+    assert seen["argv"] == [str(script), how] and seen["main"] == "__main__"
+    assert seen["path0"] == str(script.parent) and seen["cwd"] == str(harness.ROOT)
+    assert {k: v for k, v in seen["env"].items() if not k.startswith("PYTEST_")} == \
+        {k: v for k, v in harness.base_env().items() if not k.startswith("PYTEST_")}
+    assert seen["threads"] == 1  # OMP_NUM_THREADS=1, as in a fresh interpreter
+    if how == "message":
+        assert log.rstrip().endswith("a message")
+    if how in ("raise", "ctrl-c"):
+        assert "Traceback" in log and ("ValueError: boom" in log or "KeyboardInterrupt" in log)
+
+
+def test_a_run_with_its_own_environment_is_not_forked(tmp_path):
+    with open(tmp_path / "log", "w") as log:
+        assert harness.fork([sys.executable, "-c", "pass"], 1, harness.base_env({"HF_HUB_OFFLINE": "1"}), log) is None
+
+
+def test_forked_ranks_get_the_real_launchers_environment(tmp_path):
+    """The variables `accelerate launch --config_file accelerate_configs/cpu_ddp.yaml` gives its
+    workers, rank by rank, are the forked ranks' (less the agent's store and error file)."""
+    script = tmp_path / "env.py"
+    script.write_text("import json, os; print(json.dumps(dict(os.environ)))\n")
+    port = harness.free_port()
+    out = subprocess.run([*harness.ACCELERATE, "--config_file", str(harness.ROOT / "accelerate_configs" / "cpu_ddp.yaml"),
+                          "--num_processes", "2", "--main_process_port", str(port), str(script)],
+                         env=harness.base_env(), capture_output=True, text=True, timeout=120, cwd=harness.ROOT)
+    assert out.returncode == 0, out.stderr
+    base = harness.base_env()
+    for line in out.stdout.splitlines():
+        env = json.loads(line)
+        added = {k: v for k, v in env.items() if base.get(k) != v}
+        added.pop("TORCHELASTIC_USE_AGENT_STORE")
+        added.pop("TORCHELASTIC_ERROR_FILE")
+        assert added == harness.ddp_env(int(env["RANK"]), 2, port)
+
+
+def test_a_failed_rank_stops_the_others_and_the_group_reports_1(tmp_path):
+    """As torch's elastic agent: one rank's failure SIGTERMs the rest; the run's code is 1."""
+    script = tmp_path / "ranks.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '1':\n    sys.exit(2)\n"
+                      "time.sleep(60)\n")
+    with open(tmp_path / "log", "w") as log:
+        group = harness.fork([str(script)], 2, harness.base_env(), log)
+    assert group.wait(timeout=20) == 1
+    assert [r.returncode for r in group.ranks] == [-signal.SIGTERM, 2]
+    with pytest.raises(NotImplementedError, match="accelerate_launch"):
+        group.send_signal(signal.SIGTERM)
+
+
+def test_a_variable_set_in_the_suite_reaches_the_forked_run(tmp_path, monkeypatch):
+    """An in-process import may set a variable (transformers: TOKENIZERS_PARALLELISM) that a fresh
+    interpreter would inherit: the server is restarted with it, and its forks see it."""
+    _fork(tmp_path, "ok")
+    monkeypatch.setenv("HARNESS_PROBE_VARIABLE", "set")
+    proc, log, _ = _fork(tmp_path, "ok")
+    assert json.loads(log.splitlines()[0])["env"]["HARNESS_PROBE_VARIABLE"] == "set"

@@ -1,0 +1,143 @@
+"""A fork server for the suite's one-process runs: `python train.py ...` without the import start-up.
+
+A recipe's process spends ~5 s importing torch, transformers and datasets before its first step, and
+the suite starts ~100 of them. This server imports those once (and this checkout's common/), then
+forks one child per run: the child becomes the run's process — its own session, the environment,
+working directory, argv and sys.path[0] that `python train.py` would have, stdout/stderr onto the
+harness's log — and executes the recipe's script as `__main__`. The harness gets a Popen-like handle
+on the child's real pid (signals, psutil, kill_tree work as on any run) and the child's exit status
+from the server, which is its parent.
+
+What a forked child shares that fresh interpreters would not: the modules imported here (never used
+before the fork: no thread pool or RNG has been touched), and the string hash seed. Hash-order
+dependence would therefore not show between two forked runs; the tests marked `accelerate_launch`
+and every multi-process test still start real interpreters, each with its own seed. The harness
+only uses the server for runs whose environment equals the server's (a run with its own variables —
+HF_* caches, offline switches, a sitecustomize that injects faults — starts a real interpreter).
+
+Protocol (AF_UNIX, SOCK_SEQPACKET, one connection per run): the harness sends one JSON message
+{"argv", "cwd", "env"} with the log's file descriptor attached; the server answers {"pid"} at once
+and {"returncode"} (Popen's convention: -N for signal N) once the child has been reaped.
+
+    python tests/recipes/zygote.py <socket path>     # started by tests/recipes/harness.py
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import selectors
+import socket
+import sys
+
+# What every recipe imports before its first step (measured with `python -X importtime`).
+PRELOAD = (
+    "numpy", "soundfile", "yaml", "psutil", "torch", "torch.nn.functional", "torchaudio", "safetensors.torch",
+    "accelerate", "datasets", "transformers", "transformers.models.wav2vec2_bert.modeling_wav2vec2_bert",
+    "common.checkpoint", "common.config", "common.data", "common.datacheck", "common.distributed",
+    "common.encoder", "common.faults", "common.features", "common.hf_export", "common.launcher", "common.logs",
+    "common.loop", "common.manifest", "common.prepare", "common.run", "common.rundir", "common.source",
+    "common.speech_frontend", "common.stream", "common.vocoding", "tools.corpus",
+)
+
+
+def child(conn_fds: list[int], request: dict, log_fd: int) -> None:
+    """Become `python <argv>`: never returns."""
+    code = 1
+    try:
+        for fd in conn_fds:
+            os.close(fd)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(devnull)
+        os.close(log_fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        script = request["argv"][0]
+        sys.argv = list(request["argv"])
+        sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` sets it
+        code = run_script(script)
+    finally:
+        os._exit(code)
+
+
+def run_script(script: str) -> int:
+    """Run `script` as __main__ and end as the interpreter would: the exit code of SystemExit (its
+    message printed), the traceback and 1 for an exception, death by SIGINT for an uncaught Ctrl-C;
+    non-daemon threads joined and atexit handlers run before the streams are flushed."""
+    import runpy
+    import signal
+    import threading
+
+    code, interrupted = 0, False
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if interrupted:  # as CPython does: die of SIGINT, so the parent sees -2
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code
+
+
+def serve(path: str) -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path + ".tmp")
+    listener.listen(16)
+    os.rename(path + ".tmp", path)  # the harness connects once the path exists
+    parent = os.getppid()
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    running: dict[int, socket.socket] = {}  # child pid -> its run's connection
+    while os.getppid() == parent:  # the harness's process ended: so do we
+        for key, _ in sel.select(timeout=0.02):
+            conn, _ = listener.accept()
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
+            request = json.loads(msg)
+            pid = os.fork()
+            if pid == 0:
+                child([sel.fileno(), listener.fileno(), conn.fileno(), *(c.fileno() for c in running.values())], request, fds[0])
+            os.close(fds[0])
+            conn.send(json.dumps({"pid": pid}).encode())
+            running[pid] = conn
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = running.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.send(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode())
+                except OSError:  # the harness gave up on this run
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
