@@ -276,18 +276,6 @@ def resolve_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Path:
                      f"{MARKER} marker): give a training output_dir, its final/, or a checkpoints/step_*/ folder")
 
 
-def read_config(folder: Path) -> dict:
-    """The `config.yaml` of a folder from `resolve_checkpoint`, as a dict (`UsageError` if it is none:
-    a sealed folder whose config was written by someone else)."""
-    try:
-        cfg = yaml.safe_load((folder / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise UsageError(f"{folder / 'config.yaml'} cannot be read ({type(e).__name__}): {RE_EXPORT}") from None
-    if not isinstance(cfg, dict):
-        raise UsageError(f"{folder / 'config.yaml'} is not a training config (a mapping of settings): {RE_EXPORT}")
-    return cfg
-
-
 # What a folder that fails its seal needs: the run that wrote it can write it again.
 RE_EXPORT = ("re-run the training command that made it (same --output_dir: a finished run exports final/ "
              "again from its last checkpoint), or copy the whole folder again from where it was made")

@@ -99,7 +99,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
-from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data import RecipeData, build_loaders, load_row_audio  # noqa: E402
 from common.distributed import check_fsdp_wrap  # noqa: E402
@@ -248,7 +248,7 @@ def main(cfg: Config) -> None:
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
     if cfg.init_from:  # every rank; a resume then loads its checkpoint over it
         try:
-            logger.info(transfer_from(model, cfg.symbols, cfg.init_from))
+            logger.info(transfer_from(model, cfg.symbols, resolve_checkpoint(cfg.init_from, "--init_from")))
         except ValueError as e:
             raise RunError(str(e)) from None
     optimizer, scheduler = build_optimizer(cfg, model)
