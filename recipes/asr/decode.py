@@ -43,6 +43,8 @@ from accelerate.utils import broadcast_object_list
 
 import torch
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
 from common.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, NonNegative, Positive, load_config, parse_config
 from common.data import make_loader

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.checkpoint import resolve_checkpoint, seal_export
 from common.config import ExistingPath, load_config, parse_config

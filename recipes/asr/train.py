@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.config import (Count, DatasetConfig, ExistingPath, Fraction, NonNegative, Range,
                            exit_on_signals_during_start_up, parse_config)

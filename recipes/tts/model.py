@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 import types
+from pathlib import Path
 
 import numpy as np
 import torch

@@ -46,6 +46,8 @@ import soundfile as sf
 import torch
 import torchaudio
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
 from common.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, load_config, parse_config
 from common.data import load_audio

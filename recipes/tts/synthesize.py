@@ -25,6 +25,8 @@ from typing import Annotated
 
 import soundfile as sf
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
 from common.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, Positive, load_config, parse_config
 from common.faults import UsageError

@@ -8,8 +8,8 @@ this file as `vocoder_model.py`, so `load_vocoder(final/)` works from anywhere.
 
 from __future__ import annotations
 
-from pathlib import Path
 import types
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F

@@ -276,3 +276,57 @@ def test_tools_read_a_runs_config_as_its_config_class(tmp_path, in_process):
                         "--output", tmp_path / "b.wav"),
              "'pitch_predictor' is not a setting of train.Config: written by a newer version")
     assert not (tmp_path / "b.wav").exists()
+
+
+# A fresh interpreter (-I: no PYTHONPATH, no script or working folder on sys.path) that cannot import
+# this repository, even where an older editable install of it is still in site-packages.
+WITHOUT_THE_REPOSITORY = """
+import importlib.abc, sys
+
+class NotHere(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("common", "tools", "recipes", "tests"):
+            raise ImportError(f"{name}: this repository's, not importable here")
+
+sys.meta_path.insert(0, NotHere())
+"""
+
+
+def test_tts_and_vocoder_exports_load_without_the_repository(tmp_path):
+    """final/ as training writes its code (common.hf_export.write_code with the recipes' lists), copied
+    into an empty folder, loads and runs in a fresh interpreter with only installed packages: the
+    TTS synthesizes what the recipe's own code does, the vocoder vocodes."""
+    import torch
+
+    from common.hf_export import write_code
+
+    torch.manual_seed(0)
+    model = tts.model.build_model(SimpleNamespace(**TTS_CFG))
+    tts_final = export(tmp_path / "tts", TTS_CFG, model.state_dict(),
+                       **{"symbols.json": json.dumps({"symbols": TTS_CFG["symbols"]})})
+    write_code(tts_final, "tts", recipe_modules("tts", "train").train.exported_code())
+    generator = vocoder.model.build_generator(SimpleNamespace(**VOCODER_CFG))
+    voc_final = export(tmp_path / "vocoder", VOCODER_CFG, generator.state_dict())
+    write_code(voc_final, "vocoder", {"model": ROOT / "recipes" / "vocoder" / "model.py"})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    script = WITHOUT_THE_REPOSITORY + f"""
+import torch
+sys.path.insert(0, {str(tts_final)!r})
+sys.path.insert(0, {str(voc_final)!r})
+import tts_audio, tts_model, vocoder_model
+model, cfg, symbols, _ = tts_model.load_tts({str(tts_final)!r})
+_, mel, _ = tts_model.synthesize(model, symbols, "a radio", tts_audio.make_vocoder(cfg, n_iter=1))
+torch.save(mel, "mel.pt")
+generator, vcfg = vocoder_model.load_vocoder({str(voc_final)!r})
+wav = vocoder_model.vocode(generator, mel)
+assert wav.ndim == 1 and len(wav) > 0 and vcfg.n_mels == cfg.n_mels
+"""
+    proc = subprocess.run([sys.executable, "-I", "-c", script], cwd=empty, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours, _, _, _ = tts.model.load_tts(tts_final, SimpleNamespace(**TTS_CFG))
+    syn = recipe_modules("tts", "audio", "model")
+    _, mel, _ = syn.model.synthesize(ours, syn.model.Symbols.from_config(SimpleNamespace(**TTS_CFG)), "a radio",
+                                     syn.audio.make_vocoder(SimpleNamespace(**TTS_CFG), n_iter=1))
+    assert torch.equal(torch.load(empty / "mel.pt"), mel)
+    assert sorted(p.name for p in empty.iterdir()) == ["mel.pt"]
