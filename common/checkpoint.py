@@ -142,6 +142,9 @@ class TrainState:
     # The config keys its Config marks ResumeSafe (where to write, when to stop, how often to log):
     # they may differ on a re-launch; every other key must match.
     resume_safe: list = dataclasses.field(default_factory=list)
+    # {key: its default in the Config class}: a key a checkpoint's config lacks (the field was added
+    # since) is no change when this launch has its default. This launch's, never restored.
+    config_defaults: dict = dataclasses.field(default_factory=dict)
     data: dict = dataclasses.field(default_factory=dict)  # manifest_summary() of the training data
     # resumes on changed data allowed by --allow_data_change: {step, was, now} (manifest summaries)
     data_changes: list = dataclasses.field(default_factory=list)
@@ -161,8 +164,8 @@ class TrainState:
         values, safe = config_to_dict(config), resume_safe_keys(config)
         state = cls(world_size=world_size, gradient_accumulation_steps=accumulation,
                     global_batch=world_size * accumulation, threads_per_process=torch.get_num_threads(),
-                    config_hash=config_hash(values, ignore=safe), config=values, resume_safe=safe, data=data or {})
-        state._field_defaults = field_defaults(config)  # not saved: see resume_from_checkpoint
+                    config_hash=config_hash(values, ignore=safe), config=values, resume_safe=safe,
+                    config_defaults=field_defaults(config), data=data or {})
         return state
 
     def state_dict(self) -> dict[str, Any]:
@@ -271,18 +274,6 @@ def resolve_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Path:
                          f"checkpoints/step_*/ folders, or re-run its training command to finish and export")
     raise UsageError(f"{flag} {path}: no trained model in it or in its final/ (expected model.safetensors and a "
                      f"{MARKER} marker): give a training output_dir, its final/, or a checkpoints/step_*/ folder")
-
-
-def read_config(folder: Path) -> dict:
-    """The `config.yaml` of a folder from `resolve_checkpoint`, as a dict (`UsageError` if it is none:
-    a sealed folder whose config was written by someone else)."""
-    try:
-        cfg = yaml.safe_load((folder / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise UsageError(f"{folder / 'config.yaml'} cannot be read ({type(e).__name__}): {RE_EXPORT}") from None
-    if not isinstance(cfg, dict):
-        raise UsageError(f"{folder / 'config.yaml'} is not a training config (a mapping of settings): {RE_EXPORT}")
-    return cfg
 
 
 # What a folder that fails its seal needs: the run that wrote it can write it again.
@@ -439,10 +430,13 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, m
     models, optimizers, schedulers = _parts(accelerator, models, optimizers, schedulers)
     run_state = _run_state(accelerator)
     run_state.state, run_state.schedulers = state, schedulers
-    resumed_with = getattr(state, "_registered", None)  # set by resume_from_checkpoint
-    if resumed_with is not None and registered_names(accelerator) != resumed_with:
+    # resume_from_checkpoint registers RunState after every object registered before it: an object
+    # after RunState was registered later, and was not resumed.
+    names = registered_names(accelerator)
+    ours = names.index(RunState.__qualname__)
+    if ours != len(names) - 1:
         raise ContractError(f"save_checkpoint at step {state.step}: objects registered for checkpointing "
-                            f"{registered_names(accelerator)} != {resumed_with} at resume_from_checkpoint: "
+                            f"{names} != {names[:ours + 1]} at resume_from_checkpoint: "
                             f"register every object before resume_from_checkpoint (a later one was not resumed)")
     unplain = _unplain_state(accelerator)  # every rank: the same objects, the same verdict
     if unplain:
@@ -942,8 +936,7 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
                        f"({', '.join(models)}): use a DDP or FSDP profile (accelerate_configs/)")
     if ckpt is None:
         state.launches = [this_launch(0, accelerator.num_processes)]
-        _run_state(accelerator)
-        state._registered = registered_names(accelerator)  # not saved: save_checkpoint checks it
+        _run_state(accelerator)  # registered last: save_checkpoint checks that nothing came after it
         state.stage = "boundary"
         return None
     if not (ckpt / MARKER).is_file():
@@ -987,7 +980,7 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
         # code it was written with behaved as that field's default does (the rule for adding a
         # field), so only another value is a change.
         added = {k for k in set(state.config) - set(saved["config"])
-                 if state.config[k] == getattr(state, "_field_defaults", {}).get(k, _NO_DEFAULT)}
+                 if state.config[k] == state.config_defaults.get(k, _NO_DEFAULT)}
         for k in sorted(set(saved["config"]) | set(state.config)):
             if k not in safe and k not in added and saved["config"].get(k) != state.config.get(k):
                 problems.append(f"{k}: checkpoint {saved['config'].get(k)!r} != now {state.config.get(k)!r}")
@@ -1030,7 +1023,6 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
         restored = {**run_state.loaded["train_state"], "schedulers": run_state.loaded["schedulers"]}
         run_state.loaded = None
     run_state.state, run_state.schedulers = state, schedulers
-    state._registered = registered_names(accelerator)
     for name, sd in restored.pop("schedulers").items():
         schedulers[name].load_state_dict(sd)
     changes = restored.pop("data_changes", [])
@@ -1041,7 +1033,7 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
         logger.warning(f"checkpoint trained with {was_threads} thread(s) per process, now {state.threads_per_process} "
                        f"(--num_threads): the result will not be bit-identical to an uninterrupted run "
                        f"(on CPU, float sums are split by thread); --num_threads 0 keeps the checkpoint's")
-    for key in ("config", "config_hash", "resume_safe", "world_size", "gradient_accumulation_steps", "data",
+    for key in ("config", "config_hash", "resume_safe", "config_defaults", "world_size", "gradient_accumulation_steps", "data",
                 "models", "optimizers", "registered"):
         restored.pop(key, None)  # this launch's: resume-safe keys (max_steps, ...), its own topology and data
         # summary (the same, or a change allowed above), the names checked above

@@ -27,8 +27,9 @@ no recipe's field:
   often to log); every other field must match for a resume (`resume_safe_keys`).
 - A recipe re-declares a shared field to change its default (`max_steps: int = 1500`): the field
   keeps RunConfig's rules, comment and place.
-- A Config may add cross-field checks in a `validate(self)` method that raises ValueError; there
-  `self._defaults` holds the values a plain run gets (the recipe's YAML over the class defaults).
+- A Config may add cross-field checks in a `validate(self)` method that raises ValueError, and
+  checks of what the user changed in `validate_changes(self, plain)`, where `plain` is the Config a
+  plain run gets (the recipe's YAML over the class defaults), passed in by parse_config.
 
 Unknown keys are refused with the closest valid name (a typo must never silently train the
 default). A number is written with the digits 0-9 (int() also reads '١٢'). YAML files are read as YAML
@@ -47,6 +48,7 @@ import hashlib
 import inspect
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -72,7 +74,9 @@ START_UP_SIGNAL_EXIT_CODE = 75
 
 
 class ConfigError(ValueError):
-    """A mistake in the configuration: reported as one line, exit code 2."""
+    """A mistake in the configuration: reported as one line, exit code 2 (also by `run_main`)."""
+
+    exit_code = 2
 
 
 class FieldError(ConfigError):
@@ -260,6 +264,9 @@ class RunConfig:
     report_to: Annotated[str, Trackers, ResumeSafe] = "tensorboard"  # trackers besides metrics.jsonl: tensorboard, wandb, mlflow, ... (comma-separated), all, none
     dump_batch_ids: Annotated[bool, ResumeSafe] = False  # write each rank's utterance ids per batch (audits DDP sharding)
 
+    def validate(self) -> None:
+        """Cross-field checks of a recipe's Config (raise ValueError): none shared."""
+
 
 @dataclasses.dataclass
 class DatasetConfig(RunConfig):
@@ -288,10 +295,10 @@ class DatasetConfig(RunConfig):
     FOLDER_ONLY = {}
     READS_TEXT = True  # False: the recipe reads no transcripts (--text_column_name is refused)
 
-    def validate(self) -> None:
-        # A plain run's values (parse_config: the recipe's YAML over the class), else the class's.
-        defaults = getattr(self, "_defaults", None) or {f.name: f.default for f in dataclasses.fields(self)}
-        changed = lambda keys: [k for k in keys if getattr(self, k) != defaults[k]]  # noqa: E731
+    def validate_changes(self, plain: "DatasetConfig") -> None:
+        """A source's rules: settings it ignores must keep what `plain` (a plain run: the recipe's YAML
+        over the class defaults) has."""
+        changed = lambda keys: [k for k in keys if getattr(self, k) != getattr(plain, k)]  # noqa: E731
         stream_only = ("per_device_train_batch_size", "stream_partitions", "stream_block_rows")
         if self.dataset_name is None:
             given = changed(("dataset_config_name", "train_split_name", "eval_split_name", "audio_column_name",
@@ -530,8 +537,9 @@ def _from_file(error: FieldError, path: str, loaded: Any) -> ConfigError:
     return FieldError(error.field, f"{error} (--config {path}{f', line {line}' if line else ''})")
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: Any, plain: Any = None) -> None:
     """Check every field's rules (a list's: on each of its values), then the Config's own
+    `validate_changes(plain)` (`plain`: what a plain run gets; None: the class defaults) and
     `validate()`; raises ConfigError."""
     for name, (_, rules) in field_specs(type(cfg)).items():
         value = getattr(cfg, name)
@@ -549,12 +557,13 @@ def validate(cfg: Any) -> None:
                 problem = rule.check(item)
                 if problem:
                     raise FieldError(name, f"--{name}: {problem}" + (f" (in {_shown(list(value))})" if is_list else ""))
-    check = getattr(cfg, "validate", None)
-    if callable(check):
-        try:
-            check()
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    try:
+        if callable(getattr(cfg, "validate_changes", None)):
+            cfg.validate_changes(plain if plain is not None else type(cfg)())
+        if callable(getattr(cfg, "validate", None)):
+            cfg.validate()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -852,9 +861,8 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
         plain = cfg if yaml_path == default_yaml and not pairs else None
         if plain is None:
             plain = _apply(cls(), load_yaml(default_yaml), str(default_yaml)) if default_yaml else cls()
-        cfg._defaults = {f.name: getattr(plain, f.name) for f in dataclasses.fields(cls)}
         try:
-            validate(cfg)
+            validate(cfg, plain)
         except FieldError as e:  # a value the YAML set and the command line kept: name the file
             if e.field in loaded and e.field not in dict(pairs):
                 raise _from_file(e, str(yaml_path), loaded) from None
@@ -873,6 +881,34 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 def save_config(cfg: Any, path: str | Path) -> None:
     with open(path, "w") as f:
         yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+
+
+def load_config(folder: str | Path, cls: type[T]) -> T:
+    """The `config.yaml` that `save_config` wrote into `folder` (a run, its final/, a checkpoint), as
+    the recipe's Config `cls`, each value converted to its field's type. A config written before a
+    field existed takes that field's class default, said in one logged line (the code that wrote it
+    behaved as the default does: the rule for adding a field). A key `cls` does not have (a config of
+    a newer version, or of another recipe) is refused: dropping it could silently change what the
+    tool rebuilds. Values are not checked against the fields' rules (a run's data_dir may be gone
+    since). Every problem is a ConfigError of one line."""
+    path = Path(folder) / "config.yaml"
+    try:
+        loaded = load_yaml(path)
+    except ConfigError as e:  # load_yaml's messages name the --config flag: this file is no flag's
+        raise ConfigError(str(e).removeprefix("--config ")) from None
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [str(k) for k in loaded if k not in names]
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]!r}{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''} "
+                          f"is not a setting of {cls.__module__}.{cls.__name__}: written by a newer version of this "
+                          f"code, or by another recipe; use the code (and recipe) that trained it")
+    cfg = _apply(cls(), loaded, str(path))
+    missing = [n for n in names if n not in loaded]
+    if missing:
+        shown = ", ".join(f"{n}={getattr(cfg, n)!r}" for n in missing)
+        logging.getLogger(__name__).warning(f"{path}: written before {len(missing)} setting(s) existed; "
+                                            f"they take their defaults: {shown}")
+    return cfg
 
 
 def config_hash(cfg_dict: dict[str, Any], ignore: typing.Iterable[str] = ()) -> str:

@@ -21,6 +21,7 @@ import traceback
 
 import torch
 
+from common.config import ConfigError
 from common.launcher import stop_reason
 from common.rundir import mark_stopping
 
@@ -123,7 +124,7 @@ def run_main(main) -> None:
         raise
     except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt too: stop now, do not hang
         rank = os.environ.get("RANK", "0")
-        if isinstance(e, RunError):
+        if isinstance(e, (RunError, ConfigError)):  # ConfigError: a saved config.yaml a tool reads
             print(f"[rank {rank}] error: {e}", file=sys.stderr)
         elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             where = f" writing {e.filename}" if e.filename else ""

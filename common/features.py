@@ -13,14 +13,7 @@ from accelerate.utils import broadcast
 
 from common.faults import RunError
 from common.speech_frontend import LogMel  # noqa: F401 — re-exported: the recipes' front end
-
-
-def mel_frontend(sample_rate: int, n_mels: int, win_length: int, hop_length: int) -> LogMel:
-    """The TTS recipe's and the vocoder's mel (one definition, so TTS output can be vocoded): waveform →
-    natural-log power mel (frames, n_mels). 22.05 kHz, win 1024, hop 256 gives n_fft 1024 (next power
-    of two ≥ window), HTK mel scale from 0 Hz to Nyquist, no filter norm, centred frames:
-    samples // hop_length + 1 of them."""
-    return LogMel(sample_rate, n_mels, win_ms=1000 * win_length / sample_rate, hop_ms=1000 * hop_length / sample_rate)
+from common.vocoding import mel_frontend  # noqa: F401 — re-exported
 
 
 def feature_stats(items: Iterable[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import shutil
 import textwrap
 import time
@@ -41,6 +42,22 @@ def save_feature_extractor(folder: str | Path, *, n_mels: int, stack_frames: int
     config = json.loads((folder / "preprocessor_config.json").read_text())
     config["auto_map"] = {"AutoFeatureExtractor": "speech_frontend.StackedLogMelFeatureExtractor"}
     (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_code(folder: str | Path, prefix: str, modules: dict[str, str | Path]) -> None:
+    """Copy the source files `modules` ({module name: file}) into `folder` as `<prefix>_<name>.py`,
+    each import of another of them (`from <name> import`, `from common.<name> import`) renamed too,
+    so that the folder's code imports only itself and installed packages, and its names collide
+    with no other module on sys.path (`model` is every recipe's)."""
+    for name, path in modules.items():
+        code = Path(path).read_text()
+        for other in modules:
+            code = re.sub(rf"^from (common\.)?{other} import", f"from {prefix}_{other} import", code, flags=re.M)
+        needs = re.search(r"^\s*(from|import) (common|tools)\b.*", code, flags=re.M)
+        if needs:  # the export would load only beside this repository
+            raise RuntimeError(f"{path} ({prefix}_{name}.py in an export) imports this repository: "
+                               f"{needs.group(0).strip()}")
+        (Path(folder) / f"{prefix}_{name}.py").write_text(code)
 
 
 def hf_ctc_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""Mel → waveform without a neural vocoder (Griffin-Lim, torchaudio's) and mel-cepstral distortion with
-DTW: what the TTS recipe vocodes and scores with, and the baseline the vocoder recipe is measured against."""
+"""The TTS recipe's and the vocoder's mel (`mel_frontend`), mel → waveform without a neural vocoder
+(Griffin-Lim, torchaudio's) and mel-cepstral distortion with DTW: what the TTS recipe vocodes and
+scores with, and the baseline the vocoder recipe is measured against."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ import numpy as np
 import torch
 import torchaudio
 
-from common.features import LogMel
+from common.speech_frontend import LogMel
+
+# This file imports only torch, torchaudio, numpy and common/speech_frontend.py (transformers): a TTS
+# export carries both, so that its final/ synthesizes without this repository.
+
+
+def mel_frontend(sample_rate: int, n_mels: int, win_length: int, hop_length: int) -> LogMel:
+    """The TTS recipe's and the vocoder's mel (one definition, so TTS output can be vocoded): waveform →
+    natural-log power mel (frames, n_mels). 22.05 kHz, win 1024, hop 256 gives n_fft 1024 (next power
+    of two ≥ window), HTK mel scale from 0 Hz to Nyquist, no filter norm, centred frames:
+    samples // hop_length + 1 of them."""
+    return LogMel(sample_rate, n_mels, win_ms=1000 * win_length / sample_rate, hop_ms=1000 * hop_length / sample_rate)
 
 
 class GriffinLim(torch.nn.Module):

@@ -37,14 +37,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, NoReturn
-from types import SimpleNamespace
+import dataclasses
 
 from accelerate.utils import broadcast_object_list
 
 import torch
 
-from common.checkpoint import read_config, resolve_checkpoint
-from common.config import Count, ExistingPath, NonNegative, Positive, parse_config
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
+from common.checkpoint import resolve_checkpoint
+from common.config import ConfigError, Count, ExistingPath, NonNegative, Positive, load_config, parse_config
 from common.data import make_loader
 from common.distributed import build_accelerator
 from common.faults import RunError, UsageError
@@ -60,6 +62,7 @@ from data import SpecAugmentCollator, SpeechDataset, read_split, transcribed
 from model import ConformerCTC
 from scoring import Scorer, gather_results
 from text import check_transcripts, checkpoint_tokenizer
+from train import Config
 
 logger = get_logger(__name__)
 
@@ -98,20 +101,18 @@ def main():
     args = parse_config(EvalConfig)
     try:  # verified (COMPLETE digests) before any of its files is read
         folder = resolve_checkpoint(args.checkpoint)
-        cfg = SimpleNamespace(**read_config(folder))  # the training run's config
+        cfg = load_config(folder, Config)  # the training run's config
         tokenizer = checkpoint_tokenizer(folder)
-    except UsageError as e:
+    except (UsageError, ConfigError) as e:
         refuse(str(e))
     accelerator = build_accelerator(mixed_precision="no")
     world = accelerator.num_processes
 
     if args.data_dir and args.dataset_name:
         refuse("--dataset_name and --data_dir both name the data to decode: give one")
-    source = None if args.data_dir else (args.dataset_name or getattr(cfg, "dataset_name", None))
+    source = None if args.data_dir else (args.dataset_name or cfg.dataset_name)
     if source:  # the checkpoint's column names and configuration
-        source = SimpleNamespace(dataset_name=source, dataset_config_name=getattr(cfg, "dataset_config_name", None),
-                                 audio_column_name=getattr(cfg, "audio_column_name", "audio"),
-                                 text_column_name=getattr(cfg, "text_column_name", "text"))
+        source = dataclasses.replace(cfg, dataset_name=source)
         data_dir = source.dataset_name
     else:
         data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
@@ -139,7 +140,7 @@ def main():
             manifest = read_split(data_dir, split)
         # characters the model cannot emit: refused unless the run said --unknown_chars drop
         try:
-            check_transcripts(manifest["id"], manifest["text"], tokenizer, split, getattr(cfg, "unknown_chars", "error"))
+            check_transcripts(manifest["id"], manifest["text"], tokenizer, split, cfg.unknown_chars)
         except ValueError as e:
             raise SystemExit(f"decode.py: {e}") from None
         loader, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"],
@@ -159,7 +160,7 @@ def main():
     scorer = Scorer()
 
     if args.tune_lm:  # on the validation split: the test split never chooses a setting
-        _, valid_loader = loader_for(getattr(cfg, "eval_split_name", "validation") if source else cfg.valid_split)
+        _, valid_loader = loader_for(cfg.eval_split_name if source else cfg.valid_split)
         valid = posteriors(model, valid_loader)
         best = None
         for alpha in grid[0]:

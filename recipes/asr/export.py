@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
-from types import SimpleNamespace
 
 
-from common.checkpoint import read_config, resolve_checkpoint, seal_export
-from common.config import ExistingPath, parse_config
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
+from common.checkpoint import resolve_checkpoint, seal_export
+from common.config import ExistingPath, load_config, parse_config
 from common.faults import run_main
 from common.hf_export import load_recipe_ctc_weights
 
@@ -35,6 +37,7 @@ from common.hf_export import load_recipe_ctc_weights
 from ctc_decode import LmError, export_lm, load_lm_decoder
 from model import export_hf
 from text import checkpoint_tokenizer, tokenizer_dir
+from train import Config
 
 
 @dataclass
@@ -53,7 +56,7 @@ def main():
     folder, out = resolve_checkpoint(args.checkpoint), Path(args.output_dir)
     if out.exists():
         raise SystemExit(f"error: --output_dir {out} exists; choose a new folder")
-    cfg = SimpleNamespace(**read_config(folder))
+    cfg = load_config(folder, Config)
     tokenizer = checkpoint_tokenizer(folder)
     if not args.lm and (args.lm_alpha is not None or args.lm_beta is not None):
         raise SystemExit("error: --lm_alpha and --lm_beta are the shipped LM's weights; give the LM with --lm DIR")

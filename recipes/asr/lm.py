@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
-from types import SimpleNamespace
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.config import ExistingPath, Range
 
@@ -150,19 +152,20 @@ class LmConfig:
 
 
 def main():
-    from common.checkpoint import read_config, resolve_checkpoint
-    from common.config import parse_config
+    from common.checkpoint import resolve_checkpoint
+    from common.config import load_config, parse_config
     from tools.corpus import resolve_data_dir
 
     from data import labelled_subset, read_split  # recipe-local (this folder is on sys.path)
     from text import checkpoint_tokenizer
+    from train import Config
 
     args = parse_config(LmConfig)
     out = Path(args.output_dir)
     if out.exists():
         raise SystemExit(f"error: --output_dir {out} exists; choose a new folder")
     folder = resolve_checkpoint(args.checkpoint)
-    cfg = SimpleNamespace(**read_config(folder))
+    cfg = load_config(folder, Config)
     tokenizer = checkpoint_tokenizer(folder)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
     train = labelled_subset(read_split(data_dir, cfg.train_split), cfg.train_fraction)

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.config import (Count, DatasetConfig, ExistingPath, Fraction, NonNegative, Range,
                            exit_on_signals_during_start_up, parse_config)
@@ -82,7 +85,7 @@ class Config(DatasetConfig):
     layer_decay: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # encoder block k of N (0 = input projection) learns at encoder LR × this^(N-k)
 
     def validate(self) -> None:
-        super().validate()  # the data source's rules
+        super().validate()  # (the data source's rules: DatasetConfig.validate_changes)
         if self.streaming and (self.train_subset or self.train_fraction < 1.0):
             raise ValueError("--train_subset and --train_fraction choose utterances by id, which a stream cannot "
                              "do without reading it all: drop them, or use --streaming false")

@@ -23,9 +23,12 @@ run with a ContractError saying which), and tests/recipes/test_contract.py check
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, exit_on_signals_during_start_up,
                            parse_config)

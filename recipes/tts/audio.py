@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.features import mel_frontend
-from common.vocoding import GriffinLim, MCD_CEPSTRA, MCD_CONSTANT, dtw_path, mcd_dtw, mel_cepstra  # noqa: F401 — the recipe's
+from common.vocoding import (GriffinLim, MCD_CEPSTRA, MCD_CONSTANT, dtw_path, mcd_dtw, mel_cepstra,  # noqa: F401 — the recipe's
+                             mel_frontend)
 
 
 # ---------------------------------------------------------------------------------------------

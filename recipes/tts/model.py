@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import math
+import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -30,7 +30,6 @@ import yaml
 from safetensors.torch import load_file
 from torch import nn
 
-from common.checkpoint import resolve_checkpoint
 from frontend import Symbols  # noqa: F401  (Symbols is part of this module's interface: load_tts, synthesize)
 
 NEG = -1e4  # "minus infinity" that keeps softmax/CTC gradients finite
@@ -261,10 +260,15 @@ def build_model(cfg) -> "AlignedFastSpeech":
         attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob)
 
 
-def load_tts(checkpoint: str | Path):
-    """(model in eval mode, its training config as a namespace, Symbols, folder) for a checkpoint."""
-    folder = resolve_checkpoint(checkpoint)  # verified (COMPLETE digests) before any file is read
-    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
+def load_tts(folder: str | Path, cfg=None):
+    """(model in eval mode, its training config, Symbols, folder) from a TTS final/ or
+    checkpoints/step_*/ folder. This repository's tools verify the folder first
+    (common.checkpoint.resolve_checkpoint) and pass the run's Config as they read it
+    (common.config.load_config); without `cfg` (outside this repository, where that class is not),
+    config.yaml's values are read as attributes."""
+    folder = Path(folder)
+    if cfg is None:
+        cfg = types.SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml (derived ones too)
         cfg.symbols = json.loads((folder / "symbols.json").read_text())["symbols"]
     model = build_model(cfg)
@@ -272,12 +276,12 @@ def load_tts(checkpoint: str | Path):
     return model.eval(), cfg, Symbols.from_config(cfg), folder
 
 
-def transfer_from(model: AlignedFastSpeech, symbols: str, path: str | Path) -> str:
+def transfer_from(model: AlignedFastSpeech, symbols: str, folder: Path) -> str:
     """Initialize `model` (for the symbol table `symbols`) from another TTS run: another voice, or
     another language. Every weight is taken but the symbol embeddings, which are matched by symbol
     (a symbol the other table lacks keeps its random row), and the feature statistics, which this
-    run computes from its own data. Refuses a model of another shape. Returns a summary line."""
-    folder = resolve_checkpoint(path, "--init_from")
+    run computes from its own data. Refuses a model of another shape. Returns a summary line.
+    `folder`: verified by the caller (common.checkpoint.resolve_checkpoint)."""
     their_cfg = yaml.safe_load((folder / "config.yaml").read_text())
     table = (json.loads((folder / "symbols.json").read_text())["symbols"] if (folder / "symbols.json").is_file()
              else their_cfg["symbols"])

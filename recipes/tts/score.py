@@ -46,7 +46,10 @@ import soundfile as sf
 import torch
 import torchaudio
 
-from common.config import Count, ExistingPath, parse_config
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
+from common.checkpoint import resolve_checkpoint
+from common.config import ConfigError, Count, ExistingPath, load_config, parse_config
 from common.data import load_audio
 from common.faults import UsageError
 from common.manifest import DataPolicy, prepare_manifest
@@ -57,6 +60,7 @@ from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, st
 from data import Collator, TTSDataset, split_manifest
 from model import load_tts, synthesize
 from synthesize import neural_vocoder, refuse
+from train import Config
 
 RECIPES = Path(__file__).resolve().parents[1]
 
@@ -108,14 +112,15 @@ def main():
     args = parse_config(EvalConfig)
     torch.set_grad_enabled(False)
     try:
-        model, cfg, symbols, folder = load_tts(args.checkpoint)  # verified (COMPLETE digests) first
-    except UsageError as e:
+        folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read
+        model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config))
+    except (UsageError, ConfigError) as e:
         refuse(str(e))
     # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
     run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
     out = Path(args.output) if args.output else run_dir / "eval" / (folder.name + ("+vocoder" if args.vocoder else ""))
     out.mkdir(parents=True, exist_ok=True)
-    if args.data_dir is None and getattr(cfg, "dataset_name", None):  # a source's run holds out no test utterances
+    if args.data_dir is None and cfg.dataset_name:  # a source's run holds out no test utterances
         print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
               f"utterances: give --data_dir (an LJSpeech-layout folder of the same voice)", file=sys.stderr)
         raise SystemExit(2)
@@ -125,11 +130,10 @@ def main():
     # texts are checked against a given character table only. A derived table (--symbols auto) was
     # not a check (held-out symbols outside it were refused or dropped by --unknown_chars), and a
     # phoneme table holds phonemes, not the letters of the texts.
-    fixed_table = (getattr(cfg, "text_frontend", "characters") == "characters"  # absent: older checkpoint
-                   and not getattr(cfg, "symbols_derived", False))
+    fixed_table = cfg.text_frontend == "characters" and not cfg.symbols_derived
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
                         charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None, on_bad_data=cfg.on_bad_data,
-                        data_check=getattr(cfg, "data_check", "header"))  # absent: checkpoint older than the field
+                        data_check=cfg.data_check)
     manifest = split_manifest(prepare_manifest(out, "all", data_dir, policy, None), cfg.num_valid,
                               cfg.num_test)[args.split]
     dataset, collate = TTSDataset(manifest, cfg), Collator(cfg)

@@ -21,18 +21,20 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Annotated
 
 import soundfile as sf
 
-from common.checkpoint import read_config, resolve_checkpoint
-from common.config import Count, ExistingPath, Positive, parse_config
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
+from common.checkpoint import resolve_checkpoint
+from common.config import ConfigError, Count, ExistingPath, Positive, load_config, parse_config
 from common.faults import UsageError
 
 # recipe-local modules (this folder is on sys.path)
 from audio import make_vocoder
 from model import load_tts, synthesize
+from train import Config
 
 RECIPES = Path(__file__).resolve().parents[1]
 
@@ -58,32 +60,46 @@ def refuse(message: str) -> typing.NoReturn:
     raise SystemExit(2)
 
 
+def vocoder_recipe():
+    """recipes/vocoder's model.py and train.py (its Config), imported with that folder first on
+    sys.path and their plain names (model, data, train) kept apart from this recipe's, which are
+    restored afterwards: here `model` is the TTS model."""
+    import importlib
+
+    folder, names = str(RECIPES / "vocoder"), ("model", "data", "train")
+    ours = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module("model"), importlib.import_module("train")
+    finally:
+        sys.path.remove(folder)
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(ours)
+
+
 def neural_vocoder(path: str, tts_cfg):
     """mel → waveform with the generator in `path` (a vocoder output_dir or its final/). The folder
     is verified (COMPLETE digests) and only its weights and config.yaml are read: the code is this
     repository's recipes/vocoder/model.py, never the copy the export carries for use elsewhere.
     Refuses, with one line, a vocoder whose mel is not the TTS model's."""
-    import importlib.util
-
     try:
         folder = resolve_checkpoint(path, flag="--vocoder")
-        vocoder_cfg = SimpleNamespace(**read_config(folder))
     except UsageError as e:
         refuse(str(e))
     if not (folder / "vocoder_model.py").is_file():  # (only a sign of what made the folder: never imported)
         refuse(f"--vocoder {path}: {folder} is not a recipes/vocoder final/ (no vocoder_model.py in it)")
-    # Under its own module name: `model` is the TTS model's (this folder is on sys.path).
-    spec = importlib.util.spec_from_file_location("recipe_vocoder_model", RECIPES / "vocoder" / "model.py")
-    code = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(code)
+    code, train = vocoder_recipe()
+    try:
+        vocoder_cfg = load_config(folder, train.Config)
+    except ConfigError as e:
+        refuse(f"--vocoder {e}")
     mismatch = code.mel_mismatch(vocoder_cfg, tts_cfg)
     if mismatch:  # before the weights: another n_mels would not even load
         refuse(f"--vocoder {path} was trained on another mel than this TTS model ({mismatch}): "
                f"train the vocoder with the TTS model's --sample_rate/--n_mels/--win_length/--hop_length")
     try:
-        generator, _ = code.load_vocoder(folder)
-    except UsageError as e:
-        refuse(str(e))
+        generator, _ = code.load_vocoder(folder, vocoder_cfg)
     except Exception as e:  # noqa: BLE001 — sealed, yet not the generator its config.yaml describes
         refuse(f"--vocoder {folder}: its weights do not load into the generator its config.yaml describes "
                f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): re-run the training command that made it")
@@ -110,8 +126,9 @@ def main():
     if (args.text is None) == (args.text_file is None):
         refuse("give exactly one of --text or --text_file")
     try:
-        model, cfg, symbols, folder = load_tts(args.checkpoint)
-    except UsageError as e:
+        folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read
+        model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config))
+    except (UsageError, ConfigError) as e:
         refuse(str(e))
     if args.text is not None:
         jobs = [("--text", args.text, Path(args.output))]

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.config import (Count, DatasetConfig, ExistingPath, Internal, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
@@ -99,13 +101,13 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
-from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data import RecipeData, build_loaders, load_row_audio  # noqa: E402
 from common.distributed import check_fsdp_wrap  # noqa: E402
 from common.faults import RunError, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.hf_export import write_model_card  # noqa: E402
+from common.hf_export import write_code, write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
@@ -125,6 +127,14 @@ logger = get_logger(__name__)
 
 # ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 # (and model.build_model(cfg))
+
+def exported_code() -> dict[str, Path]:
+    """The source files final/ carries (as tts_<name>.py, common.hf_export.write_code): the synthesis
+    code and the two files of common/ it imports, so that final/ synthesizes without this repository."""
+    here, common_dir = Path(__file__).parent, Path(__file__).resolve().parents[2] / "common"
+    return {**{name: here / f"{name}.py" for name in ("model", "audio", "frontend")},
+            **{name: common_dir / f"{name}.py" for name in ("vocoding", "speech_frontend")}}
+
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int
                ) -> tuple[RecipeData, Config]:
@@ -248,7 +258,7 @@ def main(cfg: Config) -> None:
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
     if cfg.init_from:  # every rank; a resume then loads its checkpoint over it
         try:
-            logger.info(transfer_from(model, cfg.symbols, cfg.init_from))
+            logger.info(transfer_from(model, cfg.symbols, resolve_checkpoint(cfg.init_from, "--init_from")))
         except ValueError as e:
             raise RunError(str(e)) from None
     optimizer, scheduler = build_optimizer(cfg, model)
@@ -315,26 +325,26 @@ def main(cfg: Config) -> None:
     def write_extras(folder: Path) -> None:  # main process, beside model.safetensors (incl. feature stats)
         save_config(cfg, folder / "config.yaml")
         (folder / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
-        # The synthesis code, under names of its own: `model`/`audio` would collide with any other
-        # module of that name on sys.path, so final/ loads from anywhere (needs only the installed common/).
-        local = ("model", "audio", "frontend")  # each imports the others by these names: renamed too
-        for name in local:
-            code = Path(__file__).with_name(f"{name}.py").read_text()
-            for other in local:
-                code = re.sub(rf"^from {other} import", f"from tts_{other} import", code, flags=re.M)
-            (folder / f"tts_{name}.py").write_text(code)
+        write_code(folder, "tts", exported_code())  # the synthesis code: final/ loads without this repository
         write_model_card(folder, recipe="tts", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
-            ```python
-            from common.checkpoint import import_export  # speech-recipes installed (pip install -e <clone>)
+            Needs torch, torchaudio, numpy, safetensors, PyYAML and transformers (pip), nothing of the
+            repository that trained it (and espeakng-loader for a phoneme model):
 
-            # verifies this folder against its COMPLETE digests, then imports its sealed code
-            tts = import_export("<this folder>", "tts_model")
-            audio = import_export("<this folder>", "tts_audio")
+            ```python
+            import sys
+
+            sys.path.insert(0, "<this folder>")  # its code: tts_model.py and the tts_*.py it imports
+            import tts_audio as audio
+            import tts_model as tts
+
             model, cfg, symbols, _ = tts.load_tts("<this folder>")
             wav, mel, durations = tts.synthesize(model, symbols, "a radio wrote this clever pencil",
                                                  audio.make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
-            ```""")
+            ```
+
+            With a checkout of that repository on sys.path, `common.checkpoint.import_export("<this folder>",
+            "tts_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
 from common.config import Count, ExistingPath, NonNegative, parse_config
 
 
@@ -51,22 +53,24 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).parent))
     from model import load_vocoder, vocode
+    from train import Config
 
+    from common.config import ConfigError, load_config
     from common.faults import UsageError
 
     try:
-        generator, cfg = load_vocoder(args.checkpoint)  # verified (COMPLETE digests) first
-    except UsageError as e:
+        sealed = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read
+        generator, cfg = load_vocoder(sealed, load_config(sealed, Config))
+    except (UsageError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
-    sealed = resolve_checkpoint(args.checkpoint)
     if sealed.parent.name == "checkpoints":
         folder = sealed.parent.parent / "eval" / sealed.name
     else:
         folder = sealed.parent
     folder.mkdir(parents=True, exist_ok=True)
-    if args.data_dir is None and getattr(cfg, "dataset_name", None):  # a source's run holds out no test utterances
+    if args.data_dir is None and cfg.dataset_name:  # a source's run holds out no test utterances
         print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
               f"utterances: give --data_dir (an LJSpeech-layout folder)", file=sys.stderr)
         raise SystemExit(2)

@@ -2,14 +2,14 @@
 predicts magnitude and phase), HiFi-GAN's multi-period discriminator and a multi-resolution STFT
 discriminator (UnivNet/Vocos), and the least-squares GAN, feature-matching and mel losses.
 
-Self-contained (torch, safetensors, yaml and the installed common/): final/ carries a copy of this file as `vocoder_model.py`,
-so `load_vocoder(final/)` works from anywhere (recipes/tts/synthesize.py --vocoder).
+Self-contained (torch, safetensors, PyYAML; nothing of this repository): final/ carries a copy of
+this file as `vocoder_model.py`, so `load_vocoder(final/)` works from anywhere.
 """
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -175,17 +175,19 @@ def build_discriminators(cfg) -> Discriminators:
     return Discriminators(list(cfg.periods), list(cfg.period_channels), list(cfg.resolutions), cfg.resolution_channels)
 
 
-def load_vocoder(checkpoint: str | Path):
-    """(generator in eval mode, its training config as a namespace) from a vocoder's final/ (or its
-    training output_dir): `model.safetensors` (the generator) + `config.yaml`."""
+def load_vocoder(folder: str | Path, cfg=None):
+    """(generator in eval mode, its training config) from a vocoder's final/ (or a checkpoints/step_*/
+    folder): `model.safetensors` (the generator) + `config.yaml`. This repository's tools verify the
+    folder first (common.checkpoint.resolve_checkpoint) and pass the run's Config as they read it
+    (common.config.load_config); without `cfg` (outside this repository, where that class is not),
+    config.yaml's values are read as attributes."""
     from safetensors.torch import load_file
 
     import yaml
 
-    from common.checkpoint import resolve_checkpoint
-
-    folder = resolve_checkpoint(checkpoint)  # verified (COMPLETE digests) before any file is read
-    cfg = SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
+    folder = Path(folder)
+    if cfg is None:
+        cfg = types.SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     generator = build_generator(cfg)
     generator.load_state_dict(load_file(folder / "model.safetensors"))
     return generator.eval(), cfg

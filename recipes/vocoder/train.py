@@ -26,10 +26,13 @@ Outputs: <output_dir>/final/{model.safetensors (the generator), config.yaml, voc
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
@@ -107,7 +110,7 @@ from common.config import save_config  # noqa: E402
 from common.data import RecipeData, build_loaders  # noqa: E402
 from common.faults import RunError, run_main  # noqa: E402
 from common.features import mel_frontend  # noqa: E402
-from common.hf_export import write_model_card  # noqa: E402
+from common.hf_export import write_code, write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.loop import (end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches,  # noqa: E402
                          validation_due)
@@ -327,17 +330,23 @@ def main(cfg: Config) -> None:
     def write_extras(folder: Path) -> None:  # main process, beside model.safetensors
         save_config(cfg, folder / "config.yaml")  # holds the mel settings synthesize.py --vocoder checks
         # The model code under a name of its own (`model` would collide with a TTS model's on sys.path).
-        (folder / "vocoder_model.py").write_text(Path(__file__).with_name("model.py").read_text())
+        write_code(folder, "vocoder", {"model": Path(__file__).with_name("model.py")})
         write_model_card(folder, recipe="vocoder", state=state, data_dir=data.data_dir,
                          metrics_path=out / "metrics.jsonl", usage="""
-            ```python
-            from common.checkpoint import import_export  # speech-recipes installed (pip install -e <clone>)
+            Needs torch, safetensors and PyYAML (pip), nothing of the repository that trained it:
 
-            # verifies this folder against its COMPLETE digests, then imports its sealed code
-            code = import_export("<this folder>", "vocoder_model")
+            ```python
+            import sys
+
+            sys.path.insert(0, "<this folder>")  # its code: vocoder_model.py
+            import vocoder_model as code
+
             generator, cfg = code.load_vocoder("<this folder>")
             wav = code.vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
-            ```""")
+            ```
+
+            With a checkout of that repository on sys.path, `common.checkpoint.import_export("<this folder>",
+            "vocoder_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
     export_final(accelerator, {"generator": generator}, out, write_extras)  # collective
     accelerator.end_training()

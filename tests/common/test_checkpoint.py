@@ -873,3 +873,20 @@ def test_a_missing_or_unrecorded_registered_state_file_skips_the_checkpoint(tmp_
     with caplog.at_level("WARNING"):
         assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
     assert f"skipping damaged checkpoint {ckpt}: {expected}" in caplog.text
+
+
+def test_a_train_state_carries_nothing_beside_its_fields(tmp_path):
+    """What resume and save need travels as fields (a copy made with dataclasses.replace keeps it) or
+    is derived from the accelerator: no attribute beside them, after for_run, a resume and a save."""
+    import dataclasses
+
+    from common.config import RunConfig
+
+    state = TrainState.for_run(RunConfig(), 1, 1)
+    assert dataclasses.replace(state).config_defaults["max_steps"] == 1000
+    accelerator, model, opt, sched, _ = setup()
+    parts = dict(models=model, optimizers=opt, schedulers=sched)
+    _resume(accelerator, None, state, **parts)
+    _save(accelerator, tmp_path, state, **parts)
+    # `stage`: declared on the class (where the loop stands, never saved)
+    assert set(vars(state)) == {f.name for f in dataclasses.fields(TrainState)} | {"stage"}

@@ -660,3 +660,81 @@ def test_asr_decode_lm_grids_are_checked_lists(argv, message, capsys, tmp_path):
     checkpoint = ["--checkpoint", str(tmp_path)]
     assert parse_config(decode.EvalConfig, checkpoint).lm_betas == [0.0, 0.5, 1.0, 2.0, 3.0]
     assert _refused(decode.EvalConfig, checkpoint + argv, capsys) == f"error: {message}\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's saved config, read back as its Config (load_config)
+# ---------------------------------------------------------------------------------------------
+
+def test_load_config_reads_a_saved_config_as_the_class(tmp_path):
+    from common.config import load_config
+
+    save_config(Cfg(max_steps=7, splits=["a", "b"], use_x=True), tmp_path / "config.yaml")
+    cfg = load_config(tmp_path, Cfg)
+    assert type(cfg) is Cfg and cfg == Cfg(max_steps=7, splits=["a", "b"], use_x=True)
+
+
+def test_load_config_fills_an_older_config_from_the_class_defaults_in_one_log_line(tmp_path, caplog):
+    from common.config import load_config
+
+    (tmp_path / "config.yaml").write_text("max_steps: 7\nlearning_rate: 0.5\n")  # written before the other fields
+    with caplog.at_level("INFO"):
+        cfg = load_config(tmp_path, Cfg)
+    assert cfg == Cfg(max_steps=7, learning_rate=0.5)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"{tmp_path / 'config.yaml'}: written before 4 setting(s) existed; they take their defaults: "
+                     f"output_dir='out', data_dir=None, use_x=False, splits=None"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("max_steps: 7\nwarmup: 3\n", "'warmup' is not a setting of tests.common.test_config.Cfg: written by a newer "
+                                  "version of this code, or by another recipe; use the code (and recipe) that trained it"),
+    ("warmup: 3\nhop: 2\n", "'warmup' (and 1 more) is not a setting of"),
+    ("max_steps: ten\n", "--max_steps: expected int, got 'ten'"),
+    ("- a\n", "config.yaml: expected a mapping of keys to values"),
+    ("a: [\n", "config.yaml: not valid YAML"),
+])
+def test_load_config_refuses_what_the_class_cannot_hold_in_one_line(tmp_path, text, message):
+    from common.config import ConfigError, load_config
+
+    (tmp_path / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(tmp_path, Cfg)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert not str(refused.value).startswith("--config")  # no flag named it: the file did
+
+
+def test_load_config_of_a_folder_without_one_says_so(tmp_path):
+    from common.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'config.yaml'}: no such file$"):
+        load_config(tmp_path, Cfg)
+
+
+def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_survive_replace(tmp_path):
+    """What a plain run gets is passed to `validate_changes`, not kept on the Config: a copy made with
+    dataclasses.replace (common/run.py makes one) is the same Config."""
+    asr = recipe_config("asr")
+    yaml_path = ROOT / "recipes" / "asr" / "config.yaml"
+    cfg = parse_config(asr, ["--dataset_name", "x/y"], default_yaml=yaml_path)
+    assert set(vars(cfg)) == {f.name for f in dataclasses.fields(asr)}
+    from common.config import ConfigError, validate
+
+    changed = dataclasses.replace(cfg, min_seconds=0.1)  # a setting a `datasets` source ignores
+    with pytest.raises(ConfigError, match="--min_seconds does not apply to a --dataset_name source"):
+        validate(changed, parse_config(asr, [], default_yaml=yaml_path))
+
+
+def test_a_field_added_after_the_checkpoint_still_resumes_from_a_copied_state(tmp_path):
+    """The class defaults that judge an added field travel in the TrainState's fields: a copy made
+    with dataclasses.replace resumes as the original does."""
+    from common.checkpoint import TrainState
+
+    old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
+    old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))
+
+    @dataclass
+    class Newer(Toy):
+        decay: Annotated[float, Positive] = 1.0
+
+    assert _save_and_resume(tmp_path, old, dataclasses.replace(TrainState.for_run(Newer(), 1, 1))) is not None

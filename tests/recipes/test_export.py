@@ -181,8 +181,9 @@ def test_tts_export_loads_from_anywhere_and_score_writes_beside_it(tiny_corpus, 
 
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(out / "final", elsewhere / "my_tts")
-    script = f"""
-import sys
+    from tests.recipes.test_sealed_exports import WITHOUT_THE_REPOSITORY
+
+    script = WITHOUT_THE_REPOSITORY + f"""
 assert not any("recipes" in p or p == {str(ROOT)!r} for p in sys.path), sys.path
 sys.path.insert(0, "my_tts")
 import soundfile as sf
@@ -193,7 +194,7 @@ wav, _, _ = synthesize(model, symbols, {text!r}, make_vocoder(cfg, n_iter=2))
 sf.write("out.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
 """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=elsewhere, env=env)
+    subprocess.run([sys.executable, "-I", "-c", script], check=True, cwd=elsewhere, env=env)
     ours, sr = sf.read(tmp_path / "repo.wav", dtype="int16")
     theirs, sr2 = sf.read(elsewhere / "out.wav", dtype="int16")
     assert sr == sr2 == 22050 and np.array_equal(ours, theirs)
@@ -203,3 +204,47 @@ sf.write("out.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
                     "--griffin_lim_iters", "2", "--asr_recordings", "false"], check=True, cwd=ROOT)
     assert tree_digest(out / "final") == sealed
     assert json.loads((out / "eval" / "final" / "test.json").read_text())["utterances"] == 2
+
+
+def test_asr_and_best_rq_exports_load_without_the_repository(tmp_path):
+    """The transformers exports, copied into an empty folder, load as their model cards say in a
+    fresh interpreter that cannot import this repository: the same text and hidden states."""
+    from common.encoder import StackedLogMelEncoder
+    from tests.recipes.test_sealed_exports import WITHOUT_THE_REPOSITORY
+
+    torch.manual_seed(0)
+    tok = asr.text.CharTokenizer()
+    model = asr.model.ConformerCTC(CFG, n_mels=80, stack_frames=4, vocab_size=tok.vocab_size).eval()
+    cfg = type("Cfg", (), dict(n_mels=80, stack_frames=4, sample_rate=16000, hidden_size=32, num_layers=2,
+                               num_heads=2, ffn_dim=64, conv_kernel=7, dropout=0.1))
+    asr.model.export_hf(tmp_path / "asr", dict(model.state_dict()), cfg, tok)
+    enc = StackedLogMelEncoder(CFG, n_mels=80, stack_frames=4).eval()
+    enc.encoder.save_pretrained(tmp_path / "best_rq" / "encoder")
+    save_feature_extractor(tmp_path / "best_rq" / "encoder", n_mels=80, stack_frames=4, sample_rate=16000,
+                           mean=enc.feat_mean, std=enc.feat_std)
+    wav = speech(2.3, 0)
+    np.save(tmp_path / "wav.npy", wav)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    script = WITHOUT_THE_REPOSITORY + f"""
+import numpy as np, torch
+from transformers import AutoFeatureExtractor, AutoModel, pipeline
+wav = np.load({str(tmp_path / "wav.npy")!r})
+print(pipeline("automatic-speech-recognition", model={str(tmp_path / "asr")!r}, trust_remote_code=True)(
+    {{"raw": wav, "sampling_rate": 16000}})["text"])
+encoder = {str(tmp_path / "best_rq" / "encoder")!r}
+fe = AutoFeatureExtractor.from_pretrained(encoder, trust_remote_code=True)
+with torch.no_grad():
+    hidden = AutoModel.from_pretrained(encoder).eval()(**fe(wav, sampling_rate=16000, return_tensors="pt")).last_hidden_state
+torch.save(hidden, "hidden.pt")
+"""
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "hf_modules"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-I", "-c", script], cwd=empty, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    feats, lens = recipe_features(model, wav)
+    with torch.no_grad():
+        log_probs, out_lens = model(feats, lens)
+        ours, _ = enc.encode(enc.normalize(feats), lens)
+    assert proc.stdout.splitlines()[-1] == tok.decode(asr.ctc_decode.ctc_greedy(log_probs[0, : out_lens[0]]))
+    assert torch.equal(torch.load(empty / "hidden.pt"), ours)

@@ -16,17 +16,25 @@ import yaml
 from safetensors.torch import save_file
 
 from common.checkpoint import MARKER, _seal
+from common.config import config_to_dict
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT
 
 tts = recipe_modules("tts", "model")
 vocoder = recipe_modules("vocoder", "model")
 
+
+
+def full(recipe: str, **values) -> dict:
+    """A config.yaml's values as training writes them: every field of the recipe's Config."""
+    return config_to_dict(recipe_modules(recipe, "train").train.Config(**values))
+
+
 MEL = dict(sample_rate=22050, n_mels=80, win_length=1024, hop_length=256)
-TTS_CFG = dict(MEL, symbols=" abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()", dim=16, encoder_layers=1, decoder_layers=1,
-               num_heads=2, ffn_dim=32, conv_kernel=3, dropout=0.0, duration_channels=16, attention_dim=16,
-               attention_temperature=0.0005, blank_logprob=-1.0)
-VOCODER_CFG = dict(MEL, dim=8, hidden_dim=16, layers=1)
+TTS_CFG = full("tts", **MEL, symbols=" abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()", dim=16, encoder_layers=1,
+               decoder_layers=1, num_heads=2, ffn_dim=32, conv_kernel=3, dropout=0.0, duration_channels=16,
+               attention_dim=16, attention_temperature=0.0005, blank_logprob=-1.0)
+VOCODER_CFG = full("vocoder", **MEL, dim=8, hidden_dim=16, layers=1)
 
 
 def seal(folder: Path) -> Path:
@@ -136,7 +144,7 @@ def test_synthesize_refuses_unknown_symbols_an_unwritable_output_and_an_unsealed
              f"--checkpoint {tts_run / 'final'}: damaged (symbols.json has")
 
 
-ASR_CFG = {"data_dir": "data", "n_mels": 80, "stack_frames": 4}
+ASR_CFG = full("asr", data_dir="data", n_mels=80, stack_frames=4)
 
 
 @pytest.mark.parametrize("damage", ["no marker", "config edited", "vocab edited", "half-written weights",
@@ -213,7 +221,7 @@ def test_a_tts_export_loads_outside_the_repository_through_import_export(tmp_pat
     exported = import_export(final, "tts_model")
     assert Path(exported.__file__) == final / "tts_model.py" and not (final / "__pycache__").exists()
     theirs, cfg, symbols, _ = exported.load_tts(final)
-    ours, _, _, _ = tts.model.load_tts(final)
+    ours, _, _, _ = tts.model.load_tts(final, SimpleNamespace(**TTS_CFG))
     text = "a radio wrote this"
     assert torch.equal(exported.synthesize(theirs, symbols, text)[1], tts.model.synthesize(ours, symbols, text)[1])
 
@@ -245,3 +253,80 @@ def test_export_py_writes_a_sealed_folder_that_the_tools_accept(tmp_path, in_pro
     theirs = load_recipe_ctc_weights(out)
     assert all(torch.equal(theirs[k], v) for k, v in model.state_dict().items())
     assert not list(tmp_path.glob(".exported*"))  # written aside, renamed into place
+
+
+def test_tools_read_a_runs_config_as_its_config_class(tmp_path, in_process):
+    """A config.yaml written before some settings existed is read with their defaults (one log line
+    naming them); one holding a key the recipe's Config does not have (a newer version, another
+    recipe) is refused in one line, not silently dropped."""
+    import torch
+
+    torch.manual_seed(0)
+    model = tts.model.build_model(SimpleNamespace(**TTS_CFG))
+    table = {"symbols.json": json.dumps({"symbols": TTS_CFG["symbols"]})}
+    older = {k: v for k, v in TTS_CFG.items() if k != "num_samples"}
+    export(tmp_path / "older" / "final", older, model.state_dict(), **table)
+    proc = in_process("tts/synthesize.py", "--checkpoint", tmp_path / "older", "--text", "a radio",
+                      "--output", tmp_path / "a.wav", "--griffin_lim_iters", "1")
+    assert proc.returncode == 0 and (tmp_path / "a.wav").is_file(), proc.stderr
+    assert "written before 1 setting(s) existed; they take their defaults: num_samples=" in proc.stderr
+
+    export(tmp_path / "newer" / "final", dict(TTS_CFG, pitch_predictor=True), model.state_dict(), **table)
+    one_line(in_process("tts/synthesize.py", "--checkpoint", tmp_path / "newer", "--text", "a radio",
+                        "--output", tmp_path / "b.wav"),
+             "'pitch_predictor' is not a setting of train.Config: written by a newer version")
+    assert not (tmp_path / "b.wav").exists()
+
+
+# A fresh interpreter (-I: no PYTHONPATH, no script or working folder on sys.path) that cannot import
+# this repository, even where an older editable install of it is still in site-packages.
+WITHOUT_THE_REPOSITORY = """
+import importlib.abc, sys
+
+class NotHere(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("common", "tools", "recipes", "tests"):
+            raise ImportError(f"{name}: this repository's, not importable here")
+
+sys.meta_path.insert(0, NotHere())
+"""
+
+
+def test_tts_and_vocoder_exports_load_without_the_repository(tmp_path):
+    """final/ as training writes its code (common.hf_export.write_code with the recipes' lists), copied
+    into an empty folder, loads and runs in a fresh interpreter with only installed packages: the
+    TTS synthesizes what the recipe's own code does, the vocoder vocodes."""
+    import torch
+
+    from common.hf_export import write_code
+
+    torch.manual_seed(0)
+    model = tts.model.build_model(SimpleNamespace(**TTS_CFG))
+    tts_final = export(tmp_path / "tts", TTS_CFG, model.state_dict(),
+                       **{"symbols.json": json.dumps({"symbols": TTS_CFG["symbols"]})})
+    write_code(tts_final, "tts", recipe_modules("tts", "train").train.exported_code())
+    generator = vocoder.model.build_generator(SimpleNamespace(**VOCODER_CFG))
+    voc_final = export(tmp_path / "vocoder", VOCODER_CFG, generator.state_dict())
+    write_code(voc_final, "vocoder", {"model": ROOT / "recipes" / "vocoder" / "model.py"})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    script = WITHOUT_THE_REPOSITORY + f"""
+import torch
+sys.path.insert(0, {str(tts_final)!r})
+sys.path.insert(0, {str(voc_final)!r})
+import tts_audio, tts_model, vocoder_model
+model, cfg, symbols, _ = tts_model.load_tts({str(tts_final)!r})
+_, mel, _ = tts_model.synthesize(model, symbols, "a radio", tts_audio.make_vocoder(cfg, n_iter=1))
+torch.save(mel, "mel.pt")
+generator, vcfg = vocoder_model.load_vocoder({str(voc_final)!r})
+wav = vocoder_model.vocode(generator, mel)
+assert wav.ndim == 1 and len(wav) > 0 and vcfg.n_mels == cfg.n_mels
+"""
+    proc = subprocess.run([sys.executable, "-I", "-c", script], cwd=empty, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours, _, _, _ = tts.model.load_tts(tts_final, SimpleNamespace(**TTS_CFG))
+    syn = recipe_modules("tts", "audio", "model")
+    _, mel, _ = syn.model.synthesize(ours, syn.model.Symbols.from_config(SimpleNamespace(**TTS_CFG)), "a radio",
+                                     syn.audio.make_vocoder(SimpleNamespace(**TTS_CFG), n_iter=1))
+    assert torch.equal(torch.load(empty / "mel.pt"), mel)
+    assert sorted(p.name for p in empty.iterdir()) == ["mel.pt"]

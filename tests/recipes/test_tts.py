@@ -236,13 +236,13 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
 
     # --init_from's transfer: every weight but the symbol embeddings (matched by symbol) and the
     # feature statistics; a model of another shape is refused
-    theirs = model.load_tts(out)[0].state_dict()
+    theirs = model.load_tts(out / "final")[0].state_dict()
     table = json.loads((out / "final" / "symbols.json").read_text())["symbols"]
-    cfg = model.load_tts(out)[1]
+    cfg = model.load_tts(out / "final")[1]
     new_table = table[5] + table[1] + "ж"  # two shared symbols in another order, one new
     fresh = model.build_model(type(cfg)(**{**vars(cfg), "symbols": new_table}))
     before = fresh.state_dict()
-    line = model.transfer_from(fresh, new_table, out)
+    line = model.transfer_from(fresh, new_table, out / "final")
     after = fresh.state_dict()
     assert "2 of 3 symbols shared" in line and "'ж'" in line
     assert torch.equal(after["embed.weight"][1], theirs["embed.weight"][6])
@@ -252,7 +252,7 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
     assert all(torch.equal(after[k], v) for k, v in theirs.items() if k not in ("embed.weight", "feat_mean", "feat_std"))
     wider = model.build_model(type(cfg)(**{**vars(cfg), "dim": 48}))
     with pytest.raises(ValueError, match="another shape"):
-        model.transfer_from(wider, table, out)
+        model.transfer_from(wider, table, out / "final")
 
     text = "she could not believe the farmer"
     wav_path = tmp_path / "out.wav"
