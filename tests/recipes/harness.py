@@ -167,18 +167,19 @@ def ddp_env(rank: int, world: int, port: int) -> dict:
             "WORLD_SIZE": str(world)}
 
 
-_zygote: dict = {}  # the server of this test process: {"proc", "path", "env"}
+_servers: dict[str, dict] = {}  # environment -> its fork server {"proc", "path", "env"}, last used last
+MAX_SERVERS = 3  # each holds torch & co. imported (~0.5 GB)
 
 
 def _server(env: dict) -> dict:
-    """The fork server, started with `env` (again, if the suite's environment has changed since: an
-    in-process import may set a variable, e.g. TOKENIZERS_PARALLELISM, that a fresh interpreter would
-    inherit; the server's imports must have seen what the run's interpreter would see)."""
-    if _zygote and (_zygote["proc"].poll() is not None or env_difference(env, _zygote["env"])):
-        _zygote["proc"].kill()
-        _zygote["proc"].wait()
-        _zygote.clear()
-    if not _zygote:
+    """The fork server for `env`, started with it: its imports see what the run's fresh interpreter
+    would see (HF_* caches and switches are read on import; an in-process import may have set a
+    variable in the suite, e.g. TOKENIZERS_PARALLELISM, that a fresh interpreter would inherit)."""
+    key = json.dumps(sorted((k, v) for k, v in env.items() if not k.startswith("PYTEST_")))
+    server = _servers.pop(key, None)
+    if server is not None and server["proc"].poll() is not None:
+        server = None
+    if server is None:
         import atexit
         import tempfile
 
@@ -187,12 +188,16 @@ def _server(env: dict) -> dict:
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=open(path + ".log", "w"), start_new_session=True)
         atexit.register(proc.kill)
-        _zygote.update(proc=proc, path=path, env=env)
-    return _zygote
+        server = {"proc": proc, "path": path, "env": env}
+    _servers[key] = server
+    while len(_servers) > MAX_SERVERS:
+        oldest = _servers.pop(next(iter(_servers)))
+        oldest["proc"].kill()
+        oldest["proc"].wait()
+    return server
 
 
-def _fork_one(argv: list[str], env: dict, log) -> Forked:
-    server = _zygote
+def _fork_one(server: dict, argv: list[str], env: dict, log) -> Forked:
     deadline = time.monotonic() + 120
     while not os.path.exists(server["path"]):  # it is importing
         if server["proc"].poll() is not None or time.monotonic() > deadline:
@@ -206,16 +211,16 @@ def _fork_one(argv: list[str], env: dict, log) -> Forked:
 
 def fork(argv: list[str], nproc: int, env: dict, log) -> Forked | ForkedGroup | None:
     """`python <argv>` (one process) or its `nproc` DDP ranks (`env` plus `ddp_env`), forked by the
-    fork server; None (start fresh interpreters) when `env` is not the suite's own (`base_env()`): a
-    run with its own variables (HF_* caches and switches, a sitecustomize that injects faults) may
-    change what is imported and how, which the server has done once for all."""
-    if not FORK or env_difference(env, base_env()):
+    fork server for `env`; None (start fresh interpreters) when `env` changes the module path: a
+    sitecustomize there (tests/recipes/support: fault injection, write audit) runs once per
+    interpreter and reads the process's rank and pid, which a server started before the fork has not."""
+    if not FORK or env.get("PYTHONPATH") != base_env()["PYTHONPATH"]:
         return None
-    _server(env)
+    server = _server(env)
     if nproc == 1:
-        return _fork_one(argv, env, log)
+        return _fork_one(server, argv, env, log)
     port = free_port()
-    return ForkedGroup([_fork_one(argv, {**env, **ddp_env(r, nproc, port)}, log) for r in range(nproc)])
+    return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, log) for r in range(nproc)])
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

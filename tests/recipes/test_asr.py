@@ -252,6 +252,7 @@ def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     assert torch.allclose(weights["feat_mean"], mean) and torch.allclose(weights["feat_std"], std)
 
 
+@pytest.mark.accelerate_launch
 @pytest.mark.slow
 def test_interrupted_equals_continuous_2proc(tiny_corpus, tmp_path):
     """2 DDP processes, BPE tokens, accumulation 2, encoder frozen for the first 3 steps; cut at step 2."""

@@ -213,6 +213,7 @@ def test_unset_partitions_fill_the_batches_and_a_resume_keeps_them(source, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.accelerate_launch
 def test_streamed_2proc_killed_and_resumed_is_bit_identical_and_continues_on_1(source, tmp_path, env):
     """2 processes, 12 batches of ≤ 4 an epoch (6 steps): 8 steps; killed after step 3 and resumed on
     2 processes: bit-identical; killed after step 3 and resumed on 1 process (accumulation 2): the
@@ -245,6 +246,7 @@ def read_librispeech_ids(source: Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.accelerate_launch
 def test_map_style_source_trains_resumes_and_decodes(source, tmp_path, env):
     """--dataset_name without --streaming: loaded whole, batches of 16 s as from a folder; killed
     after step 2 and resumed: bit-identical; decode.py reads the same source's split."""

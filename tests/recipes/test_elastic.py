@@ -48,7 +48,7 @@ def compare(cont: Path, cut: Path, key: str = "loss") -> tuple[float, float]:
     return loss_rel, weight_abs
 
 
-@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("before,after", [pytest.param(2, 1, marks=pytest.mark.accelerate_launch), (1, 2)])
 def test_best_rq_continues_on_another_number_of_processes(tiny_corpus, tmp_path, before, after):
     # 1 → 2 needs an even global batch: 1 process × accumulation 2 continues as 2 processes × 1.
     accum = 2 if before == 1 else 1

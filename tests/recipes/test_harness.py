@@ -29,13 +29,13 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def _fork(tmp_path, how: str, nproc: int = 1, port: int = 0):
+def _fork(tmp_path, how: str, env: dict | None = None):
     script = tmp_path / "probe" / "probe.py"
     script.parent.mkdir(exist_ok=True)
     script.write_text(PROBE)
-    log_path = tmp_path / f"{how}{nproc}.log"
+    log_path = tmp_path / f"{how}.log"
     with open(log_path, "w") as log:
-        proc = harness.fork([str(script), how], nproc, harness.base_env(), log)
+        proc = harness.fork([str(script), how], 1, harness.base_env(env), log)
     assert proc is not None, "the fork server refused a run with the suite's own environment"
     proc.wait(timeout=60)
     return proc, log_path.read_text(), script
@@ -58,9 +58,11 @@ def test_a_forked_run_sees_and_ends_as_python_script_does(tmp_path, how, code):
         assert "Traceback" in log and ("ValueError: boom" in log or "KeyboardInterrupt" in log)
 
 
-def test_a_run_with_its_own_environment_is_not_forked(tmp_path):
+def test_a_run_that_changes_the_module_path_is_not_forked(tmp_path):
+    """A sitecustomize on the path runs at each interpreter's start, reading its rank and pid."""
     with open(tmp_path / "log", "w") as log:
-        assert harness.fork([sys.executable, "-c", "pass"], 1, harness.base_env({"HF_HUB_OFFLINE": "1"}), log) is None
+        env = harness.base_env({"PYTHONPATH": str(harness.SUPPORT)})
+        assert harness.fork([sys.executable, "-c", "pass"], 1, env, log) is None
 
 
 def test_forked_ranks_get_the_real_launchers_environment(tmp_path):
@@ -96,10 +98,18 @@ def test_a_failed_rank_stops_the_others_and_the_group_reports_1(tmp_path):
         group.send_signal(signal.SIGTERM)
 
 
-def test_a_variable_set_in_the_suite_reaches_the_forked_run(tmp_path, monkeypatch):
-    """An in-process import may set a variable (transformers: TOKENIZERS_PARALLELISM) that a fresh
-    interpreter would inherit: the server is restarted with it, and its forks see it."""
-    _fork(tmp_path, "ok")
-    monkeypatch.setenv("HARNESS_PROBE_VARIABLE", "set")
-    proc, log, _ = _fork(tmp_path, "ok")
-    assert json.loads(log.splitlines()[0])["env"]["HARNESS_PROBE_VARIABLE"] == "set"
+@pytest.mark.parametrize("how", ["run", "suite"])
+def test_a_variable_is_seen_on_import_as_in_a_fresh_interpreter(tmp_path, monkeypatch, how):
+    """A run's own variable (HF_DATASETS_CACHE...) or one an in-process import set in the suite
+    (transformers: TOKENIZERS_PARALLELISM) reaches the run's imports: its server was started with it."""
+    import_time = "import os, sys; print(os.environ.get('HARNESS_PROBE_VARIABLE'))"
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "sitelike.py").write_text(import_time)
+    (tmp_path / "run.py").write_text(f"import sys; sys.path.insert(0, {str(tmp_path / 'probe')!r}); import sitelike\n")
+    if how == "suite":
+        monkeypatch.setenv("HARNESS_PROBE_VARIABLE", "set")
+    env = harness.base_env({"HARNESS_PROBE_VARIABLE": "set"} if how == "run" else None)
+    with open(tmp_path / "log", "w") as log:
+        assert harness.fork([str(tmp_path / "run.py")], 1, env, log).wait(timeout=60) == 0
+    assert (tmp_path / "log").read_text().strip() == "set"
+    assert harness._servers[next(reversed(harness._servers))]["env"]["HARNESS_PROBE_VARIABLE"] == "set"

@@ -137,6 +137,8 @@ def serve(path: str) -> None:
                 except OSError:  # the harness gave up on this run
                     pass
                 conn.close()
+    for pid in running:  # the harness is gone: so are the runs it was waiting for
+        os.kill(pid, 9)
 
 
 if __name__ == "__main__":
