@@ -7,7 +7,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from common.checkpoint import (ContractError, TrainState, file_digest, checkpoint_dir, choose_checkpoint,
+from common.checkpoint import (ContractError, TrainState, checkpoint_dir, choose_checkpoint, file_digest,
                                find_latest_checkpoint, list_checkpoints, verify_checkpoint)
 from common.checkpoint import resume_from_checkpoint as _resume
 from common.faults import NonFiniteError, RunError
@@ -310,12 +310,12 @@ def test_a_resealed_checkpoint_with_non_finite_weights_is_skipped(tmp_path, capl
 
 def seal(folder, files: dict[str, str | bytes]):
     """`folder` with `files` in it, sealed as `export_final` seals a final/ (a COMPLETE marker)."""
-    from common.checkpoint import MARKER, seal
+    from common.checkpoint import MARKER, seal_files
 
     for name, content in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    (folder / MARKER).write_text(json.dumps({"export": True, "files": seal(folder)}))
+    (folder / MARKER).write_text(json.dumps({"export": True, "files": seal_files(folder)}))
     return folder
 
 
