@@ -120,7 +120,7 @@ from common.faults import RunError, run_main  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
+from common.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.prepare import prepare_once  # noqa: E402
 from common.source import RecipeData, Source  # noqa: E402
@@ -217,8 +217,7 @@ def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
     for k, block in enumerate(blocks):
         lr = cfg.learning_rate * cfg.encoder_lr_scale * cfg.layer_decay ** (len(blocks) - 1 - k)
         groups += decay_groups(block, cfg.weight_decay, lr=lr)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
-    return {"model": optimizer}, {"model": torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))}
+    return adamw_inverse_sqrt(cfg, groups)
 
 
 def encoder_blocks(encoder: torch.nn.Module) -> list[torch.nn.Module]:

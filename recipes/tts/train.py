@@ -110,7 +110,7 @@ from common.faults import RunError, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import write_code, write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
+from common.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.run import start_logging, start_run  # noqa: E402
 from common.source import RecipeData, Source  # noqa: E402
@@ -168,9 +168,7 @@ def build_models(cfg: Config, data: RecipeData | None = None) -> dict:
 
 def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
     """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps."""
-    optimizer = torch.optim.AdamW(decay_groups(models["model"], cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(cfg.adam_beta1, cfg.adam_beta2))
-    return {"model": optimizer}, {"model": torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))}
+    return adamw_inverse_sqrt(cfg, decay_groups(models["model"], cfg.weight_decay))
 
 
 def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dict, dict]:

@@ -172,9 +172,9 @@ def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dic
     fake = generator(mels)  # (B, segment samples)
     losses, d_loss = {}, torch.zeros(())
     if adversarial:
-        losses["discriminator"] = d_loss = compute_d_loss(discriminator, real, fake)
+        losses["discriminator"] = d_loss = lsgan_d_loss(discriminator, real, fake)
     critic = extract_model_from_parallel(discriminator)  # outside DDP: no reduction of D for the generator's loss
-    losses["generator"], stats = compute_g_loss(critic, loss_frontend(cfg, mels.device), real, fake, mels, cfg,
+    losses["generator"], stats = generator_loss(critic, loss_frontend(cfg, mels.device), real, fake, mels, cfg,
                                                 adversarial)
     return losses, {"d_loss": d_loss, **stats}
 
@@ -194,7 +194,7 @@ def mel_l1(frontend, wav: torch.Tensor, target_mel: torch.Tensor) -> torch.Tenso
     return HIFIGAN_MEL_SCALE * torch.mean(torch.abs(frontend.differentiable(wav) - target_mel))
 
 
-def compute_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
     outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
     n = len(real)
@@ -202,7 +202,7 @@ def compute_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> tor
     return discriminator_loss(split(slice(None, n)), split(slice(n, None)))
 
 
-def compute_g_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg: Config,
+def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg: Config,
                    adversarial: bool) -> tuple[torch.Tensor, dict]:
     """(generator loss, values to log): mel_loss_weight · L1 mel, plus (`adversarial`) the LSGAN
     and fm_loss_weight · feature-matching losses through `critic` (the discriminators outside DDP:
