@@ -7,8 +7,7 @@ A recipe's `build_data` holds only what is its own: the folder's layout, its ite
 
 The flags are `common.config.DatasetConfig`'s, named as in transformers' run_speech_recognition_ctc.py:
 --dataset_name (a local folder of data files, or a name `datasets` resolves), --dataset_config_name,
---train_split_name, --eval_split_name, --audio_column_name, --text_column_name, --streaming. A
-recipe's `build_data` calls these instead of reading a corpus folder; everything after it is shared.
+--train_split_name, --eval_split_name, --audio_column_name, --text_column_name, --streaming.
 
 - **Map-style** (`load_split`): `datasets` builds the split once into its cache (`HF_DATASETS_CACHE`),
   the audio column is kept undecoded (`Audio(decode=False)`: `datasets` 5 decodes with torchcodec, not
@@ -18,7 +17,9 @@ recipe's `build_data` calls these instead of reading a corpus folder; everything
   loaders take it as they take a folder's manifest: batches sized in seconds, the same resume. Its
   summary (what a checkpoint compares) adds `shard_files`, each data file's content digest by name
   (`common.stream.shard_files`: size and sampled bytes, not file times): a copied folder resumes, a
-  rewritten file refuses the resume, named.
+  rewritten file refuses the resume, named. Its fingerprint is the manifest's, as a folder's
+  (`common.manifest.manifest_summary`); a stream's is its shards' (`ShardStream.summary`): both are
+  made in `Source.summary`, and what they hash is what checkpoints already recorded.
 - **Streamed** (`open_stream`, `build_stream_loaders`; --streaming true): `common.stream` reads the
   split's parquet shards in place. Batches hold --per_device_train_batch_size utterances, not seconds
   (a fixed count per partition is what lets every rank end the epoch together); the validation split is
