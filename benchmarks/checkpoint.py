@@ -77,7 +77,7 @@ def main() -> None:
 
     pieces = args.root is None
     if pieces:
-        from common.checkpoint import _digest, _seal
+        from common.checkpoint import file_digest, seal_files
 
     accelerator, model, optimizer, scheduler, state = build(args.recipe, args.root)
     if "models" in inspect.signature(save_checkpoint).parameters:
@@ -114,11 +114,11 @@ def main() -> None:
             accelerator.save_state(str(folder))
             parts["save_state"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            _seal(folder)
+            seal_files(folder)
             parts["fsync + digest (parallel)"].append(time.perf_counter() - t)
             t = time.perf_counter()
             for p in folder.iterdir():
-                _digest(p)
+                file_digest(p)
             parts["digest alone (serial)"].append(time.perf_counter() - t)
             t = time.perf_counter()
             params = [p.detach() for p in model.parameters()]

@@ -1,22 +1,29 @@
-"""A recipe for the benchmarks, built through its own seams (`build_data`, `build_model`, `compute_loss`
-in its `train.py`): nothing here wires a recipe a second time.
+"""A recipe for the benchmarks, built through its own seams (`build_data`, `build_models`, `compute_loss`
+in its `train.py`, the same in every recipe: README.md, "Adapt a recipe"): nothing here wires a recipe
+a second time, and nothing here knows one recipe from another.
 
-`load_recipe("best_rq" | "asr" | "tts")` returns a namespace with:
-- `cfg`: the recipe's Config (dataclass defaults < its config.yaml), with `overrides` applied;
+`load_recipe("best_rq" | "asr" | "tts" | "vocoder")` returns a namespace with:
+- `cfg`: the recipe's Config (dataclass defaults < its config.yaml), with `overrides` applied (and,
+  with the data, as the data left it: TTS's symbol table);
 - `accelerator`: one process, built as `train.py` builds it;
-- `build_model()`: the recipe's model, freshly initialized;
-- `loss(model, batch)`: the training loss of one batch, the recipe's `compute_loss`;
-and, unless `data=False`, the recipe's `build_data` on the built-in corpus (checked into a temporary
-output folder; global batch 1, no data workers):
-- `data`: what it returns (`common.data.RecipeData`: manifests, items, collator, loaders, sampler);
-- `train_set`, `dataset`, `collator`: its training manifest, items (before the RAM cache; epoch 0) and
-  collator.
+- `build_models()`: the recipe's models by name, freshly initialized; `build_model()`: the same as one
+  module (the only model, or a `torch.nn.ModuleDict` of them: a GAN's generator and discriminators);
+- `loss(model, batch)`: the training loss of one batch at step 0, the recipe's `compute_loss`, summed
+  over its models (for a GAN, its backward also reaches the discriminators from the generator's loss:
+  the compute of a step, not its update);
+and, unless `data=False` (a recipe whose models are sized by its data builds it anyway), the recipe's
+`build_data` on the built-in corpus (checked into a temporary output folder; global batch 1, no data
+workers):
+- `data`: what it returns (`common.source.RecipeData`: the source's rows, items, collator, loaders, sampler);
+- `train_set`, `dataset`, `collator`: its training rows (a manifest), items (before the RAM cache;
+  epoch 0) and collator.
 """
 
 from __future__ import annotations
 
 import atexit
 import importlib
+import inspect
 import shutil
 import sys
 import tempfile
@@ -25,7 +32,7 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ("audio", "ctc_decode", "data", "frontend", "model", "scoring", "text", "train")
-RECIPES = ("best_rq", "asr", "tts")
+RECIPES = ("best_rq", "asr", "tts", "vocoder")
 
 
 def _train_module(recipe: str):
@@ -43,40 +50,50 @@ def _train_module(recipe: str):
         sys.modules.update(saved)
 
 
+def _needs_data(train) -> bool:
+    """Whether the recipe's models are sized by its data: its `build_models`' `data` has no default
+    (a recipe whose models do not depend on the data gives it the default None)."""
+    return inspect.signature(train.build_models).parameters["data"].default is inspect.Parameter.empty
+
+
 def load_recipe(recipe: str, overrides: list[str] = (), *, data: bool = True) -> SimpleNamespace:
+    import torch
+
     from common.config import parse_config
     from common.distributed import build_accelerator
 
     if recipe not in RECIPES:
         raise SystemExit(f"unknown recipe {recipe!r}: one of {', '.join(RECIPES)}")
     train = _train_module(recipe)
-    if not hasattr(train, "build_data"):
-        raise SystemExit(f"{ROOT / 'recipes' / recipe / 'train.py'} has no build_data/build_model/compute_loss "
+    if not hasattr(train, "build_models"):
+        raise SystemExit(f"{ROOT / 'recipes' / recipe / 'train.py'} has no build_data/build_models/compute_loss "
                          f"seams (a checkout from before they existed): use a newer one")
     cfg = parse_config(train.Config, list(overrides), default_yaml=ROOT / "recipes" / recipe / "config.yaml")
     r = SimpleNamespace(name=recipe, cfg=cfg, accelerator=build_accelerator())
-    tokenizer = None
-    if data or recipe == "asr":  # ASR's model is sized by its tokenizer, built with the data
+    built = None
+    if data or _needs_data(train):
         out = Path(tempfile.mkdtemp(prefix=f"bench_{recipe}_"))
         atexit.register(shutil.rmtree, out, ignore_errors=True)
-        built = train.build_data(cfg, r.accelerator, out, global_batch=1, num_workers=0)
-        if recipe == "asr":  # (data, tokenizer)
-            r.data, tokenizer = built
-        elif recipe == "tts":  # (data, cfg with the symbol table the items were encoded with)
-            r.data, cfg = built
-            r.cfg = cfg
-        else:
-            r.data = built
-        r.train_set, r.dataset, r.collator = r.data.train_set, r.data.train_items, r.data.collate
+        r.data = built = train.build_data(cfg, r.accelerator, out, global_batch=1, num_workers=0)
+        r.cfg = built.cfg
+        r.train_set, r.dataset, r.collator = built.source.splits["train"], built.train_items, built.collate
         for obj in (r.dataset, r.collator):
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(0)
-    if recipe == "asr":
-        r.build_model = lambda: train.build_model(cfg, tokenizer.vocab_size)
-    else:
-        r.build_model = lambda: train.build_model(cfg)
-    if recipe == "tts":  # before binarization_start_steps: no binarization loss
-        r.loss = lambda model, batch: train.compute_loss(model, batch, cfg, binarize=False)[0]
-    else:
-        r.loss = lambda model, batch: train.compute_loss(model, batch)[0]
+    names = []  # the models' names, as the last build_models gave them
+
+    def build_models() -> dict:
+        models = train.build_models(r.cfg, built)
+        names[:] = models
+        return models
+
+    def build_model():
+        models = build_models()
+        return models[names[0]] if len(names) == 1 else torch.nn.ModuleDict(models)
+
+    def loss(model, batch):
+        models = {names[0]: model} if len(names) == 1 else dict(model.items())
+        return sum(train.compute_loss(models, batch, r.cfg, 0)[0].values())
+
+    r.build_models, r.build_model, r.loss = build_models, build_model, loss
     return r

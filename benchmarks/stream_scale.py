@@ -200,7 +200,7 @@ def throughput(args) -> None:
     from benchmarks.recipe import load_recipe
     from common.data import load_audio, make_loader
     from common.distributed import set_threads
-    from common.stream import ShardStream, StreamDataset, StreamLoader, audio_bytes, open_shards, resolve_shards
+    from common.stream import ShardStream, StreamDataset, StreamLoader, audio_source, open_shards, resolve_shards
 
     set_threads(0)
     r = load_recipe("best_rq", ["--memory_cache_mb", "0"])
@@ -223,7 +223,7 @@ def throughput(args) -> None:
     logmel = r.dataset.logmel
 
     def item(row):  # FeatureDataset.__getitem__, on the row's bytes instead of its file
-        return row["id"], logmel(load_audio(audio_bytes(row), cfg.sample_rate))
+        return row["id"], logmel(load_audio(audio_source(row["audio"]), cfg.sample_rate))
 
     def stream_loader(duration_column: bool) -> StreamLoader:
         columns = {"audio": "audio", "text": None, "id": "id", "duration": "duration" if duration_column else None}

@@ -369,7 +369,7 @@ def unfinished_export(folder: str | Path) -> str | None:
     return None
 
 
-def _digest(path: Path, algorithm: str = "sha256") -> str:
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
     """SHA-256 (hardware-accelerated on current CPUs: ~12× faster than the blake2b that markers
     written before it hold, which are still verified with their own algorithm)."""
     with open(path, "rb") as f:
@@ -378,7 +378,7 @@ def _digest(path: Path, algorithm: str = "sha256") -> str:
         return hashlib.file_digest(f, algorithm).hexdigest()
 
 
-def _seal(folder: Path) -> dict[str, dict]:
+def seal_files(folder: Path) -> dict[str, dict]:
     """fsync every file under `folder` and digest it, then fsync the folders. Returns the marker's
     `files` entry. The fsyncs (waiting on the disk) and the digests (CPU, reading the page cache)
     are separate jobs in one thread pool (both release the GIL), so they overlap instead of queueing
@@ -387,7 +387,7 @@ def _seal(folder: Path) -> dict[str, dict]:
     with ThreadPoolExecutor(max_workers=min(8, 2 * len(paths) or 1)) as pool:
         # the biggest files first: the longest digests start at once
         by_size = sorted(paths, key=lambda p: -p.stat().st_size)
-        digests = {p: pool.submit(_digest, p) for p in by_size}
+        digests = {p: pool.submit(file_digest, p) for p in by_size}
         synced = [pool.submit(fsync_path, p) for p in by_size]
         metas = {p: {"bytes": p.stat().st_size, "sha256": digests[p].result()} for p in paths}
         for f in synced:
@@ -410,7 +410,7 @@ def verify_checkpoint(ckpt: Path) -> str | None:
         if path.stat().st_size != meta["bytes"]:
             return f"{name} has {path.stat().st_size} bytes, {meta['bytes']} were written"
         algorithm = "sha256" if "sha256" in meta else "blake2b"
-        if _digest(path, algorithm) != meta[algorithm]:
+        if file_digest(path, algorithm) != meta[algorithm]:
             return f"{name} is corrupted (digest mismatch)"
     return None
 
@@ -587,7 +587,7 @@ def _write_checkpoint(accelerator, tmp: Path, final: Path, state: TrainState, mo
                         "registered": registered_names(accelerator)}, indent=2))
         with open(tmp / "config.yaml", "w") as f:
             yaml.safe_dump(state.config, f, sort_keys=False)
-        files = _seal(tmp)
+        files = seal_files(tmp)
         with open(tmp / MARKER, "w") as f:
             json.dump({"step": state.step, "files": files}, f, indent=2)
             f.flush()
@@ -702,7 +702,7 @@ def export_final(accelerator, models, output_dir: str | Path, write_extras) -> P
 def seal_export(folder: Path) -> None:
     """Write `folder`'s `COMPLETE` marker (every file's size and digest, fsynced), last: what
     `resolve_checkpoint` checks before any tool reads the folder."""
-    files = _seal(folder)
+    files = seal_files(folder)
     with open(folder / MARKER, "w") as f:
         json.dump({"export": True, "files": files}, f, indent=2)
         f.flush()

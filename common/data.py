@@ -15,9 +15,6 @@ Data contract that makes resume exact and DDP honest:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 import soundfile as sf
 import torch
@@ -219,67 +216,21 @@ def make_loader(dataset, durations, collate_fn, *, max_batch_seconds: float, num
     return loader, sampler
 
 
-@dataclass
-class RecipeData:
-    """What a recipe's `build_data` returns: its train.py, the benchmarks and the tests read the same.
-    From a stream (`common.source.build_stream_loaders`) there is no manifest: `train_set` and
-    `valid_set` are None, the loaders are `common.stream.StreamLoader`s and `train_sampler` is the
-    training loader (the object whose epoch `train_batches` sets)."""
-
-    train_set: Any  # the checked training manifest (datasets.Dataset: id, path, duration in s, ...)
-    valid_set: Any
-    train_items: Any  # the training dataset, before the RAM cache: item i as the collator takes it
-    valid_items: Any
-    collate: Any  # the training collator
-    train_loader: DataLoader  # for accelerator.prepare; its batches: a multiple of the global batch per epoch
-    train_sampler: DurationBatchSampler
-    valid_loader: DataLoader  # every validation utterance once, over all processes
-    data_dir: Any = None  # the corpus folder (or --dataset_name) these were read from (the model card names it)
-    summary: dict | None = None  # what a checkpoint records about the training data (TrainState.data)
-    durations: Any = None  # utterance id → seconds (Throughput; a stream's batches carry their own)
-    stream: Any = None  # the training ShardStream when streamed
-    valid_stream: Any = None  # the validation ShardStream when streamed
-
-    def sample_rows(self, n: int):
-        """About `n` training rows evenly spaced (the feature statistics' sample): every
-        (len // n)-th of the manifest, or of a stream's rows in epoch 0's order."""
-        if self.stream is not None:
-            return _stream_rows(self.stream, range(0, self.stream.rows, max(1, self.stream.rows // n)))
-        return self.train_set.select(range(0, len(self.train_set), max(1, len(self.train_set) // n)))
-
-    def valid_rows(self, n: int):
-        """The first `n` validation rows (the samples a recipe logs at each validation): of the
-        manifest, or of the validation stream in epoch 0's order."""
-        if self.valid_stream is not None:
-            return _stream_rows(self.valid_stream, range(min(n, self.valid_stream.rows)))
-        return self.valid_set.select(range(min(n, len(self.valid_set))))
-
-
-def _stream_rows(stream, rows) -> list[dict]:
-    """Rows of a stream's epoch 0 (by position), their audio cells as {"bytes", "path"} structs."""
-    from common.source import audio_struct
-
-    return [{**row, "audio": audio_struct(row["audio"])} for row in (stream.read_rows(0, i, i + 1)[0] for i in rows)]
-
-
 def load_row_audio(row: dict, sample_rate: int) -> torch.Tensor:
     """`load_audio` of a manifest row: its `path` (a folder's), or its `audio` cell (a `datasets`
     source's, undecoded: bytes or a path)."""
-    from common.stream import audio_bytes
+    from common.stream import audio_source
 
-    return load_audio(audio_bytes(row) if "audio" in row else row["path"], sample_rate)
+    return load_audio(audio_source(row["audio"]) if "audio" in row else row["path"], sample_rate)
 
 
-def build_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, train: tuple, valid: tuple,
-                  data_dir=None, summary: dict | None = None) -> RecipeData:
-    """Duration-bucketed loaders over `train` and `valid`, each (manifest, dataset, collator), with the
-    items kept in RAM after their first read (`keep_in_memory`). The training batches per epoch are a
-    multiple of `global_batch` micro-batches (the resume plan's, `common.run.start_run`), the
-    validation batches a multiple of the processes. Reads the shared Config fields max_batch_seconds,
-    num_buckets, seed and memory_cache_mb. `summary`: what a checkpoint records about the training
-    data; None: `manifest_summary(train manifest)`."""
-    from common.manifest import manifest_summary
-
+def build_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, train: tuple, valid: tuple
+                  ) -> tuple[DataLoader, DurationBatchSampler, DataLoader]:
+    """(training loader, its sampler, validation loader): duration-bucketed loaders over `train` and
+    `valid`, each (manifest, dataset, collator), with the items kept in RAM after their first read
+    (`keep_in_memory`). The training batches per epoch are a multiple of `global_batch` micro-batches
+    (the resume plan's, `common.run.start_run`), the validation batches a multiple of the processes.
+    Reads the shared Config fields max_batch_seconds, num_buckets, seed and memory_cache_mb."""
     (train_set, train_items, collate), (valid_set, valid_items, valid_collate) = train, valid
     world = accelerator.num_processes
     logger.info(f"{len(train_set)} training utterances ({sum(train_set['duration']) / 3600:.2f} h), "
@@ -292,6 +243,4 @@ def build_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, trai
     valid_loader, _ = make_loader(
         keep_in_memory(valid_items, cfg.memory_cache_mb, num_workers, "validation"), valid_set["duration"],
         valid_collate, shuffle=False, multiple_of=world, **batching)
-    return RecipeData(train_set, valid_set, train_items, valid_items, collate, train_loader, train_sampler,
-                      valid_loader, data_dir, summary=summary or manifest_summary(train_set),
-                      durations=dict(zip(train_set["id"], train_set["duration"])))
+    return train_loader, train_sampler, valid_loader

@@ -282,7 +282,7 @@ def _cache_lines(items) -> bytes:
     return "".join(json.dumps([*k, facts]) + "\n" for k, facts in items).encode()
 
 
-class _Appender:
+class Appender:
     """Appends chunks of cache lines, one write() each, after mending a torn last line."""
 
     def __init__(self, path: Path):
@@ -349,7 +349,7 @@ def check_files(paths: list[str], mode: str, *, stats: dict[str, Stamp] | None =
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"data-check workers must be ≥ 1, not {workers}")
-    appender = _Appender(cache) if cache and todo else None
+    appender = Appender(cache) if cache and todo else None
     try:
         for idx, facts in _run(todo, [paths[i] for i in todo], mode, workers):
             for i, f in zip(idx, facts):
@@ -386,7 +386,7 @@ def _run(todo: list[int], paths: list[str], mode: str, workers: int):
     # and start in milliseconds; spawn/forkserver would re-import the recipe's train.py in each.
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     pool = ProcessPoolExecutor(min(workers, len(chunks)), mp_context=multiprocessing.get_context(method),
-                               initializer=_worker_init)
+                               initializer=worker_init)
     with pool:
         running = {pool.submit(_facts_chunk, chunk, mode): (idx, chunk) for idx, chunk in chunks}
         try:
@@ -410,7 +410,7 @@ def _run(todo: list[int], paths: list[str], mode: str, workers: int):
                 fut.cancel()
 
 
-def _worker_init() -> None:
+def worker_init() -> None:
     # The recipe's signal handlers (common.faults.Preemption) are for the parent: a worker hit by
     # Ctrl-C or SIGTERM just ends, and the parent reports the signal once.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):

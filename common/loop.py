@@ -336,3 +336,11 @@ def decay_groups(module: torch.nn.Module, weight_decay: float, **options) -> lis
     return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay, **options},
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, **options}]
 
+
+
+def adamw_inverse_sqrt(cfg, groups) -> tuple[dict, dict]:
+    """({"model": AdamW over `groups`}, {"model": its `inverse_sqrt_schedule`}): a one-model recipe's
+    `build_optimizers`, from the shared Config fields learning_rate, adam_beta1, adam_beta2 and
+    warmup_steps (the groups carry their weight decay: `decay_groups`)."""
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
+    return {"model": optimizer}, {"model": torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))}

@@ -1,9 +1,13 @@
-"""Training data from a `datasets` source (--dataset_name), loaded whole (map-style) or streamed.
+"""A run's training data, from wherever the config says: `Source.open` makes the one choice between a
+corpus folder (--data_dir or the built-in corpus: checked manifests, `common.manifest`), a `datasets`
+source loaded whole (map-style) and one streamed (--streaming), and offers what a recipe needs
+whichever it is: the rows and transcripts of each split, the loaders over the recipe's items and
+collators (as one `RecipeData`), and the summary a checkpoint compares (the data's fingerprint).
+A recipe's `build_data` holds only what is its own: the folder's layout, its items and collators.
 
 The flags are `common.config.DatasetConfig`'s, named as in transformers' run_speech_recognition_ctc.py:
 --dataset_name (a local folder of data files, or a name `datasets` resolves), --dataset_config_name,
---train_split_name, --eval_split_name, --audio_column_name, --text_column_name, --streaming. A
-recipe's `build_data` calls these instead of reading a corpus folder; everything after it is shared.
+--train_split_name, --eval_split_name, --audio_column_name, --text_column_name, --streaming.
 
 - **Map-style** (`load_split`): `datasets` builds the split once into its cache (`HF_DATASETS_CACHE`),
   the audio column is kept undecoded (`Audio(decode=False)`: `datasets` 5 decodes with torchcodec, not
@@ -13,7 +17,9 @@ recipe's `build_data` calls these instead of reading a corpus folder; everything
   loaders take it as they take a folder's manifest: batches sized in seconds, the same resume. Its
   summary (what a checkpoint compares) adds `shard_files`, each data file's content digest by name
   (`common.stream.shard_files`: size and sampled bytes, not file times): a copied folder resumes, a
-  rewritten file refuses the resume, named.
+  rewritten file refuses the resume, named. Its fingerprint is the manifest's, as a folder's
+  (`common.manifest.manifest_summary`); a stream's is its shards' (`ShardStream.summary`): both are
+  made in `Source.summary`, and what they hash is what checkpoints already recorded.
 - **Streamed** (`open_stream`, `build_stream_loaders`; --streaming true): `common.stream` reads the
   split's parquet shards in place. Batches hold --per_device_train_batch_size utterances, not seconds
   (a fixed count per partition is what lets every rank end the epoch together); the validation split is
@@ -33,36 +39,172 @@ check would refuse (header mode) stops the run there in one line naming split an
 exit code 2), as do a 0-byte parquet file and data files whose columns disagree. Neither path has the folder check's duration and sample-rate
 rules (--min_seconds, --max_seconds, --wrong_sample_rate refused); audio at another rate is resampled
 on load, as from a folder with the default --wrong_sample_rate resample.
-
-A recipe's `build_data` branch: `load_splits` (map-style) or `open_streams` then `build_stream_loaders`.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import soundfile as sf
 
-from common.data import RecipeData
+from common.data import build_loaders
 from common.faults import UsageError
 from common.logs import get_logger
-from common.manifest import DataError, manifest_summary
-from common.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, auto_partitions,
-                           batch_shortfall, batch_sizes, check_shards, open_shards, parquet_footer, resolve_shards,
-                           shard_files)
+from common.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest
+from common.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, audio_struct,
+                           auto_partitions, batch_shortfall, batch_sizes, check_shards, open_shards, parquet_footer,
+                           resolve_shards, shard_files, split_files)
 
 logger = get_logger(__name__)  # main process only
 
 
-def audio_struct(value) -> dict:
-    """An audio cell as `datasets.Audio(decode=False)` stores it, {"bytes", "path"}, whatever the
-    column held (that struct, encoded bytes, or a path)."""
-    if isinstance(value, dict):
-        return value
-    return {"bytes": value, "path": None} if isinstance(value, bytes) else {"bytes": None, "path": value}
+# ---------------------------------------------------------------------------------------------
+# The one data seam: where the rows come from, and what a recipe builds on them
+# ---------------------------------------------------------------------------------------------
+
+
+class Source:
+    """The training and validation rows of a run, from a folder, a `datasets` source loaded whole, or
+    a stream (`kind`: "folder", "map", "stream"). `splits` holds "train" and "validation" (and, from
+    a folder, what the recipe held out, e.g. "test"): manifests (`datasets.Dataset`: id, duration,
+    path or audio, text where read), or `ShardStream`s when streamed."""
+
+    def __init__(self, kind: str, splits: dict, data_dir, *, contents: dict | None = None, cfg=None,
+                 accelerator=None, global_batch: int = 1, num_workers: int = 0):
+        self.kind, self.splits, self.data_dir, self.contents = kind, splits, data_dir, contents
+        self.cfg, self.accelerator, self.global_batch, self.num_workers = cfg, accelerator, global_batch, num_workers
+
+    @classmethod
+    def open(cls, cfg, accelerator, out: Path, *, global_batch: int, num_workers: int,
+             corpus: Callable[[], str], splits: Callable[[str, Callable], dict], charset: str | None = None) -> Source:
+        """The source `cfg` names, its rows checked: --dataset_name streamed (--streaming; rows checked
+        once into <out>/data, --on_bad_data) or loaded whole into the `datasets` cache (audio kept
+        undecoded); else the folder `corpus()` (--data_dir, or the built-in corpus, made once), read
+        by the recipe's `splits(data_dir, check)` into {"train", "validation", ...} manifests, where
+        `check(name, subfolder)` is the checked manifest of <data_dir>/<subfolder> (the whole folder
+        for None) kept as <out>/data/<name> (the data check: once per output_dir; `charset`: the
+        characters transcripts may hold, None: any). Transcripts are read where `cfg.READS_TEXT`.
+        `global_batch` and `num_workers` size the stream's partitions and the loaders (`loaders`)."""
+        text = cfg.READS_TEXT
+        launch = dict(cfg=cfg, accelerator=accelerator, global_batch=global_batch, num_workers=num_workers)
+        if cfg.streaming:  # parquet shards read in place, their rows checked once
+            train, valid = open_streams(cfg, accelerator, out, text=text, num_workers=num_workers,
+                                        global_batch=global_batch)
+            return cls("stream", {"train": train, "validation": valid}, cfg.dataset_name, **launch)
+        if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
+            train, valid, contents = load_splits(cfg, accelerator, text=text)
+            return cls("map", {"train": train, "validation": valid}, cfg.dataset_name, contents=contents, **launch)
+        data_dir = corpus()
+        policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate, charset=charset,
+                            on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
+
+        def check(name: str, subfolder: str | None):
+            return prepare_manifest(out, name, data_dir, policy, subfolder, is_main_process=accelerator.is_main_process)
+
+        found = splits(data_dir, check)
+        for name in found.keys() - {"train", "validation"}:
+            logger.info(f"{len(found[name])} {name} utterances held out")
+        return cls("folder", found, data_dir, **launch)
+
+    @property
+    def streamed(self) -> bool:
+        return self.kind == "stream"
+
+    def texts(self, split: str) -> tuple[list[str], list]:
+        """(ids, transcripts) of a split's rows; a stream's read without the audio (`stream_column`)."""
+        rows = self.splits[split]
+        return stream_column(rows, "text") if self.streamed else (rows["id"], rows["text"])
+
+    def select(self, choose: Callable) -> None:
+        """The manifests' splits replaced by `choose(splits)` (a subset of the utterances, chosen by
+        id): before `loaders`, which summarizes the training split as it is then. A stream keeps its
+        rows (choosing by id would read it all)."""
+        if not self.streamed:
+            self.splits = choose(self.splits)
+
+    def summary(self) -> dict:
+        """What a checkpoint records about the training data (`TrainState.data`), compared on resume:
+        a stream's shards (`ShardStream.summary`), or the manifest's rows (`manifest_summary`) and,
+        from a `datasets` source, each data file's content digest (`shard_files`)."""
+        train = self.splits["train"]
+        if self.streamed:
+            return train.summary()
+        return manifest_summary(train) if self.contents is None else with_contents(train, self.contents)
+
+    def size(self, split: str) -> int:
+        """Rows in a split (a stream's: those its data check kept)."""
+        rows = self.splits[split]
+        return rows.rows if self.streamed else len(rows)
+
+    def rows(self, split: str, positions) -> list:
+        """The rows at `positions` of a split (a stream's in epoch 0's order), audio cells as
+        {"bytes", "path"} structs where the source has them."""
+        rows = self.splits[split]
+        if self.streamed:
+            return [{**row, "audio": audio_struct(row["audio"])}
+                    for row in (rows.read_rows(0, i, i + 1)[0] for i in positions)]
+        return rows.select(positions)
+
+    def loaders(self, *, train: tuple, valid: tuple, cfg=None, tokenizer=None) -> RecipeData:
+        """The recipe's data on these rows: `train` and `valid` are each (items, collator), `items(rows)`
+        the recipe's dataset over a split's manifest (`rows` None when streamed: its `item(row)` makes
+        an item from a row). Duration-bucketed loaders over manifests (`common.data.build_loaders`:
+        batches in seconds), stream loaders over streams (batches in utterances); `cfg`: the config
+        the items were made with, when the data changed it (TTS: its symbol table)."""
+        (make_train, collate), (make_valid, valid_collate) = train, valid
+        cfg = cfg or self.cfg
+        shape = dict(global_batch=self.global_batch, num_workers=self.num_workers)
+        rows = {name: (None if self.streamed else self.splits[name]) for name in ("train", "validation")}
+        train_items, valid_items = make_train(rows["train"]), make_valid(rows["validation"])
+        if self.streamed:
+            train_loader, valid_loader = build_stream_loaders(
+                cfg, self.accelerator, **shape, train=(self.splits["train"], train_items, collate),
+                valid=(self.splits["validation"], valid_items, valid_collate))
+            train_sampler, durations = train_loader, {}  # a stream's batches carry their durations
+        else:
+            train_loader, train_sampler, valid_loader = build_loaders(
+                cfg, self.accelerator, **shape, train=(rows["train"], train_items, collate),
+                valid=(rows["validation"], valid_items, valid_collate))
+            durations = dict(zip(rows["train"]["id"], rows["train"]["duration"]))
+        return RecipeData(self, cfg, train_items, valid_items, collate, train_loader, train_sampler, valid_loader,
+                          summary=self.summary(), durations=durations, tokenizer=tokenizer)
+
+
+@dataclass
+class RecipeData:
+    """What every recipe's `build_data` returns (`Source.loaders`), whatever the source: its train.py,
+    the benchmarks and the tests read the same fields (the seams: README.md, "Adapt a recipe")."""
+
+    source: Source  # the rows: `source.splits` (manifests or streams), `source.texts(split)`, `source.data_dir`
+    cfg: Any  # the run's config as the data left it (TTS: the symbol table read from the transcripts)
+    train_items: Any  # the training dataset, before the RAM cache: `item(row)`, or item i as the collator takes it
+    valid_items: Any
+    collate: Any  # the training collator
+    train_loader: Any  # for accelerator.prepare; its batches: a multiple of the global batch per epoch
+    train_sampler: Any  # the object whose epoch `train_batches` sets: the DurationBatchSampler, or the StreamLoader
+    valid_loader: Any  # every validation utterance once, over all processes
+    summary: dict  # what a checkpoint records about the training data (TrainState.data)
+    durations: dict  # utterance id → seconds (Throughput; a stream's batches carry their own)
+    tokenizer: Any = None  # what the items encode transcripts with, where the model is sized by it (ASR)
+
+    @property
+    def data_dir(self):
+        """The corpus folder or --dataset_name these were read from (the model card names it)."""
+        return self.source.data_dir
+
+    def sample_rows(self, n: int):
+        """About `n` training rows evenly spaced (the feature statistics' sample): every (len // n)-th
+        of the manifest (sorted by id), or of a stream's rows in epoch 0's order."""
+        total = self.source.size("train")
+        return self.source.rows("train", range(0, total, max(1, total // n)))
+
+    def valid_rows(self, n: int):
+        """The first `n` validation rows (the samples a recipe logs at each validation)."""
+        return self.source.rows("validation", range(min(n, self.source.size("validation"))))
 
 
 def audio_seconds(audio) -> float:
@@ -101,22 +243,6 @@ def _checked_row(cfg, split: str, text: bool):
     return check
 
 
-def _split_files(cfg, split: str) -> tuple[Any, list[str]]:
-    """(the `datasets` builder, the split's data files) as `datasets` resolves --dataset_name; one
-    line naming the splits there are when `split` is not one of them."""
-    import datasets
-
-    try:
-        builder = datasets.load_dataset_builder(cfg.dataset_name, cfg.dataset_config_name)
-    except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:  # OSError: not found, offline
-        raise UsageError(f"--dataset_name {cfg.dataset_name}: {str(e).splitlines()[0]}") from None
-    files = builder.config.data_files or {}
-    if split not in files:
-        raise UsageError(f"--dataset_name {cfg.dataset_name} has no split {split!r} (it has {', '.join(files) or 'none'}): "
-                         f"set --train_split_name / --eval_split_name to one of them")
-    return builder, sorted(str(f) for f in files[split])
-
-
 def _odd_schema(paths: list[str]) -> str:
     """", in <file> (columns …, where <first file> has …)" for the first parquet file whose columns
     differ from the first one's, or "" (what a failed `datasets` build does not say; it builds every
@@ -139,7 +265,7 @@ def load_split(cfg, split: str, *, text: bool = True):
     call it main process first (`accelerator.main_process_first()`): `datasets` builds its cache once."""
     import datasets
 
-    builder, paths = _split_files(cfg, split)
+    builder, paths = split_files(cfg.dataset_name, cfg.dataset_config_name, split)
     local = [p for p in paths if "://" not in p]
     every = sorted(str(f) for files in builder.config.data_files.values() for f in files if "://" not in str(f))
     for path in local:
@@ -315,10 +441,10 @@ class WithDurations:
         return batch
 
 
-def build_stream_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, train: tuple, valid: tuple,
-                         data_dir=None) -> RecipeData:
-    """Stream loaders over `train` and `valid`, each (ShardStream, the recipe's dataset, whose
-    `item(row)` makes an item from a row, collator); refuses a
+def build_stream_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, train: tuple, valid: tuple
+                         ) -> tuple[StreamLoader, StreamLoader]:
+    """(training, validation) stream loaders over `train` and `valid`, each (ShardStream, the recipe's
+    dataset, whose `item(row)` makes an item from a row, collator); refuses a
     launch whose processes × workers or global batch does not divide the partitions. The training
     loader is also the epoch object `train_batches` sets (`RecipeData.train_sampler`): it is not given
     to accelerator.prepare's sharding, it reads this rank's partitions itself."""
@@ -341,8 +467,7 @@ def build_stream_loaders(cfg, accelerator, *, global_batch: int, num_workers: in
                                 **options)
     valid_loader = StreamLoader(StreamDataset(valid_stream, RowItem(valid_item), WithDurations(valid_collate), rank,
                                               world), **options)
-    return RecipeData(None, None, train_item, valid_item, collate, train_loader, train_loader, valid_loader,
-                      data_dir, summary=summary, durations={}, stream=train_stream, valid_stream=valid_stream)
+    return train_loader, valid_loader
 
 
 def validation_partitions(accelerator, num_workers: int) -> int:

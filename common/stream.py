@@ -93,11 +93,12 @@ class Shard:
     skip: tuple[int, ...] = ()  # rows of the file the data check drops (`check_shards`), ascending
 
 
-def resolve_shards(dataset_name: str, config_name: str | None = None, split: str = "train",
-                   data_files: str | list | None = None) -> list[str]:
-    """The files of `split` as `datasets` resolves them (a Hub name, a local folder, or a builder
-    name such as "parquet" with `data_files`), sorted. Refuses a split that is not there and
-    non-parquet files, in one line each."""
+def split_files(dataset_name: str, config_name: str | None, split: str,
+                data_files: str | list | None = None) -> tuple[Any, list[str]]:
+    """(the `datasets` builder, the files of `split`, sorted) as `datasets` resolves them: a Hub name,
+    a local folder, or a builder name such as "parquet" with `data_files`. The one resolver of a
+    source's files, streamed or loaded whole; one line naming the splits there are when `split` is
+    not one of them."""
     import datasets
 
     try:
@@ -108,8 +109,14 @@ def resolve_shards(dataset_name: str, config_name: str | None = None, split: str
     files = builder.config.data_files or {}
     if split not in files:
         raise UsageError(f"--dataset_name {dataset_name} has no split {split!r} (it has {', '.join(files) or 'none'}): "
-                       f"set --train_split_name / --eval_split_name to one of them")
-    paths = sorted(str(f) for f in files[split])
+                         f"set --train_split_name / --eval_split_name to one of them")
+    return builder, sorted(str(f) for f in files[split])
+
+
+def resolve_shards(dataset_name: str, config_name: str | None = None, split: str = "train",
+                   data_files: str | list | None = None) -> list[str]:
+    """The files of `split` (`split_files`), refusing remote and non-parquet files in one line each."""
+    _, paths = split_files(dataset_name, config_name, split, data_files)
     remote = [p for p in paths if "://" in p]
     if remote:  # shard_stamp and pyarrow read local files; remote ones need an fsspec path through both
         raise RunError(f"--streaming reads local shards; {dataset_name} split {split} resolves to {remote[0]}: "
@@ -423,15 +430,18 @@ def audio_source(cell) -> io.BytesIO | str:
     raise BadAudioCell("audio is not bytes or a file path", f"{type(cell).__name__} {repr(cell)[:40]}")
 
 
-def audio_bytes(row: dict) -> io.BytesIO | str:
-    """The row's audio as soundfile reads it (`audio_source` of its `audio` cell)."""
-    return audio_source(row["audio"])
+def audio_struct(cell) -> dict:
+    """An audio cell as `datasets.Audio(decode=False)` stores it, {"bytes", "path"}, whatever the
+    column held (that struct, encoded bytes, or a path)."""
+    if isinstance(cell, dict):
+        return cell
+    return {"bytes": cell, "path": None} if isinstance(cell, bytes) else {"bytes": None, "path": cell}
 
 
 def _duration(row: dict, columns: dict) -> float:
     if "duration" in row:
         return float(row["duration"])
-    info = sf.info(audio_bytes(row))
+    info = sf.info(audio_source(row["audio"]))
     row["duration"] = info.frames / info.samplerate
     return row["duration"]
 
@@ -561,7 +571,7 @@ def _check_all(shards: list[Shard], local: dict[str, str], key: str, mode: str, 
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    from common.datacheck import _Appender, _worker_init
+    from common.datacheck import Appender, worker_init
 
     known = _read_check_cache(cache)
     found = [known.get((s.path, local[s.path], key)) for s in shards]
@@ -569,12 +579,12 @@ def _check_all(shards: list[Shard], local: dict[str, str], key: str, mode: str, 
     if not todo:
         return found
     audio, text = key.split("\0")
-    appender, pool = _Appender(cache), None
+    appender, pool = Appender(cache), None
     try:
         if workers == 1:
             results = ((i, _check_shard(shards[i].path, audio, text or None, mode)) for i in todo)
         else:  # fork: the children read parquet and decode audio only (see common.datacheck._run)
-            pool = ProcessPoolExecutor(min(workers, len(todo)), initializer=_worker_init,
+            pool = ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init,
                                        mp_context=multiprocessing.get_context("fork"))
             futures = {pool.submit(_check_shard, shards[i].path, audio, text or None, mode): i for i in todo}
             results = ((futures[f], f.result()) for f in as_completed(futures))

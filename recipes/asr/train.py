@@ -18,8 +18,8 @@ Outputs: <output_dir>/final/ (a transformers Wav2Vec2BertForCTC + feature extrac
 config.yaml, tokenizer/), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), freezing, what is logged and
-evaluated are yours to change; the seams above `main` (build_data, build_model, build_optimizer,
-compute_loss) are what the benchmarks and tests build the recipe with. The loop's calls into common/loop.py carry the exact-resume
+evaluated are yours to change; the seams above `main` (build_data, build_models, build_optimizers,
+compute_loss: README.md, "Adapt a recipe") are what the benchmarks and tests build the recipe with. The loop's calls into common/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
 run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
 """
@@ -114,18 +114,16 @@ from safetensors.torch import load_file  # noqa: E402
 
 from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
-from common.data import build_loaders  # noqa: E402
 from common.distributed import check_fsdp_wrap  # noqa: E402
 from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
 from common.faults import RunError, run_main  # noqa: E402
 from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
+from common.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
-from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.prepare import prepare_once  # noqa: E402
-from common.source import build_stream_loaders, load_splits, open_streams, stream_column, with_contents  # noqa: E402
+from common.source import RecipeData, Source  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
@@ -142,44 +140,44 @@ logger = get_logger(__name__)
 
 # ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 
-def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int):
-    """(the checked manifests, items, SpecAugment collators and duration-bucketed loaders, or the
-    streamed loaders with --streaming; the tokenizer, built once into <out>/tokenizer/)."""
-    if cfg.streaming:  # parquet shards read in place (common/source.py), their rows checked once; transcripts read without the audio
-        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers, global_batch=global_batch)
-        (_, train_texts), (valid_ids, valid_texts) = stream_column(train, "text"), stream_column(valid, "text")
-        data_dir = cfg.dataset_name
-    else:
-        if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
-            train_set, valid_set, contents = load_splits(cfg, accelerator, text=True)
-            train_set, valid_set = transcribed(train_set, cfg.train_split_name), transcribed(valid_set, cfg.eval_split_name)
-            data_dir = cfg.dataset_name
-        else:
-            # The built-in corpus is generated once per cache folder (one process builds, the others wait);
-            # LibriSpeech-layout data is checked once per output_dir (--data_check: missing, corrupt, empty,
-            # too short/long, multi-channel audio, duplicate ids, malformed lines).
-            data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
-            policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                                charset=None, on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)  # text: normalize_text decides
+def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
+    """Log-mel items with token ids and the SpecAugment collators (the training set only augmented) on
+    the source (common/source.py): a LibriSpeech-layout folder's train_split and valid_split (or
+    `datasets.save_to_disk` folders), or --dataset_name; the labelled subset; and the tokenizer
+    (`data.tokenizer`), built once into <out>/tokenizer/ from the training transcripts."""
+    source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
+                         corpus=lambda: resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech"),
+                         splits=lambda data_dir, check: {name: read_split(data_dir, split, lambda root, s: check(s, s))
+                                                         for name, split in (("train", cfg.train_split),
+                                                                             ("validation", cfg.valid_split))})
+    source.select(lambda splits: labelled(cfg, source.data_dir, splits))
+    tokenizer = prepare_tokenizer(cfg, out, source)
+    # Training items are kept per (utterance, speed factor); the training set only is augmented.
+    return source.loaders(train=(lambda rows: SpeechDataset(rows, cfg, tokenizer, cfg.speed_perturb),
+                                 SpecAugmentCollator(cfg, augment=True)),
+                          valid=(lambda rows: SpeechDataset(rows, cfg, tokenizer), SpecAugmentCollator(cfg, augment=False)),
+                          tokenizer=tokenizer)
 
-            def checked(root, split):
-                return prepare_manifest(out, split, root, policy, split, is_main_process=accelerator.is_main_process)
 
-            train_set = read_split(data_dir, cfg.train_split, checked)
-            valid_set = read_split(data_dir, cfg.valid_split, checked)
-        if cfg.train_subset:
-            try:
-                train_set = fixed_subset(train_set, subset_file(cfg.train_subset))
-            except ValueError as e:
-                raise RunError(f"--train_subset {cfg.train_subset}: {e} in {data_dir}/{cfg.train_split} "
-                               f"(10min and 1h are subsets of --builtin_corpus ssl10h)") from None
-        else:
-            train_set = labelled_subset(train_set, cfg.train_fraction)
-        summary = with_contents(train_set, contents) if cfg.dataset_name else None
-        train_texts, valid_ids, valid_texts = train_set["text"], valid_set["id"], valid_set["text"]
+def labelled(cfg: Config, data_dir, splits: dict) -> dict:
+    """The manifests with transcripts (a `datasets` source's rows without letters left out, as a
+    folder's are), the training split cut to --train_subset or --train_fraction."""
+    if cfg.dataset_name:
+        named = {"train": cfg.train_split_name, "validation": cfg.eval_split_name}
+        splits = {name: transcribed(rows, named[name]) for name, rows in splits.items()}
+    train = splits["train"]
+    if cfg.train_subset:
+        try:
+            train = fixed_subset(train, subset_file(cfg.train_subset))
+        except ValueError as e:
+            raise RunError(f"--train_subset {cfg.train_subset}: {e} in {data_dir}/{cfg.train_split} "
+                           f"(10min and 1h are subsets of --builtin_corpus ssl10h)") from None
+    return {**splits, "train": labelled_subset(train, cfg.train_fraction)}
 
-    # The tokenizer: built once into <output_dir>/tokenizer/ by one process, the others wait. Its
-    # symbols come from the training transcripts; validation characters it cannot emit are refused.
+
+def prepare_tokenizer(cfg: Config, out: Path, source):
+    """The tokenizer: built once into <out>/tokenizer/ by one process, the others wait. Its symbols
+    come from the training transcripts; validation characters it cannot emit are refused."""
     try:
         char_map = read_char_map(cfg.char_map) if cfg.char_map else None
     except (OSError, ValueError) as e:
@@ -188,52 +186,38 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
                 "train_fraction": cfg.train_fraction, "train_subset": cfg.train_subset, "data_dir": cfg.data_dir, **({"char_map": char_map} if char_map else {}),
                 **({"dataset_name": cfg.dataset_name, "train_split_name": cfg.train_split_name} if cfg.dataset_name else {})}
     tok_dir = prepare_once(out / "tokenizer", lambda tmp: build_tokenizer(
-        cfg.token_type, list(train_texts), tmp, cfg.bpe_vocab_size, char_map), info=tok_info)
+        cfg.token_type, list(source.texts("train")[1]), tmp, cfg.bpe_vocab_size, char_map), info=tok_info)
     built = json.loads((tok_dir / ".complete").read_text())
     if any(built.get(k) != v for k, v in tok_info.items()):
         raise RuntimeError(f"{tok_dir} was built with other settings ({built}); use a new --output_dir")
     tokenizer = load_tokenizer(tok_dir)
     valid_name = cfg.eval_split_name if cfg.dataset_name else cfg.valid_split
     try:
-        check_transcripts(valid_ids, valid_texts, tokenizer, valid_name, cfg.unknown_chars)
+        check_transcripts(*source.texts("validation"), tokenizer, valid_name, cfg.unknown_chars)
     except ValueError as e:
         raise RunError(str(e)) from None
     logger.info(f"tokens: {cfg.token_type}, {tokenizer.vocab_size} CTC classes (blank included)")
-
-    # Training items are kept per (utterance, speed factor); the training set only is augmented.
-    if cfg.streaming:
-        data = build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                                    train=(train, SpeechDataset(None, cfg, tokenizer, cfg.speed_perturb),
-                                           SpecAugmentCollator(cfg, augment=True)),
-                                    valid=(valid, SpeechDataset(None, cfg, tokenizer), SpecAugmentCollator(cfg, augment=False)),
-                                    data_dir=data_dir)
-    else:
-        data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                             train=(train_set, SpeechDataset(train_set, cfg, tokenizer, cfg.speed_perturb),
-                                    SpecAugmentCollator(cfg, augment=True)),
-                             valid=(valid_set, SpeechDataset(valid_set, cfg, tokenizer),
-                                    SpecAugmentCollator(cfg, augment=False)),
-                             data_dir=data_dir, summary=summary)
-    return data, tokenizer
+    return tokenizer
 
 
-def build_model(cfg: Config, vocab_size: int) -> ConformerCTC:
-    return ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                        vocab_size=vocab_size)
+def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
+    """The model, its output sized by the data's tokenizer."""
+    return {"model": ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                                  vocab_size=data.tokenizer.vocab_size)}
 
 
-def build_optimizer(cfg: Config, model: ConformerCTC):
+def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
     """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps. The head's
     groups first, so that the logged "lr" is the head's; the encoder at encoder_lr_scale × that,
     and with layer_decay < 1 lower blocks slower (BEiT/data2vec's layer-wise decay: the pre-trained
     input side moves least)."""
+    model = models["model"]
     groups = decay_groups(model.head, cfg.weight_decay, lr=cfg.learning_rate)
     blocks = encoder_blocks(model.encoder) if cfg.layer_decay < 1 else [model.encoder]  # 1: the encoder's two groups
     for k, block in enumerate(blocks):
         lr = cfg.learning_rate * cfg.encoder_lr_scale * cfg.layer_decay ** (len(blocks) - 1 - k)
         groups += decay_groups(block, cfg.weight_decay, lr=lr)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+    return adamw_inverse_sqrt(cfg, groups)
 
 
 def encoder_blocks(encoder: torch.nn.Module) -> list[torch.nn.Module]:
@@ -243,11 +227,11 @@ def encoder_blocks(encoder: torch.nn.Module) -> list[torch.nn.Module]:
     return [torch.nn.ParameterList(rest), *layers]
 
 
-def compute_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
-    """(loss to back-propagate, values to log): the CTC loss of the batch (SpecAugment masks applied)."""
-    log_probs, out_lens = model(batch["feats"], batch["feat_lens"], batch["time_mask"], batch["freq_mask"])
+def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dict, dict]:
+    """The CTC loss of the batch (SpecAugment masks applied)."""
+    log_probs, out_lens = models["model"](batch["feats"], batch["feat_lens"], batch["time_mask"], batch["freq_mask"])
     loss = ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"])
-    return loss, {"loss": loss}
+    return {"model": loss}, {"loss": loss}
 
 
 def main(cfg: Config) -> None:
@@ -262,14 +246,16 @@ def main(cfg: Config) -> None:
                        "position and state)")
 
     # ---- data, tokenizer, model, optimizer (the seams above) -----------------------------------
-    data, tokenizer = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    train_ds, train_sampler, train_collator = data.train_items, data.train_sampler, data.collate
+    data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
+    train_ds, train_sampler, train_collator, tokenizer = data.train_items, data.train_sampler, data.collate, data.tokenizer
     tok_dir = out / "tokenizer"  # built by build_data; exported with the model
-    model = build_model(cfg, tokenizer.vocab_size)
+    models = build_models(cfg, data)
+    model = models["model"]
     stats_loaded = load_pretrained_encoder(model, cfg.init_from, run.cfg_dict) if cfg.init_from else False  # every rank
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters"
                 + (f", initialized from {cfg.init_from}" if cfg.init_from else ", from scratch"))
-    optimizer, scheduler = build_optimizer(cfg, model)
+    optimizers, schedulers = build_optimizers(cfg, models)
+    optimizer, scheduler = optimizers["model"], schedulers["model"]
     encoder_params = list(model.encoder.parameters())
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
@@ -298,8 +284,8 @@ def main(cfg: Config) -> None:
             seed=cfg.seed, epoch_objects=(train_sampler, train_collator, train_ds),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):
-            loss, stats = compute_loss(model, batch)
-            accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
+            losses, stats = compute_loss({"model": model}, batch, cfg, state.step)
+            accelerator.backward(losses["model"] / micro.window_len)  # the mean over the window's batches
         window.add(stats, micro.window_len)
         throughput.add(batch)
         if not micro.sync:

@@ -14,8 +14,8 @@ Outputs: <output_dir>/final/{model.safetensors, config.yaml, encoder/} (encoder/
 AutoModel + AutoFeatureExtractor), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), what is logged and evaluated are
-yours to change; the seams above `main` (build_data, build_model, build_optimizer, compute_loss) are
-what the benchmarks and tests build the recipe with. The loop's calls into common/loop.py carry the exact-resume
+yours to change; the seams above `main` (build_data, build_models, build_optimizers, compute_loss: README.md,
+"Adapt a recipe") are what the benchmarks and tests build the recipe with. The loop's calls into common/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
 run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
 """
@@ -78,18 +78,16 @@ from safetensors.torch import load_file  # noqa: E402
 
 from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
-from common.data import RecipeData, build_loaders  # noqa: E402
 from common.distributed import check_fsdp_wrap  # noqa: E402
 from common.encoder import encoder_config_from  # noqa: E402
 from common.faults import run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import save_feature_extractor, write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar  # noqa: E402
-from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
+from common.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
-from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
-from common.source import build_stream_loaders, load_splits, open_streams, with_contents  # noqa: E402
+from common.source import RecipeData, Source  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -102,54 +100,32 @@ logger = get_logger(__name__)
 # ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
-    """The checked manifests, log-mel items, masking collator and duration-bucketed loaders; or a
-    `datasets` source's (common/source.py), streamed with --streaming."""
-    collator = MaskingCollator(cfg)  # training and validation: the same masking rule
-    if cfg.streaming:  # parquet shards read in place, their rows checked once (--on_bad_data)
-        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers, global_batch=global_batch)
-        return build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                                    train=(train, FeatureDataset(None, cfg.sample_rate, cfg.n_mels), collator),
-                                    valid=(valid, FeatureDataset(None, cfg.sample_rate, cfg.n_mels), collator),
-                                    data_dir=cfg.dataset_name)
-    if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
-        train_set, valid_set, contents = load_splits(cfg, accelerator, text=False)
-        return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                             train=(train_set, FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), collator),
-                             valid=(valid_set, FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), collator),
-                             data_dir=cfg.dataset_name, summary=with_contents(train_set, contents))
-    # The built-in corpus is generated once per cache folder (one process builds, the others wait);
-    # the data check runs once per output_dir (missing, corrupt, empty, too short/long,
-    # multi-channel, wrong-rate audio, duplicate ids, malformed lines).
-    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
-    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        charset=None, on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)  # no transcripts
-    is_main = accelerator.is_main_process
-    train_set = prepare_manifest(out, "train", data_dir, policy, cfg.train_split, is_main_process=is_main)
-    valid_set = prepare_manifest(out, "valid", data_dir, policy, cfg.valid_split, is_main_process=is_main)
-    return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                         train=(train_set, FeatureDataset(train_set, cfg.sample_rate, cfg.n_mels), collator),
-                         valid=(valid_set, FeatureDataset(valid_set, cfg.sample_rate, cfg.n_mels), collator),
-                         data_dir=data_dir)
+    """Log-mel items and the masking collator (training and validation: the same rule) on the source
+    (common/source.py): a LibriSpeech-layout folder's train_split and valid_split, or --dataset_name."""
+    source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
+                         corpus=lambda: resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech"),
+                         splits=lambda data_dir, check: {"train": check("train", cfg.train_split),
+                                                         "validation": check("valid", cfg.valid_split)})
+    items = lambda rows: FeatureDataset(rows, cfg.sample_rate, cfg.n_mels)  # noqa: E731
+    collator = MaskingCollator(cfg)
+    return source.loaders(train=(items, collator), valid=(items, collator))
 
 
-def build_model(cfg: Config) -> BestRQ:
-    return BestRQ(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                  codebook_size=cfg.codebook_size, code_dim=cfg.code_dim, quantizer_seed=cfg.quantizer_seed,
-                  label_norm=cfg.label_norm)
+def build_models(cfg: Config, data: RecipeData | None = None) -> dict[str, BestRQ]:
+    return {"model": BestRQ(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                            codebook_size=cfg.codebook_size, code_dim=cfg.code_dim, quantizer_seed=cfg.quantizer_seed,
+                            label_norm=cfg.label_norm)}
 
 
-def build_optimizer(cfg: Config, model: BestRQ):
+def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
     """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps."""
-    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(cfg.adam_beta1, cfg.adam_beta2))
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+    return adamw_inverse_sqrt(cfg, decay_groups(models["model"], cfg.weight_decay))
 
 
-def compute_loss(model, batch: dict) -> tuple[torch.Tensor, dict]:
-    """(loss to back-propagate, values to log): cross-entropy of the masked positions' labels, and
-    the accuracy there."""
-    loss, acc, *_ = model(batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
-    return loss, {"loss": loss, "acc": acc}
+def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dict, dict]:
+    """Cross-entropy of the masked positions' labels, and (logged) the accuracy there."""
+    loss, acc, *_ = models["model"](batch["feats"], batch["feat_lens"], batch["mask"], batch["noise"])
+    return {"model": loss}, {"loss": loss, "acc": acc}
 
 
 def main(cfg: Config) -> None:
@@ -162,9 +138,11 @@ def main(cfg: Config) -> None:
     # ---- data, model, optimizer (the seams above) ---------------------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
     train_sampler, collator = data.train_sampler, data.collate
-    model = build_model(cfg)
+    models = build_models(cfg, data)
+    model = models["model"]
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters")
-    optimizer, scheduler = build_optimizer(cfg, model)
+    optimizers, schedulers = build_optimizers(cfg, models)
+    optimizer, scheduler = optimizers["model"], schedulers["model"]
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
@@ -191,8 +169,8 @@ def main(cfg: Config) -> None:
             seed=cfg.seed, epoch_objects=(train_sampler, collator),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):
-            loss, stats = compute_loss(model, batch)
-            accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
+            losses, stats = compute_loss({"model": model}, batch, cfg, state.step)
+            accelerator.backward(losses["model"] / micro.window_len)  # the mean over the window's batches
         window.add(stats, micro.window_len)
         throughput.add(batch)
         if not micro.sync:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from common.data import load_row_audio
+from common.faults import UsageError
 from audio import mel_frontend
 from frontend import Symbols
 from model import NEG, beta_binomial_prior
@@ -17,7 +18,8 @@ def split_manifest(manifest, num_valid: int, num_test: int):
     n = len(manifest)
     n_train = n - num_valid - num_test
     if n_train < 1:
-        raise ValueError(f"{n} utterances leave none for training (num_valid {num_valid}, num_test {num_test})")
+        raise UsageError(f"{n} utterances leave none for training (--num_valid {num_valid}, --num_test {num_test}): "
+                         f"lower them, or give more utterances")
     return {"train": manifest.select(range(n_train)), "validation": manifest.select(range(n_train, n - num_test)),
             "test": manifest.select(range(n - num_test, n))}
 

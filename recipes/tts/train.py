@@ -19,8 +19,9 @@ and ends bit-identical to a run that was never interrupted (on CPU; see README "
 Outputs: <output_dir>/final/{model.safetensors, config.yaml, symbols.json}, <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model (model.py), the losses and their weights, what is logged
-and evaluated are yours to change; the seams above `main` (build_data, model.build_model,
-build_optimizer, compute_loss) are what the benchmarks and tests build the recipe with. The loop's calls into common/loop.py carry the exact-resume
+and evaluated are yours to change; the seams above `main` (build_data, build_models,
+build_optimizers, compute_loss: README.md, "Adapt a recipe") are what the benchmarks and tests build the
+recipe with. The loop's calls into common/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
 run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
 """
@@ -103,17 +104,16 @@ import torch  # noqa: E402
 
 from common.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
-from common.data import RecipeData, build_loaders, load_row_audio  # noqa: E402
+from common.data import load_row_audio  # noqa: E402
 from common.distributed import check_fsdp_wrap  # noqa: E402
 from common.faults import RunError, run_main  # noqa: E402
 from common.features import feature_stats, set_feature_stats  # noqa: E402
 from common.hf_export import write_code, write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.loop import (decay_groups, inverse_sqrt_schedule, no_sync_unless,  # noqa: E402
+from common.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
-from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
-from common.source import build_stream_loaders, load_splits, open_streams, stream_column, with_contents  # noqa: E402
+from common.source import RecipeData, Source  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -126,7 +126,6 @@ logger = get_logger(__name__)
 
 
 # ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
-# (and model.build_model(cfg))
 
 def exported_code() -> dict[str, Path]:
     """The source files final/ carries (as tts_<name>.py, common.hf_export.write_code): the synthesis
@@ -136,36 +135,20 @@ def exported_code() -> dict[str, Path]:
             **{name: common_dir / f"{name}.py" for name in ("vocoding", "speech_frontend")}}
 
 
-def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int
-               ) -> tuple[RecipeData, Config]:
-    """The checked manifest split into training/validation/test, its items (symbols, log-mels),
-    collators and duration-bucketed loaders; or a `datasets` source's (common/source.py): its
-    --train_split_name trains, its --eval_split_name validates, streamed with --streaming. And `cfg`
-    with the symbol table the items were encoded with (`--symbols auto`: derived from the training
-    transcripts)."""
+def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
+    """Symbol ids and log-mels, and their collator, on the source (common/source.py): an
+    LJSpeech-layout folder split into training/validation/test by id, or --dataset_name (its
+    --train_split_name trains, its --eval_split_name validates). `data.cfg` holds the symbol table
+    the items were encoded with (`--symbols auto`: derived from the training transcripts)."""
     fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
-    data_dir, summary = cfg.dataset_name, None
-    if cfg.streaming:  # parquet shards read in place, their rows checked once; transcripts read without the audio
-        train, valid = open_streams(cfg, accelerator, out, text=True, num_workers=num_workers, global_batch=global_batch)
-        texts = {"train": stream_column(train, "text"), "validation": stream_column(valid, "text")}
-    else:
-        if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
-            train_set, valid_set, contents = load_splits(cfg, accelerator, text=True)
-            splits, summary = {"train": train_set, "validation": valid_set}, with_contents(train_set, contents)
-        else:
-            # The built-in corpus is generated once per cache folder (one process builds, the others wait);
-            # the data check runs once per output_dir: bad audio, and characters outside the symbol table.
-            data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
-            policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                                charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None,
-                                on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
-            manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
-            splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
-            logger.info(f"{len(splits['test'])} test utterances held out (score.py)")
-        texts = {name: (split["id"], split["text"]) for name, split in splits.items()}
+    source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
+                         corpus=lambda: resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech"),
+                         splits=lambda data_dir, check: split_manifest(check("all", None), cfg.num_valid, cfg.num_test),
+                         charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None)  # a folder's data check
     # The symbol table: --symbols, or derived from the training transcripts and written into the
     # run's config (checkpoints, final/), so that resume and synthesis read the same table. A fixed
     # table's training texts are checked too (a folder's were by its data check).
+    texts = {split: source.texts(split) for split in source.splits}
     try:
         symbols = Symbols.derived(cfg, texts["train"][1])
         for split, (ids, split_texts) in texts.items():
@@ -174,34 +157,31 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     except ValueError as e:
         raise RunError(str(e)) from None
     cfg = dataclasses.replace(cfg, symbols=symbols.chars, symbols_derived=not fixed_table)
-    if cfg.streaming:
-        data = build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                                    train=(train, TTSDataset(None, cfg), Collator(cfg)),
-                                    valid=(valid, TTSDataset(None, cfg), Collator(cfg)), data_dir=data_dir)
-    else:
-        data = build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                             train=(splits["train"], TTSDataset(splits["train"], cfg), Collator(cfg)),
-                             valid=(splits["validation"], TTSDataset(splits["validation"], cfg), Collator(cfg)),
-                             data_dir=data_dir, summary=summary)
-    return data, cfg
+    items = lambda rows: TTSDataset(rows, cfg)  # noqa: E731
+    return source.loaders(train=(items, Collator(cfg)), valid=(items, Collator(cfg)), cfg=cfg)
 
 
-def build_optimizer(cfg: Config, model):
+def build_models(cfg: Config, data: RecipeData | None = None) -> dict:
+    """The model (model.build_model: synthesis builds it there too)."""
+    return {"model": build_model(cfg)}
+
+
+def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
     """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps."""
-    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                                  betas=(cfg.adam_beta1, cfg.adam_beta2))
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))
+    return adamw_inverse_sqrt(cfg, decay_groups(models["model"], cfg.weight_decay))
 
 
-def compute_loss(model, batch: dict, cfg: Config, binarize: bool) -> tuple[torch.Tensor, dict]:
-    """(loss to back-propagate, values to log): the weighted sum of the mel, duration, alignment and,
-    from binarization_start_steps on (`binarize`), binarization losses; and each of them."""
-    out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], binarize)
+def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dict, dict]:
+    """The weighted sum of the mel, duration, alignment and, from binarization_start_steps on, the
+    binarization losses; and (logged) each of them."""
+    binarize = cfg.binarization_start_steps is not None and step >= cfg.binarization_start_steps  # same on every rank
+    out = models["model"](batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"],
+                          binarize)
     loss = (out["mel_loss"] + cfg.duration_loss_weight * out["dur_loss"] + cfg.length_loss_weight * out["len_loss"]
             + cfg.align_loss_weight * out["align_loss"])
     if binarize:
         loss = loss + cfg.binarization_loss_weight * out["bin_loss"]
-    return loss, {"loss": loss, **{k: out[k] for k in LOSSES}}
+    return {"model": loss}, {"loss": loss, **{k: out[k] for k in LOSSES}}
 
 
 @torch.no_grad()
@@ -250,10 +230,12 @@ def main(cfg: Config) -> None:
     accelerator, out, cfg, accumulation, preemption = run.accelerator, run.out, run.cfg, run.accumulation, run.preemption
 
     # ---- data, model, optimizer (the seams above) ---------------------------------------------
-    data, cfg = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
+    data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
+    cfg = data.cfg
     run = dataclasses.replace(run, cfg=cfg, cfg_dict=config_to_dict(cfg))  # the symbol table read: recorded with the run
     train_sampler = data.train_sampler
-    model = build_model(cfg)
+    models = build_models(cfg, data)
+    model = models["model"]
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
     if cfg.init_from:  # every rank; a resume then loads its checkpoint over it
@@ -261,7 +243,8 @@ def main(cfg: Config) -> None:
             logger.info(transfer_from(model, cfg.symbols, resolve_checkpoint(cfg.init_from, "--init_from")))
         except ValueError as e:
             raise RunError(str(e)) from None
-    optimizer, scheduler = build_optimizer(cfg, model)
+    optimizers, schedulers = build_optimizers(cfg, models)
+    optimizer, scheduler = optimizers["model"], schedulers["model"]
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
@@ -292,11 +275,9 @@ def main(cfg: Config) -> None:
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
             seed=cfg.seed, epoch_objects=(train_sampler,),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
-        start = cfg.binarization_start_steps
-        binarize = start is not None and state.step >= start  # same on every rank
         with no_sync_unless(accelerator, model, micro.sync):
-            loss, stats = compute_loss(model, batch, cfg, binarize)
-            accelerator.backward(loss / micro.window_len)  # the mean over the window's batches
+            losses, stats = compute_loss({"model": model}, batch, cfg, state.step)
+            accelerator.backward(losses["model"] / micro.window_len)  # the mean over the window's batches
         window.add(stats, micro.window_len)
         throughput.add(batch)
         if not micro.sync:

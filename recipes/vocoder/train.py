@@ -19,12 +19,15 @@ Two models (the generator; the discriminators, held as one model), two AdamW and
 through one Accelerator. Each optimizer step: the discriminators' update, then the generator's
 (before --gan_start_steps: the generator's alone, on the mel loss). Re-running the same command with
 the same --output_dir resumes from the newest complete checkpoint and ends bit-identical to a run that
-was never interrupted (on CPU; see the top-level README "Resume").
+was never interrupted (on CPU; see the top-level README "Resume"). The seams above `main` (build_data,
+build_models, build_optimizers, compute_loss: README.md, "Adapt a recipe") are what the benchmarks and
+tests build the recipe with.
 Outputs: <output_dir>/final/{model.safetensors (the generator), config.yaml, vocoder_model.py, README.md}.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections import defaultdict
@@ -103,20 +106,18 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from accelerate.utils import DistributedType  # noqa: E402
+from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
 from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
-from common.data import RecipeData, build_loaders  # noqa: E402
 from common.faults import RunError, run_main  # noqa: E402
 from common.features import mel_frontend  # noqa: E402
 from common.hf_export import write_code, write_model_card  # noqa: E402
 from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.loop import (end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches,  # noqa: E402
                          validation_due)
-from common.manifest import DataPolicy, prepare_manifest  # noqa: E402
 from common.run import start_logging, start_run  # noqa: E402
-from common.source import build_stream_loaders, load_splits, open_streams, with_contents  # noqa: E402
+from common.source import RecipeData, Source  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -128,51 +129,64 @@ logger = get_logger(__name__)
 HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 amplitude mel (HiFi-GAN's loss scale)
 
 
-# ---- the recipe's seams: main below and the tests build the recipe through these -----------------
+# ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
-    """The checked manifest (no transcripts needed) split into training/validation/test, and
-    duration-bucketed loaders: training batches of random segments, validation of whole utterances;
-    or a `datasets` source's (common/source.py): its --train_split_name trains, its --eval_split_name
-    validates, streamed with --streaming."""
-    train_collate = SegmentCollator(cfg)
-    if cfg.streaming:  # parquet shards read in place, their rows checked once (--on_bad_data)
-        train, valid = open_streams(cfg, accelerator, out, text=False, num_workers=num_workers, global_batch=global_batch)
-        return build_stream_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                                    train=(train, Waveforms(None, cfg.sample_rate), train_collate),
-                                    valid=(valid, Waveforms(None, cfg.sample_rate), collate_whole),
-                                    data_dir=cfg.dataset_name)
-    if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
-        train_set, valid_set, contents = load_splits(cfg, accelerator, text=False)
-        return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                             train=(train_set, Waveforms(train_set, cfg.sample_rate), train_collate),
-                             valid=(valid_set, Waveforms(valid_set, cfg.sample_rate), collate_whole),
-                             data_dir=cfg.dataset_name, summary=with_contents(train_set, contents))
-    data_dir = resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
-    policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
-                        on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
-    manifest = prepare_manifest(out, "all", data_dir, policy, None, is_main_process=accelerator.is_main_process)
-    try:
-        splits = split_manifest(manifest, cfg.num_valid, cfg.num_test)
-    except ValueError as e:
-        raise RunError(str(e)) from None
-    return build_loaders(cfg, accelerator, global_batch=global_batch, num_workers=num_workers,
-                         train=(splits["train"], Waveforms(splits["train"], cfg.sample_rate), train_collate),
-                         valid=(splits["validation"], Waveforms(splits["validation"], cfg.sample_rate), collate_whole),
-                         data_dir=data_dir)
+    """Whole utterances (no transcripts read): training batches of random segments, validation of whole
+    utterances, on the source (common/source.py): an LJSpeech-layout folder split into
+    training/validation/test by id (the TTS recipe's split), or --dataset_name (its
+    --train_split_name trains, its --eval_split_name validates)."""
+    source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
+                         corpus=lambda: resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech"),
+                         splits=lambda data_dir, check: split_manifest(check("all", None), cfg.num_valid, cfg.num_test))
+    items = lambda rows: Waveforms(rows, cfg.sample_rate)  # noqa: E731
+    return source.loaders(train=(items, SegmentCollator(cfg)), valid=(items, collate_whole))
 
 
-def build_optimizers(cfg: Config, generator, discriminator):
+def build_models(cfg: Config, data: RecipeData | None = None) -> dict:
+    """The generator, and the discriminators held as one model."""
+    return {"generator": build_generator(cfg), "discriminator": build_discriminators(cfg)}
+
+
+def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
     """One AdamW and one schedule per model: linear warm-up, then × lr_decay per optimizer step."""
     def schedule(step: int) -> float:
         return min(1.0, (step + 1) / cfg.warmup_steps) * cfg.lr_decay ** step
 
     optimizers, schedulers = {}, {}
-    for name, model in (("generator", generator), ("discriminator", discriminator)):
+    for name, model in models.items():
         optimizers[name] = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                              betas=(cfg.adam_beta1, cfg.adam_beta2))
         schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizers[name], schedule)
     return optimizers, schedulers
+
+
+def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dict, dict]:
+    """From --gan_start_steps on, the discriminators' LSGAN loss on real and generated segments; and
+    the generator's: mel_loss_weight · L1 mel, plus (from --gan_start_steps on) the LSGAN and
+    fm_loss_weight · feature-matching losses through the discriminators outside DDP, back-propagated
+    into the generator's parameters only (each optimizer step sees the discriminators of its start)."""
+    generator, discriminator = models["generator"], models["discriminator"]
+    adversarial = step >= cfg.gan_start_steps  # same on every rank
+    real, mels = batch["wavs"], batch["mels"]
+    fake = generator(mels)  # (B, segment samples)
+    losses, d_loss = {}, torch.zeros(())
+    if adversarial:
+        losses["discriminator"] = d_loss = lsgan_d_loss(discriminator, real, fake)
+    critic = extract_model_from_parallel(discriminator)  # outside DDP: no reduction of D for the generator's loss
+    losses["generator"], stats = generator_loss(critic, loss_frontend(cfg, mels.device), real, fake, mels, cfg,
+                                                adversarial)
+    return losses, {"d_loss": d_loss, **stats}
+
+
+def loss_frontend(cfg: Config, device):
+    """The mel of the losses and the validation (`mel_frontend`), made once per device."""
+    return _frontends(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length, torch.device(device))
+
+
+@functools.lru_cache(maxsize=4)
+def _frontends(sample_rate: int, n_mels: int, win_length: int, hop_length: int, device):
+    return mel_frontend(sample_rate, n_mels, win_length, hop_length).to(device)
 
 
 def mel_l1(frontend, wav: torch.Tensor, target_mel: torch.Tensor) -> torch.Tensor:
@@ -180,7 +194,7 @@ def mel_l1(frontend, wav: torch.Tensor, target_mel: torch.Tensor) -> torch.Tenso
     return HIFIGAN_MEL_SCALE * torch.mean(torch.abs(frontend.differentiable(wav) - target_mel))
 
 
-def compute_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
     outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
     n = len(real)
@@ -188,7 +202,7 @@ def compute_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> tor
     return discriminator_loss(split(slice(None, n)), split(slice(n, None)))
 
 
-def compute_g_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg: Config,
+def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg: Config,
                    adversarial: bool) -> tuple[torch.Tensor, dict]:
     """(generator loss, values to log): mel_loss_weight · L1 mel, plus (`adversarial`) the LSGAN
     and fm_loss_weight · feature-matching losses through `critic` (the discriminators outside DDP:
@@ -251,15 +265,16 @@ def main(cfg: Config) -> None:
 
     # ---- data, models, optimizers (the seams above) --------------------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    generator, discriminator = build_generator(cfg), build_discriminators(cfg)
+    models = build_models(cfg, data)
+    generator, discriminator = models["generator"], models["discriminator"]
     logger.info(f"generator {sum(p.numel() for p in generator.parameters()) / 1e6:.2f} M parameters, "
                 f"discriminators {sum(p.numel() for p in discriminator.parameters()) / 1e6:.2f} M")
-    optimizers, schedulers = build_optimizers(cfg, generator, discriminator)
+    optimizers, schedulers = build_optimizers(cfg, models)
     # The schedulers are not prepared: each steps once per optimizer step in end_step (accelerate #1382).
     generator, discriminator, g_opt, d_opt, train_loader, valid_loader = accelerator.prepare(
         generator, discriminator, optimizers["generator"], optimizers["discriminator"], data.train_loader,
         data.valid_loader)
-    frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length).to(accelerator.device)
+    frontend = loss_frontend(cfg, accelerator.device)
 
     # ---- resume, or start ------------------------------------------------------------------
     parts = dict(models={"generator": generator, "discriminator": discriminator},
@@ -276,7 +291,6 @@ def main(cfg: Config) -> None:
     preemption.defer()  # from here on a signal means: save at the next step boundary, exit 75
     generator.train()
     discriminator.train()
-    critic = accelerator.unwrap_model(discriminator)  # the generator's losses reach D outside DDP: no D reduction
     bar = progress_bar(accelerator, cfg.max_steps, state.step)
     segment_s = cfg.segment_frames * cfg.hop_length / cfg.sample_rate
     throughput = Throughput(accelerator, defaultdict(lambda: segment_s))  # segment audio s/s (every utterance gives one)
@@ -286,16 +300,13 @@ def main(cfg: Config) -> None:
             seed=cfg.seed, epoch_objects=(data.train_sampler, data.collate),
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         adversarial = state.step >= cfg.gan_start_steps  # same on every rank
-        real, mels = batch["wavs"], batch["mels"]
         with no_sync_unless(accelerator, (generator, discriminator) if adversarial else generator, micro.sync):
-            fake = generator(mels)  # (B, segment samples)
-            d_loss = torch.zeros(())
+            losses, stats = compute_loss({"generator": generator, "discriminator": discriminator}, batch, cfg,
+                                         state.step)
             if adversarial:  # the discriminators' gradients come from their own loss only
-                d_loss = compute_d_loss(discriminator, real, fake)
-                accelerator.backward(d_loss / micro.window_len)
-            g_loss, stats = compute_g_loss(critic, frontend, real, fake, mels, cfg, adversarial)
-            accelerator.backward(g_loss / micro.window_len, inputs=list(generator.parameters()))
-        window.add({"d_loss": d_loss, **stats}, micro.window_len)
+                accelerator.backward(losses["discriminator"] / micro.window_len)
+            accelerator.backward(losses["generator"] / micro.window_len, inputs=list(generator.parameters()))
+        window.add(stats, micro.window_len)
         throughput.add(batch["ids"])
         if not micro.sync:
             continue

@@ -7,7 +7,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from common.checkpoint import (ContractError, TrainState, _digest, checkpoint_dir, choose_checkpoint,
+from common.checkpoint import (ContractError, TrainState, checkpoint_dir, choose_checkpoint, file_digest,
                                find_latest_checkpoint, list_checkpoints, verify_checkpoint)
 from common.checkpoint import resume_from_checkpoint as _resume
 from common.faults import NonFiniteError, RunError
@@ -156,7 +156,7 @@ class _Evil:
 def _reseal(ckpt, name):
     """Write `name`'s size and digest into the marker, as an attacker who re-seals a folder would."""
     marker = json.loads((ckpt / "COMPLETE").read_text())
-    marker["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": _digest(ckpt / name)}
+    marker["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": file_digest(ckpt / name)}
     (ckpt / "COMPLETE").write_text(json.dumps(marker))
 
 
@@ -310,12 +310,12 @@ def test_a_resealed_checkpoint_with_non_finite_weights_is_skipped(tmp_path, capl
 
 def seal(folder, files: dict[str, str | bytes]):
     """`folder` with `files` in it, sealed as `export_final` seals a final/ (a COMPLETE marker)."""
-    from common.checkpoint import MARKER, _seal
+    from common.checkpoint import MARKER, seal_files
 
     for name, content in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    (folder / MARKER).write_text(json.dumps({"export": True, "files": _seal(folder)}))
+    (folder / MARKER).write_text(json.dumps({"export": True, "files": seal_files(folder)}))
     return folder
 
 
@@ -561,7 +561,7 @@ def as_json_layout(ckpt):
         path.unlink()
         del marker["files"][path.name]
     marker["files"]["train_state.json"] = {"bytes": (ckpt / "train_state.json").stat().st_size,
-                                           "sha256": _digest(ckpt / "train_state.json")}
+                                           "sha256": file_digest(ckpt / "train_state.json")}
     (ckpt / "COMPLETE").write_text(json.dumps(marker))
     assert verify_checkpoint(ckpt) is None
 
@@ -579,7 +579,7 @@ def test_a_checkpoint_without_names_still_resumes(tmp_path):
     (ckpt / "train_state.json").write_text(json.dumps(saved))
     marker = json.loads((ckpt / "COMPLETE").read_text())
     marker["files"]["train_state.json"] = {"bytes": (ckpt / "train_state.json").stat().st_size,
-                                           "sha256": _digest(ckpt / "train_state.json")}
+                                           "sha256": file_digest(ckpt / "train_state.json")}
     (ckpt / "COMPLETE").write_text(json.dumps(marker))
     accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
     assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == ckpt
@@ -617,7 +617,7 @@ def test_each_launch_is_recorded_with_the_step_it_started_at(tmp_path, monkeypat
     (ckpt / "train_state.json").write_text(json.dumps(saved))
     marker = json.loads((ckpt / "COMPLETE").read_text())
     marker["files"]["train_state.json"] = {"bytes": (ckpt / "train_state.json").stat().st_size,
-                                           "sha256": _digest(ckpt / "train_state.json")}
+                                           "sha256": file_digest(ckpt / "train_state.json")}
     (ckpt / "COMPLETE").write_text(json.dumps(marker))
     accelerator3, model3, opt3, sched3, state3 = setup(seed=2)
     assert resume_from_checkpoint(accelerator3, tmp_path, state3, sched3) == ckpt and state3.step == 2

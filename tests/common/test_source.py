@@ -1,6 +1,7 @@
 """`common.source` on tiny local sources: a map-style split's bad rows and files refused in one line
 (exit code 2) naming the split and row or the file, never a traceback or a blocked read; what a
 checkpoint records of the files follows their contents; stream messages name the fix."""
+import contextlib
 import io
 import os
 import shutil
@@ -14,7 +15,7 @@ import pytest
 import soundfile as sf
 
 from common.faults import RunError
-from common.manifest import DataError, data_change
+from common.manifest import DataError, data_change, manifest_summary
 from common.source import load_split, with_contents
 from common.stream import ShardStream, open_shards, resolve_shards
 
@@ -209,3 +210,89 @@ def test_streamed_batches_hold_what_was_asked_or_the_run_says_which_partitions_w
     assert short == ["streamed batches hold 3–4 utterances, not --per_device_train_batch_size 8: 200 rows in 64 "
                      "partitions are 3–4 a partition, cut into batches of equal count; --stream_partitions 28 would "
                      "give batches of 7–8 (in a new --output_dir: the partitions decide the batches)"]
+
+
+class Ids:
+    """A recipe's items at their smallest: a row's id (`item(row)`; `dataset[i]` over a manifest)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.item(self.rows[i])
+
+    def item(self, row):
+        return row["id"]
+
+
+def collate_ids(items):
+    return {"ids": list(items)}
+
+
+def open_settings(folder, streaming: bool, **changes):
+    """A recipe's Config as `Source.open` and `Source.loaders` read it."""
+    return SimpleNamespace(**{**vars(cfg(folder)), "streaming": streaming, "READS_TEXT": True, "train_split_name": "train",
+                              "eval_split_name": "validation", "seed": 0, "stream_partitions": 2 if streaming else None,
+                              "stream_block_rows": 8, "per_device_train_batch_size": 2 if streaming else None,
+                              "data_check": "header", "on_bad_data": "error", "max_batch_seconds": 1.0,
+                              "num_buckets": 2, "memory_cache_mb": 0, **changes})
+
+
+ACCELERATOR = SimpleNamespace(num_processes=1, is_main_process=True, process_index=0, device=SimpleNamespace(type="cpu"),
+                              main_process_first=contextlib.nullcontext)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streamed"])
+def test_a_source_offers_the_same_whatever_it_is(tmp_path, streaming):
+    """`Source.open` makes the map-style / stream choice once; the rows, transcripts, loaders and
+    summary come out in one shape (`RecipeData`), and only a manifest is subset by id."""
+    from common.source import RecipeData, Source
+
+    folder = source(tmp_path / "src", [{"bytes": wav(frames=900 + 100 * i), "path": None} for i in range(8)],
+                    sentences=[f"s{i}" for i in range(8)])
+    settings = open_settings(folder, streaming)
+    src = Source.open(settings, ACCELERATOR, tmp_path / "out", global_batch=1, num_workers=0,
+                      corpus=lambda: pytest.fail("a --dataset_name source reads no folder"), splits=None)
+    assert (src.kind, src.streamed) == (("stream", True) if streaming else ("map", False))
+    ids, texts = src.texts("train")
+    assert sorted(texts) == [f"s{i}" for i in range(8)] and len(set(ids)) == 8
+    src.select(lambda splits: {**splits, "train": splits["train"].select(range(4))})
+    data = src.loaders(train=(Ids, collate_ids), valid=(Ids, collate_ids))
+    assert isinstance(data, RecipeData) and data.source is src and data.cfg is settings
+    assert data.data_dir == str(folder) and data.summary == src.summary()
+    assert data.summary["utterances"] == (8 if streaming else 4)  # a stream keeps its rows
+    assert list(data.summary["shard_files"]) == ["train-00000-of-00001.parquet"]
+    epoch = [i for batch in data.train_loader for i in batch["ids"]]
+    assert sorted(epoch) == sorted(ids if streaming else ids[:4])
+    assert (data.durations == {}) == streaming  # a stream's batches carry their durations
+    [row] = data.valid_rows(5)  # the split has one row
+    assert row["audio"]["bytes"][:4] == b"RIFF" and data.valid_items.item(row) == row["id"]
+    assert len(data.sample_rows(2)) == 2
+
+
+def test_a_folder_source_reads_the_recipes_splits_once_checked(tiny_corpus, tmp_path, caplog):
+    """No --dataset_name: the folder `corpus()` gives, read by the recipe's `splits` through the
+    data check; what the recipe holds out is logged and kept, not loaded."""
+    import logging
+
+    from common.source import Source
+
+    folder = tiny_corpus / "librispeech"
+    settings = SimpleNamespace(dataset_name=None, streaming=False, READS_TEXT=False, sample_rate=16000,
+                               min_seconds=0.5, max_seconds=30.0, wrong_sample_rate="resample", on_bad_data="error",
+                               data_check="header", seed=0, max_batch_seconds=8.0, num_buckets=2, memory_cache_mb=0)
+    with caplog.at_level(logging.INFO):
+        src = Source.open(settings, ACCELERATOR, tmp_path / "out", global_batch=1, num_workers=0,
+                          corpus=lambda: str(folder),
+                          splits=lambda data_dir, check: {"train": check("train", "train"),
+                                                          "validation": check("valid", "validation"),
+                                                          "test": check("test", "test")})
+    assert src.kind == "folder" and src.data_dir == str(folder)
+    assert sorted(p.name for p in (tmp_path / "out" / "data").iterdir() if p.is_dir()) >= ["test", "train", "valid"]
+    assert f"{len(src.splits['test'])} test utterances held out" in caplog.text
+    data = src.loaders(train=(Ids, collate_ids), valid=(Ids, collate_ids))
+    assert data.summary == manifest_summary(src.splits["train"])
+    assert data.durations == dict(zip(src.splits["train"]["id"], src.splits["train"]["duration"]))

@@ -309,12 +309,12 @@ def recipe_args(recipe: str, source: Path, out: Path, *extra: str, streaming: bo
 
 
 def build(recipe: str, argv: list[str], out: Path):
-    """(the recipe's RecipeData, its config) from its own `build_data`, as its train.py calls it."""
+    """The recipe's RecipeData from its own `build_data`, as its train.py calls it."""
     from accelerate import Accelerator
 
     train = recipe_modules(recipe, "train").train
     cfg = parse_config(train.Config, argv, default_yaml=ROOT / "recipes" / recipe / "config.yaml")
-    return train.build_data(cfg, Accelerator(cpu=True), out, global_batch=1, num_workers=0)  # tts: (data, cfg)
+    return train.build_data(cfg, Accelerator(cpu=True), out, global_batch=1, num_workers=0)
 
 
 @pytest.fixture
@@ -356,7 +356,7 @@ def test_tts_and_vocoder_build_their_data_from_a_source(recipe, streaming, sourc
     extra = ["--symbols", "auto"] if recipe == "tts" else []
     data = build(recipe, recipe_args(recipe, source, tmp_path / "out", *extra, streaming=streaming), tmp_path / "out")
     if recipe == "tts":
-        data, cfg = data
+        cfg = data.cfg
         texts = [t for f in sorted((source / "data").glob("train-*.parquet"))
                  for t in pq.read_table(f, columns=["sentence"])["sentence"].to_pylist()]
         assert cfg.symbols == "".join(sorted(set(" ".join(texts).lower())))
@@ -416,11 +416,11 @@ def test_a_streamed_bad_row_is_skipped_with_its_count_and_checked_once(bad_sourc
     folder, bad_id = bad_source
     argv = recipe_args("tts", folder, tmp_path / "out", "--on_bad_data", "skip")
     with caplog.at_level(logging.INFO):
-        data, _ = build("tts", argv, tmp_path / "out")
+        data = build("tts", argv, tmp_path / "out")
     assert "skipping 1 unusable rows in 1 of 3 shards (1 unreadable audio)" in caplog.text
     assert "stream data check (header): read 3 of 3 shards" in caplog.text
-    ids, texts = stream_column(data.stream, "text")
-    assert data.stream.rows == len(ids) == len(texts) == 47 and bad_id not in ids
+    ids, texts = stream_column(data.source.splits["train"], "text")
+    assert data.source.size("train") == len(ids) == len(texts) == 47 and bad_id not in ids
     epoch = [i for batch in data.train_loader for i in batch["ids"]]
     assert sorted(epoch) == sorted(ids)
 
@@ -428,8 +428,8 @@ def test_a_streamed_bad_row_is_skipped_with_its_count_and_checked_once(bad_sourc
     read = []
     monkeypatch.setattr(common.stream, "_check_shard", lambda path, *a: read.append(path) or [])
     with caplog.at_level(logging.INFO):
-        data, _ = build("tts", argv, tmp_path / "out")
-    assert read == [] and "stream data check" not in caplog.text and data.stream.rows == 47
+        data = build("tts", argv, tmp_path / "out")
+    assert read == [] and "stream data check" not in caplog.text and data.source.size("train") == 47
     assert "skipping 1 unusable rows in 1 of 3 shards (1 unreadable audio)" in caplog.text
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.checkpoint import _digest, list_checkpoints
+from common.checkpoint import file_digest, list_checkpoints
 from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
                                    metrics, run, worker)
 from tests.recipes.test_best_rq import TINY, args_for
@@ -154,7 +154,7 @@ def test_damaged_newest_checkpoint_is_skipped(tiny_corpus, tmp_path, continuous,
         name = "random_states_0.pkl" if damage == "crafted pickle" else "custom_checkpoint_0.pkl"
         torch.save({"step": _Crafted()}, newest / name)
         marker = json.loads((newest / "COMPLETE").read_text())
-        marker["files"][name] = {"bytes": (newest / name).stat().st_size, "sha256": _digest(newest / name)}
+        marker["files"][name] = {"bytes": (newest / name).stat().st_size, "sha256": file_digest(newest / name)}
         (newest / "COMPLETE").write_text(json.dumps(marker))
         expected = f"{name} cannot be loaded safely (UnpicklingError: "
     log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS))
@@ -177,7 +177,7 @@ def test_a_checkpoint_in_the_json_layout_resumes_exactly(tiny_corpus, tmp_path, 
     marker = json.loads((newest / "COMPLETE").read_text())
     del marker["files"]["custom_checkpoint_0.pkl"]
     marker["files"]["train_state.json"] = {"bytes": (newest / "train_state.json").stat().st_size,
-                                           "sha256": _digest(newest / "train_state.json")}
+                                           "sha256": file_digest(newest / "train_state.json")}
     (newest / "COMPLETE").write_text(json.dumps(marker))
     log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS))
     assert f"resumed from {newest}" in log and "skipping" not in log

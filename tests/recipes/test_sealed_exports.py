@@ -15,7 +15,7 @@ import pytest
 import yaml
 from safetensors.torch import save_file
 
-from common.checkpoint import MARKER, _seal
+from common.checkpoint import MARKER, seal_files
 from common.config import config_to_dict
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT
@@ -38,7 +38,7 @@ VOCODER_CFG = full("vocoder", **MEL, dim=8, hidden_dim=16, layers=1)
 
 
 def seal(folder: Path) -> Path:
-    (folder / MARKER).write_text(json.dumps({"export": True, "files": _seal(folder)}))
+    (folder / MARKER).write_text(json.dumps({"export": True, "files": seal_files(folder)}))
     return folder
 
 

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -52,8 +53,8 @@ def test_committed_subsets_are_the_selection_rule_applied_to_ssl10h(tmp_path):
 def test_layer_decay_groups(tmp_path):
     cfg = asr.train.Config(num_layers=3, hidden_size=32, num_heads=2, ffn_dim=64, learning_rate=1e-3,
                            encoder_lr_scale=0.5, layer_decay=0.5)
-    model = asr.train.build_model(cfg, vocab_size=29)
-    optimizer, _ = asr.train.build_optimizer(cfg, model)
+    models = asr.train.build_models(cfg, SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=29)))
+    model, optimizer = models["model"], asr.train.build_optimizers(cfg, models)[0]["model"]
     lrs = {id(p): g["initial_lr"] for g in optimizer.param_groups for p in g["params"]}  # lr: after the warm-up factor
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(lrs) == len(list(model.parameters()))
     assert {lrs[id(p)] for p in model.head.parameters()} == {1e-3}
@@ -63,8 +64,8 @@ def test_layer_decay_groups(tmp_path):
                                                                          * len(list(layer.parameters())))
     assert lrs[id(model.encoder.feature_projection.projection.weight)] == pytest.approx(5e-4 * 0.5**3)
     # 1 (the default): the head's two groups and the encoder's two, at encoder_lr_scale
-    plain, _ = asr.train.build_optimizer(asr.train.Config(encoder_lr_scale=0.5, learning_rate=1e-3),
-                                         asr.train.build_model(asr.train.Config(), 29))
+    plain = asr.train.build_optimizers(asr.train.Config(encoder_lr_scale=0.5, learning_rate=1e-3), asr.train.build_models(
+        asr.train.Config(), SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=29))))[0]["model"]
     assert [g["initial_lr"] for g in plain.param_groups] == [1e-3, 1e-3, 5e-4, 5e-4]
 
 

@@ -1,0 +1,64 @@
+"""The import graph of common/: no module imports another that imports it back (directly or
+around a longer circle), and no module takes a private name (`_x`) out of another. Imports inside
+functions count too: a deferred import hides a circle from the interpreter, not from a reader."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module of common/ imported, names taken from it, line) for every import in `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("common."):
+            found.append((node.module.split(".")[1], [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(a.name.split(".")[1], [], node.lineno) for a in node.names if a.name.startswith("common.")]
+    return found
+
+
+def graph(folder: Path) -> dict[str, set[str]]:
+    return {p.stem: {m for m, _, _ in imports(p) if m != p.stem} for p in sorted(folder.glob("*.py"))}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle of `edges` once, as the path that closes it (depth-first, from the sorted modules)."""
+    found, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            circle = path[path.index(node):]
+            if not any(set(c) == set(circle) for c in found):
+                found.append(circle + [node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(edges.get(node, ())):
+            visit(nxt, path + [node])
+        done.add(node)
+
+    for start in sorted(edges):
+        visit(start, [])
+    return found
+
+
+def test_common_has_no_import_circle():
+    assert cycles(graph(ROOT / "common")) == []
+
+
+def test_no_private_name_is_imported_across_modules():
+    """Checked over common/, the recipes, tools/ and benchmarks/ (tests may reach inside)."""
+    files = [p for d in ("common", "recipes", "tools", "benchmarks") for p in sorted((ROOT / d).rglob("*.py"))]
+    private = [f"{p.relative_to(ROOT)}:{line}: from common.{m} import {n}"
+               for p in files for m, names, line in imports(p) for n in names if n.startswith("_")]
+    assert private == []
+
+
+def test_the_checks_can_fail():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    assert imports(ROOT / "tests/common/test_imports.py") == []  # this file imports nothing of common/
