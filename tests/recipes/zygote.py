@@ -31,15 +31,21 @@ import selectors
 import socket
 import sys
 
-# What every recipe imports before its first step (measured with `python -X importtime`).
-PRELOAD = (
-    "numpy", "soundfile", "yaml", "psutil", "torch", "torch.nn.functional", "torchaudio", "safetensors.torch",
-    "accelerate", "datasets", "transformers", "transformers.models.wav2vec2_bert.modeling_wav2vec2_bert",
-    "common.checkpoint", "common.config", "common.data", "common.datacheck", "common.distributed",
-    "common.encoder", "common.faults", "common.features", "common.hf_export", "common.launcher", "common.logs",
-    "common.loop", "common.manifest", "common.prepare", "common.run", "common.rundir", "common.source",
-    "common.speech_frontend", "common.stream", "common.vocoding", "tools.corpus",
-)
+# What every recipe imports before its first step (measured with `python -X importtime`), then every
+# module of this checkout's common/ (found, not listed: a module added or moved is preloaded too).
+PRELOAD = ("numpy", "soundfile", "yaml", "psutil", "torch", "torch.nn.functional", "torchaudio", "safetensors.torch",
+           "accelerate", "datasets", "transformers", "transformers.models.wav2vec2_bert.modeling_wav2vec2_bert",
+           "tools.corpus")
+
+
+def preload() -> None:
+    import pkgutil
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    common = importlib.import_module("common")
+    for module in pkgutil.walk_packages(common.__path__, "common."):
+        importlib.import_module(module.name)
 
 
 def child(conn_fds: list[int], request: dict, log_fd: int) -> None:
@@ -105,8 +111,7 @@ def run_script(script: str) -> int:
 
 
 def serve(path: str) -> None:
-    for name in PRELOAD:
-        importlib.import_module(name)
+    preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + ".tmp")
     listener.listen(16)
