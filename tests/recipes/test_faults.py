@@ -72,6 +72,7 @@ def test_preemption_saves_the_same_step_on_all_ranks_and_resumes_exactly(tiny_co
     assert_same_losses(continuous(nproc), out)
 
 
+@pytest.mark.accelerate_launch  # the re-launch is `accelerate launch`, as the scenario's user types it
 def test_a_killed_launcher_stops_its_workers_and_an_immediate_relaunch_resumes_exactly(tiny_corpus, tmp_path,
                                                                                         continuous):
     """`kill -9 -- -<pgid>` of a setsid'ed 2-process `accelerate launch` kills the launcher only: torch's
