@@ -61,11 +61,6 @@ def base_env(env: dict | None = None) -> dict:
     return full_env
 
 
-def env_difference(a: dict, b: dict) -> list[str]:
-    """The variables that differ, but for pytest's per-test bookkeeping ones."""
-    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith("PYTEST_"))
-
-
 class Forked:
     """A run forked by the zygote: the part of `subprocess.Popen` the harness and tests use. `pid` is
     the run's own process (signal it, psutil it); its exit status comes from the server, its parent."""
@@ -271,9 +266,9 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
 
     `launcher` (default: the test's `accelerate_launch` mark, see tests/conftest.py): True starts
     `accelerate launch` (fresh interpreters under the real launcher); False forks the run from the
-    fork server — `python train.py` in one process, cpu_ddp.yaml's ranks in several — or, where the
-    server cannot stand for it (a run with its own environment, another profile), starts
-    `python train.py` (one process) or `accelerate launch` (several).
+    fork server for the run's environment — `python train.py` in one process, cpu_ddp.yaml's ranks in
+    several — or, where a fork cannot stand for it (an `env` that changes the module path: a
+    sitecustomize; another profile), starts `python train.py` (one process) or `accelerate launch`.
 
     `when(output_dir)` is polled every 20 ms; the first time it is true, `then(proc)` runs once
     (e.g. `kill_tree`, or a signal to one rank). `kill_after_checkpoint=k` is short for killing the

@@ -11,9 +11,11 @@ from the server, which is its parent.
 What a forked child shares that fresh interpreters would not: the modules imported here (never used
 before the fork: no thread pool or RNG has been touched), and the string hash seed. Hash-order
 dependence would therefore not show between two forked runs; the tests marked `accelerate_launch`
-and every multi-process test still start real interpreters, each with its own seed. The harness
-only uses the server for runs whose environment equals the server's (a run with its own variables —
-HF_* caches, offline switches, a sitecustomize that injects faults — starts a real interpreter).
+(every recipe's kill/resume in 1 and 2 processes among them) still start real interpreters, each with
+its own seed. The harness
+starts one server per environment, with that environment (HF_* caches and switches are read on
+import), and starts real interpreters for runs that put a sitecustomize on the module path (it runs
+once per interpreter and reads the process's rank and pid).
 
 Protocol (AF_UNIX, SOCK_SEQPACKET, one connection per run): the harness sends one JSON message
 {"argv", "cwd", "env"} with the log's file descriptor attached; the server answers {"pid"} at once
