@@ -26,6 +26,8 @@ from common.checkpoint import resolve_checkpoint
 # Settings that must equal the pre-training run's for its encoder and features to mean anything.
 MATCHING_KEYS = ("sample_rate", "n_mels", "stack_frames", "hidden_size", "num_layers", "num_heads",
                  "ffn_dim", "conv_kernel")
+# The encoder's parameter prefix in an exported ASR model (transformers Wav2Vec2BertForCTC).
+ASR_EXPORT_PREFIX = "wav2vec2_bert."
 
 
 def encoder_config(
@@ -101,16 +103,17 @@ class StackedLogMelEncoder(nn.Module):
 
 
 def resolve_pretrained(path: str | Path) -> Path:
-    """A BEST-RQ output_dir or its final/ → the sealed folder holding model.safetensors / encoder/
+    """A pre-trained run's output_dir (BEST-RQ or ASR) or its final/ → the sealed folder holding model.safetensors / encoder/
     (verified as every tool verifies a trained model: `common.checkpoint.resolve_checkpoint`)."""
     return resolve_checkpoint(path, flag="--init_from")
 
 
 def load_pretrained_encoder(model: StackedLogMelEncoder, path: str | Path, cfg: dict) -> bool:
-    """Load a BEST-RQ encoder (and its feature statistics when present) into `model`.
+    """Load a pre-trained encoder (and its feature statistics when present) into `model`: a BEST-RQ
+    run's, or an ASR run's (its Conformer without the CTC head: transfer to a new voice or language).
 
     Refuses, listing the differences, when front end or encoder shape differ from `cfg`.
-    Returns True if the feature mean/std were taken from the BEST-RQ run."""
+    Returns True if the feature mean/std were taken from the pre-trained run."""
     folder = resolve_pretrained(path)
     if (folder / "config.yaml").is_file():
         theirs = yaml.safe_load((folder / "config.yaml").read_text())
@@ -122,22 +125,30 @@ def load_pretrained_encoder(model: StackedLogMelEncoder, path: str | Path, cfg: 
         if enc.feature_projection_input_dim != cfg["n_mels"] * cfg["stack_frames"]:
             theirs["n_mels × stack_frames"] = enc.feature_projection_input_dim
             cfg = {**cfg, "n_mels × stack_frames": cfg["n_mels"] * cfg["stack_frames"]}
-    differ = [f"{k}: BEST-RQ {theirs[k]!r} != ASR {cfg[k]!r}"
+    differ = [f"{k}: pre-trained {theirs[k]!r} != this run {cfg[k]!r}"
               for k in (*MATCHING_KEYS, "n_mels × stack_frames") if k in theirs and theirs[k] != cfg[k]]
     if differ:
         raise ValueError(f"--init_from {folder}: the pre-trained encoder does not match this config "
                          f"(front end and encoder shape must equal pre-training):\n  " + "\n  ".join(differ)
-                         + "\nSet these keys to the BEST-RQ values (see its config.yaml).")
+                         + "\nSet these keys to the pre-trained run's values (see its config.yaml).")
+    stats = None  # a feature extractor exported beside the weights holds the statistics
     if (folder / "model.safetensors").is_file():
         weights = load_file(folder / "model.safetensors")
-        state = {k: v for k, v in weights.items() if k.startswith("encoder.") or k in ("feat_mean", "feat_std")}
+        if any(k.startswith(ASR_EXPORT_PREFIX) for k in weights):
+            # An ASR run's final/ (transformers Wav2Vec2BertForCTC): its encoder, without the CTC
+            # head, whose vocabulary is the other run's. Transfer from a well-trained ASR model.
+            state = {"encoder." + k[len(ASR_EXPORT_PREFIX):]: v for k, v in weights.items()
+                     if k.startswith(ASR_EXPORT_PREFIX)}
+            stats = folder / "preprocessor_config.json"
+        else:
+            state = {k: v for k, v in weights.items() if k.startswith("encoder.") or k in ("feat_mean", "feat_std")}
     else:
         weights = load_file(folder / "encoder" / "model.safetensors")
         state = {f"encoder.{k}": v for k, v in weights.items()}
         stats = folder / "encoder" / "preprocessor_config.json"
-        if stats.is_file():  # the feature extractor exported beside it holds the statistics
-            fe = json.loads(stats.read_text())
-            state.update(feat_mean=torch.tensor(fe["mean"]), feat_std=torch.tensor(fe["std"]))
+    if stats is not None and stats.is_file():
+        fe = json.loads(stats.read_text())
+        state.update(feat_mean=torch.tensor(fe["mean"]), feat_std=torch.tensor(fe["std"]))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k.startswith("encoder.")]
     if missing or unexpected:

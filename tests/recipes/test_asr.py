@@ -299,8 +299,17 @@ def test_init_from_best_rq_freeze_and_evaluate(tiny_corpus, tmp_path):
     bad = launch("train.py", 1, args_for(tiny_corpus, tmp_path / "bad", "--init_from", str(brq / "final"),
                                          "--hidden_size", "48", "--stack_frames", "2"), tmp_path / "bad.log")
     assert bad.returncode != 0
-    assert "does not match" in bad.stdout and "hidden_size: BEST-RQ 32 != ASR 48" in bad.stdout
-    assert "stack_frames: BEST-RQ 4 != ASR 2" in bad.stdout
+    assert "does not match" in bad.stdout and "hidden_size: pre-trained 32 != this run 48" in bad.stdout
+    assert "stack_frames: pre-trained 4 != this run 2" in bad.stdout
+
+    # Transfer: an ASR run's final/ starts another ASR run with its Conformer and statistics (the CTC
+    # head, whose vocabulary may differ, starts fresh).
+    xfer = tmp_path / "xfer"
+    run("asr", 1, args_for(tiny_corpus, xfer, "--init_from", str(asr_out), "--freeze_encoder_steps", "1",
+                           "--max_steps", "2", "--save_steps", "1", "--eval_steps", "0"))
+    got = load_file(xfer / "checkpoints" / "step_00000001" / "model.safetensors")
+    assert all(torch.equal(got[k], final[k]) for k in (*enc_keys, "feat_mean", "feat_std"))
+    assert not torch.equal(got["head.weight"], final["head.weight"])
 
     ev = launch("decode.py", 2, ["--checkpoint", str(asr_out), "--split", "test", "--decoding", "beam",
                                    "--beam_size", "4", "--max_batch_seconds", "8"], tmp_path / "eval.log")
