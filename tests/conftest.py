@@ -35,6 +35,18 @@ def suite_dir(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_tokens(tmp_path_factory):
+    """Under pytest-xdist, the workers' runs share the cores through CPU tokens (tests/recipes/harness.py)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests.recipes.harness import TOKENS_DIR
+
+        folder = suite_dir(tmp_path_factory) / "cpu_tokens"
+        folder.mkdir(exist_ok=True)
+        os.environ[TOKENS_DIR] = str(folder)
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
     """The built-in corpus, `tiny` profile (a few seconds to generate), built once per test run: the

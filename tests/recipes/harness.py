@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,6 +28,51 @@ REAL_LAUNCH = [False]
 # process as `python train.py`, several as cpu_ddp.yaml's DDP ranks. HARNESS_FORK=0 turns that off
 # (each run a fresh interpreter: `python train.py`, or `accelerate launch` for several processes).
 FORK = os.environ.get("HARNESS_FORK", "1") != "0"
+
+
+# Under pytest-xdist, the workers' runs share the machine's cores through CPU tokens (one lock file
+# per core in a folder all workers see, set by tests/conftest.py): a run of n processes holds n
+# tokens (at most all of them) while it runs. Without them, a two-process DDP run sharing the cores
+# with another worker's run waits in its collectives spinning, and the machine does more work, not
+# less (measured: README, "Tests"). Runs started while this process holds tokens (a run started from
+# another's callback) take none.
+TOKENS_DIR = "HARNESS_CPU_TOKENS"
+_held = [0]
+
+
+@contextlib.contextmanager
+def cpu_tokens(n: int):
+    folder = os.environ.get(TOKENS_DIR)
+    if not folder or _held[0]:
+        yield
+        return
+    import fcntl
+
+    files = [open(os.path.join(folder, f"core{i}"), "w") for i in range(os.cpu_count() or 1)]
+    try:
+        n, held = min(n, len(files)), []
+        if n == len(files):  # all of them, in order: a holder of one never waits for a second
+            for f in files:
+                fcntl.flock(f, fcntl.LOCK_EX)
+            held = files
+        while len(held) < n:
+            for f in files:
+                if f in held:
+                    continue
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held.append(f)
+                    break
+                except BlockingIOError:
+                    pass
+            else:
+                time.sleep(0.02)
+        _held[0] = n
+        yield
+    finally:
+        _held[0] = 0
+        for f in files:
+            f.close()  # releases its lock
 
 
 def free_port() -> int:
@@ -192,7 +238,7 @@ def _server(env: dict) -> dict:
     return server
 
 
-def _fork_one(server: dict, argv: list[str], env: dict, log) -> Forked:
+def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = ROOT) -> Forked:
     deadline = time.monotonic() + 120
     while not os.path.exists(server["path"]):  # it is importing
         if server["proc"].poll() is not None or time.monotonic() > deadline:
@@ -200,22 +246,53 @@ def _fork_one(server: dict, argv: list[str], env: dict, log) -> Forked:
         time.sleep(0.02)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.connect(server["path"])
-    socket.send_fds(conn, [json.dumps({"argv": argv, "cwd": str(ROOT), "env": env}).encode()], [log.fileno()])
+    socket.send_fds(conn, [json.dumps({"argv": argv, "cwd": str(cwd), "env": env}).encode()], [f.fileno() for f in outs])
     return Forked(json.loads(conn.recv(4096))["pid"], conn)
 
 
-def fork(argv: list[str], nproc: int, env: dict, log) -> Forked | ForkedGroup | None:
-    """`python <argv>` (one process) or its `nproc` DDP ranks (`env` plus `ddp_env`), forked by the
-    fork server for `env`; None (start fresh interpreters) when `env` changes the module path: a
-    sitecustomize there (tests/recipes/support: fault injection, write audit) runs once per
-    interpreter and reads the process's rank and pid, which a server started before the fork has not."""
+def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT) -> Forked | ForkedGroup | None:
+    """`python <argv>` (one process: a script or `-m module`) or its `nproc` DDP ranks (`env` plus
+    `ddp_env`), forked by the fork server for `env`, writing to `log` (and `err` for stderr, if
+    given); None (start fresh interpreters) when `env` changes the module path: a sitecustomize there
+    (tests/recipes/support: fault injection, write audit) runs once per interpreter and reads the
+    process's rank and pid, which a server started before the fork has not."""
     if not FORK or env.get("PYTHONPATH") != base_env()["PYTHONPATH"]:
         return None
     server = _server(env)
+    outs = [log] if err is None else [log, err]
     if nproc == 1:
-        return _fork_one(server, argv, env, log)
+        return _fork_one(server, argv, env, outs, cwd)
     port = free_port()
-    return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, log) for r in range(nproc)])
+    return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, outs, cwd) for r in range(nproc)])
+
+
+def python(argv: list, *, nproc: int = 1, env: dict | None = None, cwd: Path = ROOT, timeout: float = 300,
+           stderr_to_stdout: bool = False) -> subprocess.CompletedProcess:
+    """`python <argv>` (a script and its arguments, or "-m", a module and its) with `base_env(env)`,
+    waited for, its stdout and stderr captured as text (stderr in stdout if `stderr_to_stdout`).
+    With `nproc` > 1 its DDP ranks, as `accelerate launch --config_file cpu_ddp.yaml` starts them.
+    Forked from the fork server (the tools — decode, score, synthesize, export — spared their ~5 s
+    of imports), or run in a fresh interpreter when a fork cannot stand for one (see `fork`)."""
+    import tempfile
+
+    argv, full_env = [str(a) for a in argv], base_env(env)
+    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err, \
+            cpu_tokens(nproc):
+        proc = fork(argv, nproc, full_env, out, None if stderr_to_stdout else err, cwd)
+        if proc is None:
+            cmd = [sys.executable, *argv] if nproc == 1 else ACCELERATE + [
+                "--config_file", str(ROOT / "accelerate_configs" / "cpu_ddp.yaml"), "--num_processes", str(nproc),
+                "--main_process_port", str(free_port()), *argv]
+            proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out,
+                                    stderr=out if stderr_to_stdout else err, start_new_session=True)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -282,27 +359,28 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     start = log_path.stat().st_size if log_path.exists() else 0
     real = REAL_LAUNCH[0] if launcher is None else launcher
     cmd = command(recipe, nproc, args, profile, launcher=real)
-    with open(log_path, "a") as log:
-        proc = None
-        if not real and (nproc == 1 or profile == "cpu_ddp.yaml"):
-            proc = fork(command(recipe, 1, args, launcher=False)[1:], nproc, full_env, log)
-        if proc is None:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-    started = time.monotonic()
-    deadline = started + timeout
-    fired = False
-    try:
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{recipe} run timed out; see {log_path}")
-            if when is not None and not fired and when(out_dir):
-                then(proc)
-                fired = True
-            time.sleep(0.02)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc)
+    with cpu_tokens(nproc):
+        with open(log_path, "a") as log:
+            proc = None
+            if not real and (nproc == 1 or profile == "cpu_ddp.yaml"):
+                proc = fork(command(recipe, 1, args, launcher=False)[1:], nproc, full_env, log)
+            if proc is None:
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        started = time.monotonic()
+        deadline = started + timeout
+        fired = False
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{recipe} run timed out; see {log_path}")
+                if when is not None and not fired and when(out_dir):
+                    then(proc)
+                    fired = True
+                time.sleep(0.02)
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc)
     if os.environ.get("HARNESS_LAUNCH_LOG"):  # suite profiling: one JSON line per launch
         with open(os.environ["HARNESS_LAUNCH_LOG"], "a") as f:
             f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "recipe": recipe,

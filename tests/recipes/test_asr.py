@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -23,7 +22,7 @@ from common.features import LogMel, feature_stats
 from common.hf_export import load_recipe_ctc_weights
 from common.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, command, epoch_lengths, metrics,
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics, python,
                                    resumed_positions, run)
 
 SEED = 42
@@ -41,11 +40,9 @@ def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
 
 
 def launch(script: str, nproc: int, args: list[str], log: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Any script of the recipe through `accelerate launch` (harness.run drives train.py only)."""
-    cmd = command("asr", nproc, args)
-    cmd[cmd.index(str(RECIPE / "train.py"))] = str(RECIPE / script)
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    """Any script of the recipe (harness.run drives train.py only), its output in `log`: forked, as
+    `python <script>` or its cpu_ddp ranks (tests/recipes/harness.py)."""
+    proc = python([RECIPE / script, *args], nproc=nproc, timeout=timeout, stderr_to_stdout=True)
     log.write_text(proc.stdout)
     return proc
 
@@ -227,7 +224,7 @@ def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     k, max_steps = e0 + 2, e0 + e1
     extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--eval_steps", "4", "--speed_perturb", "0.1"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
-    run("asr", 1, args_for(tiny_corpus, cont, *extra))
+    run("asr", 1, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
     run("asr", 1, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k)
     # Resumed with 2 data workers (speed perturbation, SpecAugment and validation in them): the same run.
     run("asr", 1, args_for(tiny_corpus, cut, *extra, "--num_workers", "2"))
@@ -260,7 +257,7 @@ def test_interrupted_equals_continuous_2proc(tiny_corpus, tmp_path):
              "--bpe_vocab_size", "60", "--gradient_accumulation_steps", "2", "--freeze_encoder_steps", "3",
              "--speed_perturb", "0.1"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
-    run("asr", 2, args_for(tiny_corpus, cont, *extra))
+    run("asr", 2, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
     run("asr", 2, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=2)
     run("asr", 2, args_for(tiny_corpus, cut, *extra))
 

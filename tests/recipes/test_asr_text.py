@@ -12,7 +12,7 @@ import pytest
 from tools.corpus import _SENTENCE_SEED, PROFILES, make_sentences
 from common.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, command
+from tests.recipes.harness import ROOT, command, python
 
 asr = recipe_modules("asr", "text")
 text = asr.text
@@ -85,8 +85,6 @@ def test_bpe_knows_its_characters(tmp_path):
 
 @pytest.mark.slow
 def test_train_refuses_a_validation_character_it_cannot_emit(tiny_corpus, tmp_path):
-    import os
-    import subprocess
 
     corpus = tmp_path / "librispeech"
     for split in ("train", "validation"):
@@ -98,8 +96,7 @@ def test_train_refuses_a_validation_character_it_cannot_emit(tiny_corpus, tmp_pa
     cmd = command("asr", 1, ["--data_dir", str(corpus), "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
                              "--report_to", "none", "--hidden_size", "32", "--num_layers", "1", "--num_heads", "2",
                              "--ffn_dim", "64"])
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    proc = python(cmd[cmd.index(str(ROOT / "recipes" / "asr" / "train.py")):], stderr_to_stdout=True)
     assert proc.returncode != 0
     errors = [line for line in proc.stdout.splitlines() if "error:" in line]
     assert len(errors) == 1 and "'ß' (U+00DF) in 1 transcript(s), e.g. " + utt_id in errors[0], proc.stdout[-3000:]

@@ -193,7 +193,7 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
              "--save_total_limit", "3"]
 
     cont = tmp_path / "continuous"
-    run("best_rq", nproc, args_for(tiny_corpus, cont, *extra))
+    run("best_rq", nproc, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
 
     cut = tmp_path / "interrupted"
     run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k1)

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from common.config import parse_config
 from common.faults import UsageError
 from common.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, resumed_positions, run
+from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, python, resumed_positions, run
 from tests.recipes.test_asr import TINY
 from tests.recipes.test_elastic import ids_per_step
 
@@ -150,9 +149,8 @@ def test_a_folder_without_data_files_is_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_missing_column_stops_the_recipe_in_one_line_with_exit_code_2(source, tmp_path, env):
-    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "asr" / "train.py"),
-                           *args_for(source, tmp_path / "out", "--text_column_name", "transcript", "--max_steps", "1")],
-                          cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    proc = python([ROOT / "recipes" / "asr" / "train.py",
+                   *args_for(source, tmp_path / "out", "--text_column_name", "transcript", "--max_steps", "1")], env=env)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
@@ -220,15 +218,16 @@ def test_streamed_2proc_killed_and_resumed_is_bit_identical_and_continues_on_1(s
     same utterances at every step, and here bit-identical too (two terms: halving is exact)."""
     extra = ["--max_steps", "8", "--save_steps", "1", "--dump_batch_ids", "true"]
     cont, cut, one = tmp_path / "continuous", tmp_path / "interrupted", tmp_path / "on_one"
-    run("asr", 2, args_for(source, cont, *extra), env=env)
+    run("asr", 2, args_for(source, cont, *extra), env=env, launcher=False)  # the reference: forked (the guarantee is the cut run's)
     run("asr", 2, args_for(source, cut, *extra), env=env, kill_after_checkpoint=3)
     run("asr", 2, args_for(source, cut, *extra), env=env)
     assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
     assert_same_weights(cont, cut)
     assert_same_losses(cont, cut)
 
-    run("asr", 2, args_for(source, one, *extra), env=env, kill_after_checkpoint=3)
-    log = run("asr", 1, args_for(source, one, *extra), env=env)
+    # 2 → 1 forked: the real launcher's elastic case is test_elastic's
+    run("asr", 2, args_for(source, one, *extra), env=env, kill_after_checkpoint=3, launcher=False)
+    log = run("asr", 1, args_for(source, one, *extra), env=env, launcher=False)
     assert "checkpoint: 2 process(es) × accumulation 1; now: 1 × 2" in log
     [(step, epoch, batch)] = resumed_positions(tmp_path / "on_one.log")
     assert epoch == 0 and batch == 2 * step  # global micro-batches, mid-epoch
@@ -252,16 +251,14 @@ def test_map_style_source_trains_resumes_and_decodes(source, tmp_path, env):
     after step 2 and resumed: bit-identical; decode.py reads the same source's split."""
     extra = ["--max_steps", "4", "--save_steps", "1"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
-    run("asr", 1, args_for(source, cont, *extra, streaming=False), env=env)
+    run("asr", 1, args_for(source, cont, *extra, streaming=False), env=env, launcher=False)  # the reference: forked (the guarantee is the cut run's)
     run("asr", 1, args_for(source, cut, *extra, streaming=False), env=env, kill_after_checkpoint=2)
     run("asr", 1, args_for(source, cut, *extra, streaming=False), env=env)
     assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
     assert_same_weights(cont, cut)
     assert_same_losses(cont, cut)
 
-    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "asr" / "decode.py"), "--checkpoint", str(cut),
-                           "--split", "validation"], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=300)
+    proc = python([ROOT / "recipes" / "asr" / "decode.py", "--checkpoint", cut, "--split", "validation"], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = (cut / "decode" / "final" / "validation-greedy.jsonl").read_text().splitlines()
     assert len(summary) == 6
@@ -452,9 +449,8 @@ def test_streamed_killed_and_resumed_is_bit_identical_in_every_recipe(recipe, so
     assert evals[-1]
     if recipe in ("tts", "vocoder"):
         script = {"tts": ["score.py", "--split", "test"], "vocoder": ["evaluate.py"]}[recipe]
-        proc = subprocess.run([sys.executable, str(ROOT / "recipes" / recipe / script[0]), "--checkpoint", str(cut / "final"),
-                               *script[1:]], cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-                              capture_output=True, text=True, timeout=600)
+        proc = python([ROOT / "recipes" / recipe / script[0], "--checkpoint", cut / "final", *script[1:]], env=env,
+                      timeout=600)
         assert proc.returncode == 2 and proc.stderr.endswith(
             f"was trained on --dataset_name {source}, which held out no test utterances: give --data_dir "
             f"(an LJSpeech-layout folder{' of the same voice' if recipe == 'tts' else ''})\n"), proc.stderr[-2000:]

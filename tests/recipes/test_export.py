@@ -23,7 +23,7 @@ from common.features import LogMel
 from common.hf_export import load_recipe_ctc_weights, save_feature_extractor, write_model_card
 from common.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, command, run
+from tests.recipes.harness import ROOT, python, run
 from tests.recipes.test_asr import args_for
 from tests.recipes.test_tts import args_for as tts_args_for
 
@@ -99,10 +99,9 @@ def test_pipeline_agrees_with_the_recipe_on_the_test_split(tiny_corpus, tmp_path
     out = tmp_path / "asr"
     run("asr", 1, args_for(tiny_corpus, out, "--max_steps", "30", "--learning_rate", "3e-3", "--eval_steps", "0",
                            "--save_steps", "30"))
-    decode = [a.replace("train.py", "decode.py") if a.endswith("train.py") else a for a in
-              command("asr", 1, ["--checkpoint", str(out), "--split", "test", "--data_dir", str(tiny_corpus / "librispeech")])]
     sealed = tree_digest(out / "final")
-    subprocess.run(decode, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    python([ROOT / "recipes" / "asr" / "decode.py", "--checkpoint", out, "--split", "test",
+            "--data_dir", tiny_corpus / "librispeech"]).check_returncode()
     assert tree_digest(out / "final") == sealed  # nothing written into the sealed folder
     ours = {r["id"]: r["hyp"] for r in map(json.loads, (out / "decode" / "final" / "test-greedy.jsonl").read_text().splitlines())}
     card = (out / "final" / "README.md").read_text()
@@ -175,9 +174,8 @@ def test_tts_export_loads_from_anywhere_and_score_writes_beside_it(tiny_corpus, 
     run("tts", 1, tts_args_for(tiny_corpus, out, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"))
     assert (out / "final" / "README.md").is_file()
     text = "she could not believe the farmer"
-    subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "synthesize.py"), "--checkpoint", str(out),
-                    "--text", text, "--output", str(tmp_path / "repo.wav"), "--griffin_lim_iters", "2"],
-                   check=True, cwd=ROOT)
+    python([ROOT / "recipes" / "tts" / "synthesize.py", "--checkpoint", out, "--text", text,
+            "--output", tmp_path / "repo.wav", "--griffin_lim_iters", "2"]).check_returncode()
 
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(out / "final", elsewhere / "my_tts")
@@ -193,15 +191,15 @@ model, cfg, symbols, _ = load_tts("my_tts")
 wav, _, _ = synthesize(model, symbols, {text!r}, make_vocoder(cfg, n_iter=2))
 sf.write("out.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
 """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1"}  # as the tools run here
     subprocess.run([sys.executable, "-I", "-c", script], check=True, cwd=elsewhere, env=env)
     ours, sr = sf.read(tmp_path / "repo.wav", dtype="int16")
     theirs, sr2 = sf.read(elsewhere / "out.wav", dtype="int16")
     assert sr == sr2 == 22050 and np.array_equal(ours, theirs)
 
     sealed = tree_digest(out / "final")
-    subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "score.py"), "--checkpoint", str(out),
-                    "--griffin_lim_iters", "2", "--asr_recordings", "false"], check=True, cwd=ROOT)
+    python([ROOT / "recipes" / "tts" / "score.py", "--checkpoint", out, "--griffin_lim_iters", "2",
+            "--asr_recordings", "false"]).check_returncode()
     assert tree_digest(out / "final") == sealed
     assert json.loads((out / "eval" / "final" / "test.json").read_text())["utterances"] == 2
 

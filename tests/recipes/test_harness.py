@@ -2,7 +2,6 @@
 `python train.py` (one process) and `accelerate launch --config_file cpu_ddp.yaml` (several) give."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -114,3 +113,27 @@ def test_a_variable_is_seen_on_import_as_in_a_fresh_interpreter(tmp_path, monkey
         assert harness.fork([str(tmp_path / "run.py")], 1, env, log).wait(timeout=60) == 0
     assert (tmp_path / "log").read_text().strip() == "set"
     assert harness._servers[next(reversed(harness._servers))]["env"]["HARNESS_PROBE_VARIABLE"] == "set"
+
+
+@pytest.mark.parametrize("how", ["code", "raise"])
+def test_a_forked_tool_gives_what_a_fresh_interpreter_gives(tmp_path, how, monkeypatch):
+    """`harness.python` (the tools: decode, score, synthesize...): stdout, stderr and exit code apart,
+    as `subprocess.run([python, ...], capture_output=True)` gives them — for a script and for `-m`."""
+    pkg = tmp_path / "probepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "probe.py").write_text(PROBE + "print('to stderr', file=sys.stderr)\n")
+    for argv in ([pkg / "probe.py", how], ["-m", "probepkg.probe", how]):
+        forked = harness.python(argv, cwd=tmp_path)
+        monkeypatch.setattr(harness, "FORK", False)
+        fresh = harness.python(argv, cwd=tmp_path)
+        monkeypatch.setattr(harness, "FORK", True)
+        assert forked.returncode == fresh.returncode == {"ok": 0, "code": 3, "message": 1, "raise": 1}[how]
+        seen, fresh_seen = json.loads(forked.stdout.splitlines()[0]), json.loads(fresh.stdout.splitlines()[0])
+        assert seen["argv"] == fresh_seen["argv"] and seen["path0"] == fresh_seen["path0"] == \
+            str(pkg if argv[0] != "-m" else tmp_path)
+        assert seen["cwd"] == str(tmp_path) and seen["main"] == "__main__"
+        assert forked.stdout.splitlines()[1:] == fresh.stdout.splitlines()[1:]
+        # stderr: the same lines, but for the traceback's frames (runpy's in the forked child)
+        last = lambda text: [line for line in text.splitlines() if not line.startswith(" ")][-1:]  # noqa: E731
+        assert last(forked.stderr) == last(fresh.stderr) and "{" not in forked.stderr

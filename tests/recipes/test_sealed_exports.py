@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from common.checkpoint import MARKER, seal_files
 from common.config import config_to_dict
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT
+from tests.recipes.harness import ROOT, python
 
 tts = recipe_modules("tts", "model")
 vocoder = recipe_modules("vocoder", "model")
@@ -54,9 +54,8 @@ def export(folder: Path, cfg: dict, weights: dict, **files: str) -> Path:
 
 
 def tool(script: str, *args) -> subprocess.CompletedProcess:
-    """`script` as a user runs it: its own process."""
-    return subprocess.run([sys.executable, str(ROOT / "recipes" / script), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    """`script` as a user runs it: its own process (forked, tests/recipes/harness.py)."""
+    return python([ROOT / "recipes" / script, *args])
 
 
 @pytest.fixture

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, run
+from tests.recipes.harness import ROOT, python, run
 from tests.recipes.test_asr import TINY
 from tools import corpus
 
@@ -74,8 +72,7 @@ def test_layer_decay_groups(tmp_path):
     (["--train_subset", "10min", "--train_fraction", "0.5"], "set one"),
 ])
 def test_train_subset_config_mistakes(args, message):
-    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "asr" / "train.py"), *args],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = python([ROOT / "recipes" / "asr" / "train.py", *args])
     assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from PIL import Image
 
 from common.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics, python,
                                    resumed_positions, run)
 
 SEED = 42
@@ -256,9 +254,8 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
 
     text = "she could not believe the farmer"
     wav_path = tmp_path / "out.wav"
-    py = [sys.executable]
-    subprocess.run(py + [str(RECIPE / "synthesize.py"), "--checkpoint", str(out), "--text", text,
-                         "--output", str(wav_path), "--griffin_lim_iters", "4"], check=True, cwd=ROOT)
+    python([RECIPE / "synthesize.py", "--checkpoint", out, "--text", text, "--output", wav_path,
+            "--griffin_lim_iters", "4"]).check_returncode()
     wav, sr = sf.read(wav_path)
     assert sr == 22050 and wav.ndim == 1
     # plausible length: at least one 11.6 ms frame per character, at most 0.5 s per character
@@ -266,13 +263,12 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
     assert np.sqrt(np.mean(wav ** 2)) > 1e-3  # not silent
     lines = tmp_path / "lines.txt"
     lines.write_text("a radio wrote this\n\nthe pencil\n")
-    subprocess.run(py + [str(RECIPE / "synthesize.py"), "--checkpoint", str(out / "checkpoints" / "step_00000004"),
-                         "--text_file", str(lines), "--output_dir", str(tmp_path / "wavs"),
-                         "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
+    python([RECIPE / "synthesize.py", "--checkpoint", out / "checkpoints" / "step_00000004", "--text_file", lines,
+            "--output_dir", tmp_path / "wavs", "--griffin_lim_iters", "2"]).check_returncode()
     assert sorted(p.name for p in (tmp_path / "wavs").iterdir()) == ["0001.wav", "0002.wav"]
 
-    subprocess.run(py + [str(RECIPE / "score.py"), "--checkpoint", str(out), "--griffin_lim_iters", "2",
-                         "--output", str(tmp_path / "eval")], check=True, cwd=ROOT)
+    python([RECIPE / "score.py", "--checkpoint", out, "--griffin_lim_iters", "2",
+            "--output", tmp_path / "eval"]).check_returncode()
     summary = json.loads((tmp_path / "eval" / "test.json").read_text())
     assert summary["utterances"] == 2 and summary["durations_sum_ok"] == 2 and summary["monotonic_ok"] == 2
     assert math.isfinite(summary["mcd"]) and summary["mcd"] > 0
@@ -300,7 +296,7 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--save_total_limit", "3", "--eval_steps", "3"]
 
     cont = tmp_path / "continuous"
-    run("tts", nproc, args_for(tiny_corpus, cont, *extra))
+    run("tts", nproc, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
     cut = tmp_path / "interrupted"
     for k in kills:
         run("tts", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k)

@@ -5,8 +5,6 @@ through train.py + synthesize.py, a phoneme model whose derived table travels wi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import unicodedata
 from types import SimpleNamespace
 
@@ -15,7 +13,7 @@ import yaml
 
 from common.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, run
+from tests.recipes.harness import ROOT, python, run
 
 tts = recipe_modules("tts", "frontend", "train")
 frontend = tts.frontend
@@ -99,22 +97,17 @@ def test_phoneme_model_keeps_its_derived_table(tiny_corpus, tmp_path):
     for folder in (out / "checkpoints" / "step_00000002", out / "final"):
         assert yaml.safe_load((folder / "config.yaml").read_text())["symbols"] == expected
     for checkpoint in (out / "checkpoints" / "step_00000002", out):
-        subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "synthesize.py"), "--checkpoint",
-                        str(checkpoint), "--text", "the farmer wrote", "--output", str(tmp_path / "x.wav"),
-                        "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
+        python([ROOT / "recipes" / "tts" / "synthesize.py", "--checkpoint", checkpoint, "--text", "the farmer wrote",
+                "--output", tmp_path / "x.wav", "--griffin_lim_iters", "2"]).check_returncode()
         assert (tmp_path / "x.wav").stat().st_size > 1000
     # score.py checks and splits the data as training did: the texts are letters, not the phoneme table
-    subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "score.py"), "--checkpoint", str(out),
-                    "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
+    python([ROOT / "recipes" / "tts" / "score.py", "--checkpoint", out, "--griffin_lim_iters", "2"]).check_returncode()
     assert (out / "eval" / "final").is_dir()
 
 
 @pytest.mark.slow
 def test_train_refuses_a_test_symbol_absent_from_training(tiny_corpus, tmp_path):
-    import os
     import shutil
-
-    from tests.recipes.harness import command
 
     corpus = tmp_path / "ljspeech"
     shutil.copytree(tiny_corpus / "ljspeech", corpus)
@@ -122,10 +115,8 @@ def test_train_refuses_a_test_symbol_absent_from_training(tiny_corpus, tmp_path)
     utt_id, *texts = lines[-1].split("|")  # the last id: a test utterance
     lines[-1] = "|".join([utt_id, *(t + " straße" for t in texts)])
     (corpus / "metadata.csv").write_text("\n".join(lines) + "\n")
-    proc = subprocess.run(command("tts", 1, ["--data_dir", str(corpus), "--output_dir", str(tmp_path / "out"), *TINY,
-                                             "--max_steps", "1", "--symbols", "auto"]),
-                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    proc = python([ROOT / "recipes" / "tts" / "train.py", "--data_dir", corpus, "--output_dir", tmp_path / "out", *TINY,
+                   "--max_steps", "1", "--symbols", "auto"], stderr_to_stdout=True)
     assert proc.returncode != 0
     errors = [line for line in proc.stdout.splitlines() if "error:" in line]
     assert len(errors) == 1 and f"'ß' (U+00DF) in 1 text(s), e.g. {utt_id}" in errors[0], proc.stdout[-3000:]
@@ -135,8 +126,8 @@ def test_train_refuses_a_test_symbol_absent_from_training(tiny_corpus, tmp_path)
     # scored without it, not refused by a check against the derived table.
     run("tts", 1, ["--data_dir", str(corpus), "--output_dir", str(tmp_path / "out"), *TINY, "--max_steps", "1",
                    "--symbols", "auto", "--unknown_chars", "drop"])
-    subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "score.py"), "--checkpoint", str(tmp_path / "out"),
-                    "--griffin_lim_iters", "2"], check=True, cwd=ROOT)
+    python([ROOT / "recipes" / "tts" / "score.py", "--checkpoint", tmp_path / "out",
+            "--griffin_lim_iters", "2"]).check_returncode()
     scored = [json.loads(line) for line in (tmp_path / "out" / "eval" / "final" / "test.jsonl").open()]
     assert utt_id in [r["id"] for r in scored]
 

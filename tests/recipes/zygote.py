@@ -1,4 +1,4 @@
-"""A fork server for the suite's one-process runs: `python train.py ...` without the import start-up.
+"""A fork server for the suite's runs and tools: `python train.py ...` without the import start-up.
 
 A recipe's process spends ~5 s importing torch, transformers and datasets before its first step, and
 the suite starts ~100 of them. This server imports those once (and this checkout's common/), then
@@ -17,8 +17,12 @@ starts one server per environment, with that environment (HF_* caches and switch
 import), and starts real interpreters for runs that put a sitecustomize on the module path (it runs
 once per interpreter and reads the process's rank and pid).
 
+It also stands for the tools' `python script.py ...` and `python -m module ...` (decode, score,
+synthesize, export...): the same child, with stdout and stderr apart when the caller captures them.
+
 Protocol (AF_UNIX, SOCK_SEQPACKET, one connection per run): the harness sends one JSON message
-{"argv", "cwd", "env"} with the log's file descriptor attached; the server answers {"pid"} at once
+{"argv", "cwd", "env"} (argv: a script and its arguments, or "-m", a module and its arguments) with
+one file descriptor attached (stdout and stderr: the run's log) or two (stdout, stderr); the server answers {"pid"} at once
 and {"returncode"} (Popen's convention: -N for signal N) once the child has been reaped.
 
     python tests/recipes/zygote.py <socket path>     # started by tests/recipes/harness.py
@@ -50,8 +54,9 @@ def preload() -> None:
         importlib.import_module(module.name)
 
 
-def child(conn_fds: list[int], request: dict, log_fd: int) -> None:
-    """Become `python <argv>`: never returns."""
+def child(conn_fds: list[int], request: dict, out_fds: list[int]) -> None:
+    """Become `python <argv>` (a script, or `-m module`): never returns. `out_fds`: stdout and stderr
+    (one descriptor: both)."""
     code = 1
     try:
         for fd in conn_fds:
@@ -59,23 +64,28 @@ def child(conn_fds: list[int], request: dict, log_fd: int) -> None:
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(devnull)
-        os.close(log_fd)
+        os.dup2(out_fds[0], 1)
+        os.dup2(out_fds[-1], 2)
+        for fd in {devnull, *out_fds}:
+            os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        script = request["argv"][0]
-        sys.argv = list(request["argv"])
-        sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` sets it
-        code = run_script(script)
+        argv = list(request["argv"])
+        if argv[0] == "-m":  # as `python -m module`: sys.path[0] is the working directory
+            sys.argv = argv[1:]
+            sys.path[0] = os.getcwd()
+            code = run_main(lambda runpy: runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
+        else:
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # as `python script.py` sets it
+            code = run_main(lambda runpy: runpy.run_path(argv[0], run_name="__main__"))
     finally:
         os._exit(code)
 
 
-def run_script(script: str) -> int:
-    """Run `script` as __main__ and end as the interpreter would: the exit code of SystemExit (its
+def run_main(run) -> int:
+    """Run the script or module (`run(runpy)`) as __main__ and end as the interpreter would: the exit code of SystemExit (its
     message printed), the traceback and 1 for an exception, death by SIGINT for an uncaught Ctrl-C;
     non-daemon threads joined and atexit handlers run before the streams are flushed."""
     import runpy
@@ -84,7 +94,7 @@ def run_script(script: str) -> int:
 
     code, interrupted = 0, False
     try:
-        runpy.run_path(script, run_name="__main__")
+        run(runpy)
     except SystemExit as e:
         if e.code is None:
             code = 0
@@ -125,12 +135,13 @@ def serve(path: str) -> None:
     while os.getppid() == parent:  # the harness's process ended: so do we
         for key, _ in sel.select(timeout=0.02):
             conn, _ = listener.accept()
-            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
             request = json.loads(msg)
             pid = os.fork()
             if pid == 0:
-                child([sel.fileno(), listener.fileno(), conn.fileno(), *(c.fileno() for c in running.values())], request, fds[0])
-            os.close(fds[0])
+                child([sel.fileno(), listener.fileno(), conn.fileno(), *(c.fileno() for c in running.values())], request, fds)
+            for fd in fds:
+                os.close(fd)
             conn.send(json.dumps({"pid": pid}).encode())
             running[pid] = conn
         while running:
