@@ -2,6 +2,7 @@
 `python train.py` (one process) and `accelerate launch --config_file cpu_ddp.yaml` (several) give."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -137,3 +138,25 @@ def test_a_forked_tool_gives_what_a_fresh_interpreter_gives(tmp_path, how, monke
         # stderr: the same lines, but for the traceback's frames (runpy's in the forked child)
         last = lambda text: [line for line in text.splitlines() if not line.startswith(" ")][-1:]  # noqa: E731
         assert last(forked.stderr) == last(fresh.stderr) and "{" not in forked.stderr
+
+
+def test_cpu_tokens_a_run_of_every_core_waits_for_the_others_and_nested_runs_take_none(tmp_path, monkeypatch):
+    """pytest-xdist workers share the cores: a run holding all the tokens starts only once another
+    worker's run has given its token back; a run started from inside a run takes none (no deadlock)."""
+    import select
+
+    monkeypatch.setenv(harness.TOKENS_DIR, str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, time
+        f = open({str(tmp_path / "core0")!r}, "w")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        print("held", flush=True)
+        time.sleep(1.0)
+        print("giving it back", flush=True)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    with harness.cpu_tokens(os.cpu_count()):
+        assert select.select([holder.stdout], [], [], 0)[0], "all tokens taken while another run held one"
+        with harness.cpu_tokens(1):  # nested: would wait forever if it asked for one
+            pass
+    assert holder.wait(10) == 0
