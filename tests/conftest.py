@@ -16,6 +16,13 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(config, items):
+    """End-to-end tests (`slow`) first, each group in its collected order: with pytest-xdist the
+    long tests start early and the short ones fill the workers' gaps, instead of one long test
+    running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _one_process_launcher(request):
     """`@pytest.mark.accelerate_launch`: this test's runs go through `accelerate launch`, in fresh

@@ -238,7 +238,7 @@ def _server(env: dict) -> dict:
     return server
 
 
-def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = ROOT) -> Forked:
+def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = ROOT, hook: str | None = None) -> Forked:
     deadline = time.monotonic() + 120
     while not os.path.exists(server["path"]):  # it is importing
         if server["proc"].poll() is not None or time.monotonic() > deadline:
@@ -246,24 +246,40 @@ def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = 
         time.sleep(0.02)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.connect(server["path"])
-    socket.send_fds(conn, [json.dumps({"argv": argv, "cwd": str(cwd), "env": env}).encode()], [f.fileno() for f in outs])
+    socket.send_fds(conn, [json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "sitecustomize": hook}).encode()], [f.fileno() for f in outs])
     return Forked(json.loads(conn.recv(4096))["pid"], conn)
+
+
+# tests/recipes/support/sitecustomize.py's switches that patch accelerate's classes (Accelerator.backward,
+# save_state, save_model): a patch made after the fork, in the child, acts as one made at the start of
+# a fresh interpreter. The others wrap module functions that this checkout's modules, imported by the
+# fork server, already hold (the write audit's safetensors wrapper, ENOSPC_AT_SAFETENSORS) or change
+# how accelerate decides its state (FORCE_*_ON_CPU, other profiles anyway): fresh interpreters.
+FORKABLE_HOOKS = ("SLOW_SAVE", "SLOW_EXPORT", "INJECT_FAULT", "ENOSPC_AT_SAVE")
+HOOKS = (*FORKABLE_HOOKS, "AUDIT_WRITES_DIR", "ENOSPC_AT_SAFETENSORS", "FORCE_FSDP_ON_CPU", "FORCE_DEEPSPEED_ON_CPU")
 
 
 def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT) -> Forked | ForkedGroup | None:
     """`python <argv>` (one process: a script or `-m module`) or its `nproc` DDP ranks (`env` plus
     `ddp_env`), forked by the fork server for `env`, writing to `log` (and `err` for stderr, if
-    given); None (start fresh interpreters) when `env` changes the module path: a sitecustomize there
-    (tests/recipes/support: fault injection, write audit) runs once per interpreter and reads the
-    process's rank and pid, which a server started before the fork has not."""
-    if not FORK or env.get("PYTHONPATH") != base_env()["PYTHONPATH"]:
+    given). A run with tests/recipes/support on its path gets its sitecustomize executed in the child
+    (as `site` does at an interpreter's start) when it only uses FORKABLE_HOOKS. None (start fresh
+    interpreters) for any other change of the module path."""
+    base = base_env()["PYTHONPATH"]
+    paths = lambda p: list(dict.fromkeys(p.split(os.pathsep)))  # noqa: E731 (a repeated entry changes nothing)
+    hook = None
+    if paths(env.get("PYTHONPATH", "")) == [str(SUPPORT), *paths(base)] and all(
+            k in FORKABLE_HOOKS for k in env if k in HOOKS):
+        hook = str(SUPPORT / "sitecustomize.py")
+    if not FORK or (paths(env.get("PYTHONPATH", "")) != paths(base) and hook is None):
         return None
-    server = _server(env)
+    # The server's own environment: the run's, less the hooks (read by the child's sitecustomize only)
+    server = _server({k: v for k, v in env.items() if k not in HOOKS} | {"PYTHONPATH": base})
     outs = [log] if err is None else [log, err]
     if nproc == 1:
-        return _fork_one(server, argv, env, outs, cwd)
+        return _fork_one(server, argv, env, outs, cwd, hook)
     port = free_port()
-    return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, outs, cwd) for r in range(nproc)])
+    return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, outs, cwd, hook) for r in range(nproc)])
 
 
 def python(argv: list, *, nproc: int = 1, env: dict | None = None, cwd: Path = ROOT, timeout: float = 300,

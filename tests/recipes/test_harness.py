@@ -58,11 +58,22 @@ def test_a_forked_run_sees_and_ends_as_python_script_does(tmp_path, how, code):
         assert "Traceback" in log and ("ValueError: boom" in log or "KeyboardInterrupt" in log)
 
 
-def test_a_run_that_changes_the_module_path_is_not_forked(tmp_path):
-    """A sitecustomize on the path runs at each interpreter's start, reading its rank and pid."""
+def test_the_hooks_sitecustomize_runs_in_the_forked_child_or_the_run_is_not_forked(tmp_path):
+    """A sitecustomize on the path runs at each interpreter's start, reading its rank and pid: the
+    hooks that patch accelerate's classes run in the forked child, with the run's environment; the
+    others (and any other module path) get fresh interpreters."""
+    script = tmp_path / "probe.py"
+    script.write_text("import os, sys, accelerate\n"
+                      "print(sys.modules['sitecustomize'].__file__, accelerate.Accelerator.save_state.__module__, "
+                      "sys.path[1], os.environ['SLOW_SAVE'])\n")
     with open(tmp_path / "log", "w") as log:
-        env = harness.base_env({"PYTHONPATH": str(harness.SUPPORT)})
-        assert harness.fork([sys.executable, "-c", "pass"], 1, env, log) is None
+        env = harness.base_env({"PYTHONPATH": str(harness.SUPPORT), "SLOW_SAVE": "7"})
+        proc = harness.fork([str(script)], 1, env, log)
+        assert proc is not None and proc.wait(60) == 0
+        for other in ({"AUDIT_WRITES_DIR": str(tmp_path)}, {"PYTHONPATH": str(tmp_path)}):
+            assert harness.fork([str(script)], 1, harness.base_env({"PYTHONPATH": str(harness.SUPPORT), **other}), log) is None
+    assert (tmp_path / "log").read_text().split() == [str(harness.SUPPORT / "sitecustomize.py"), "sitecustomize",
+                                                     str(harness.SUPPORT), "7"]
 
 
 def test_forked_ranks_get_the_real_launchers_environment(tmp_path):

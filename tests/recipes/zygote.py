@@ -14,14 +14,16 @@ dependence would therefore not show between two forked runs; the tests marked `a
 (every recipe's kill/resume in 1 and 2 processes among them) still start real interpreters, each with
 its own seed. The harness
 starts one server per environment, with that environment (HF_* caches and switches are read on
-import), and starts real interpreters for runs that put a sitecustomize on the module path (it runs
-once per interpreter and reads the process's rank and pid).
+import). A run with the test hooks' sitecustomize on its path gets it executed in the child, with
+the run's environment, as `site` does at an interpreter's start (only for the hooks that patch
+accelerate's classes: harness.FORKABLE_HOOKS); other runs that change the module path start fresh
+interpreters.
 
 It also stands for the tools' `python script.py ...` and `python -m module ...` (decode, score,
 synthesize, export...): the same child, with stdout and stderr apart when the caller captures them.
 
 Protocol (AF_UNIX, SOCK_SEQPACKET, one connection per run): the harness sends one JSON message
-{"argv", "cwd", "env"} (argv: a script and its arguments, or "-m", a module and its arguments) with
+{"argv", "cwd", "env", "sitecustomize"} (argv: a script and its arguments, or "-m", a module and its arguments) with
 one file descriptor attached (stdout and stderr: the run's log) or two (stdout, stderr); the server answers {"pid"} at once
 and {"returncode"} (Popen's convention: -N for signal N) once the child has been reaped.
 
@@ -71,6 +73,13 @@ def child(conn_fds: list[int], request: dict, out_fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        if request.get("sitecustomize"):  # what `site` does at a fresh interpreter's start, with the run's env
+            import importlib.util
+
+            sys.path.insert(1, os.path.dirname(request["sitecustomize"]))  # its PYTHONPATH entry, first
+            spec = importlib.util.spec_from_file_location("sitecustomize", request["sitecustomize"])
+            sys.modules["sitecustomize"] = module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
         argv = list(request["argv"])
         if argv[0] == "-m":  # as `python -m module`: sys.path[0] is the working directory
             sys.argv = argv[1:]
