@@ -35,7 +35,8 @@ Unknown keys are refused with the closest valid name (a typo must never silently
 default). A number is written with the digits 0-9 (int() also reads '١٢'). YAML files are read as YAML
 1.2's core schema (`_ConfigLoader`: `010` is 10, `1:30` and `0x10` are strings, a key given twice is
 refused). A mistake is one line on stderr and exit code 2, no traceback; a bad value from a YAML file
-names the file and the key's line. `--help` lists every field
+names the file and the key's line, and a cross-field refusal (`validate`, `validate_changes`) the file and
+the lines of the keys it names that the file set. `--help` lists every field
 with its type, rules, effective default (the YAML's value where it sets one) and comment.
 `exit_on_signals_during_start_up` makes a Ctrl-C during a training script's slow imports one line.
 """
@@ -537,6 +538,17 @@ def _from_file(error: FieldError, path: str, loaded: Any) -> ConfigError:
     return FieldError(error.field, f"{error} (--config {path}{f', line {line}' if line else ''})")
 
 
+def _keys_from_file(error: ConfigError, path: str, loaded: Any, given: dict) -> ConfigError:
+    """`error` from a cross-field check, naming the YAML file `path` and the lines of the `--key`s
+    its message names that the file set and the command line did not (unchanged where none)."""
+    lines = getattr(loaded, "lines", {})
+    keys = [k for k in dict.fromkeys(re.findall(r"--(\w+)", str(error))) if k in loaded and k not in given]
+    if not keys:
+        return error
+    where = ", ".join(f"{k} on line {lines[k]}" if k in lines else k for k in keys)
+    return ConfigError(f"{error} (--config {path}: {where})")
+
+
 def validate(cfg: Any, plain: Any = None) -> None:
     """Check every field's rules (a list's: on each of its values), then the Config's own
     `validate_changes(plain)` (`plain`: what a plain run gets; None: the class defaults) and
@@ -867,6 +879,8 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
             if e.field in loaded and e.field not in dict(pairs):
                 raise _from_file(e, str(yaml_path), loaded) from None
             raise
+        except ConfigError as e:  # a cross-field check (validate, validate_changes): name the YAML's keys it names
+            raise _keys_from_file(e, str(yaml_path), loaded, dict(pairs)) from None
         return cfg
     except ConfigError as e:
         _fail(str(e))

@@ -738,3 +738,28 @@ def test_a_field_added_after_the_checkpoint_still_resumes_from_a_copied_state(tm
         decay: Annotated[float, Positive] = 1.0
 
     assert _save_and_resume(tmp_path, old, dataclasses.replace(TrainState.for_run(Newer(), 1, 1))) is not None
+
+
+def test_a_cross_field_mistake_from_the_yaml_names_the_file_and_its_keys(tmp_path, capsys):
+    """A value that only a cross-field check refuses (validate_changes here) names the YAML file and
+    the lines of the keys it set; a key the command line gave is not attributed to the file."""
+    from common.config import DatasetConfig
+
+    @dataclass
+    class WithFolderSplit(DatasetConfig):
+        train_split: str = "train"
+        FOLDER_ONLY = {"train_split": "use --train_split_name"}
+        READS_TEXT = False
+
+    y = tmp_path / "c.yaml"
+    y.write_text("learning_rate: 1e-3\ndataset_name: corpus\ntrain_split: other\n")
+    assert _refused(WithFolderSplit, ["--config", str(y)], capsys) == (
+        f"error: --train_split applies to a --data_dir folder: with --dataset_name use --train_split_name "
+        f"(--config {y}: train_split on line 3, dataset_name on line 2)\n")
+    assert _refused(WithFolderSplit, ["--config", str(y), "--train_split", "again"], capsys) == (
+        f"error: --train_split applies to a --data_dir folder: with --dataset_name use --train_split_name "
+        f"(--config {y}: dataset_name on line 2)\n")
+    y.write_text("dataset_name: corpus\n")  # nothing from the file in the message: unchanged
+    assert _refused(WithFolderSplit, ["--config", str(y), "--streaming", "true"], capsys) == (
+        "error: --streaming needs --per_device_train_batch_size (utterances per batch per process: streamed "
+        "batches are counted in utterances, not seconds)\n")
