@@ -593,7 +593,8 @@ VOCODER_YAML = ROOT / "recipes" / "vocoder" / "config.yaml"
     # trained with no period discriminator, silently
     (["--periods", ""], "--periods: needs at least one value (comma-separated on the command line, a list in the YAML)"),
     (["--resolutions", "512,20000"], "--resolutions: 20000 is longer than a training segment (8192 samples = "
-                                     "--segment_frames 32 × --hop_length 256): lower it or raise --segment_frames"),
+                                     "--segment_frames 32 × --hop_length 256): lower it or raise --segment_frames "
+                                     f"(--config {VOCODER_YAML}: segment_frames on line 9)"),  # the recipe's YAML set it
 ])
 def test_vocoder_discriminator_lists_are_checked(argv, message, capsys):
     assert _refused(recipe_modules("vocoder", "train").train.Config, argv, capsys, VOCODER_YAML) == f"error: {message}\n"
