@@ -2,7 +2,8 @@
 in its `train.py`, the same in every recipe: README.md, "Adapt a recipe"): nothing here wires a recipe
 a second time, and nothing here knows one recipe from another.
 
-`load_recipe("best_rq" | "asr" | "tts" | "vocoder")` returns a namespace with:
+`load_recipe(name)`, `name` one of `RECIPES` (every folder under recipes/ with a train.py), returns a
+namespace with:
 - `cfg`: the recipe's Config (dataclass defaults < its config.yaml), with `overrides` applied (and,
   with the data, as the data left it: TTS's symbol table);
 - `accelerator`: one process, built as `train.py` builds it;
@@ -31,8 +32,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL = ("audio", "ctc_decode", "data", "frontend", "model", "scoring", "text", "train")
-RECIPES = ("best_rq", "asr", "tts", "vocoder")
+# Every folder under recipes/ with a train.py is a recipe (a copied one is benchmarked unedited), and
+# every module in a recipe folder a plain name its scripts import.
+RECIPES = tuple(sorted(p.parent.name for p in ROOT.glob("recipes/*/train.py")))
+LOCAL = tuple(sorted({p.stem for recipe in RECIPES for p in (ROOT / "recipes" / recipe).glob("*.py")}))
 
 
 def _train_module(recipe: str):

@@ -15,7 +15,7 @@ import yaml
 from common.config import (MAX_CONFIG_BYTES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath, Internal, MayBeEmpty,
                            NonNegative, Positive, Range, ResumeSafe, RunConfig, config_hash, config_to_dict,
                            field_specs, parse_config, resume_safe_keys, save_config)
-from tests.recipe_import import recipe_modules
+from tests.recipe_import import RECIPES, recipe_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -602,7 +602,7 @@ def test_vocoder_discriminator_lists_are_checked(argv, message, capsys):
 
 def test_every_list_field_of_a_recipe_config_has_rules_for_its_values():
     """A list's values are checked by its field's rules: a number list without a Range takes 0 or -3."""
-    for recipe in ("best_rq", "asr", "tts", "vocoder"):
+    for recipe in RECIPES:
         for name, (tp, rules) in field_specs(recipe_modules(recipe, "train").train.Config).items():
             if typing.get_origin(tp) is list and typing.get_args(tp)[0] in (int, float):
                 assert any(isinstance(r, Range) for r in rules), f"{recipe} --{name}: no Range for its values"

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from common.logs import TRACKERS, trackers
+from tests.recipe_import import RECIPES
 from tests.recipes.harness import ROOT
 
 
@@ -50,7 +51,7 @@ def test_report_to_is_checked_at_parse_time_through_the_real_entry_point():
     """`train.py --report_to mlflow` without mlflow: one line, exit 2, before any heavy import."""
     if installed("mlflow"):
         pytest.skip("mlflow is installed here")
-    for recipe in ("best_rq", "asr", "tts"):
+    for recipe in RECIPES:
         proc = subprocess.run([sys.executable, str(ROOT / "recipes" / recipe / "train.py"), "--report_to", "mlflow"],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
