@@ -295,15 +295,24 @@ class DatasetConfig(RunConfig):
     # A recipe's settings of a --data_dir folder that a source replaces: {field: what to use instead}
     FOLDER_ONLY = {}
     READS_TEXT = True  # False: the recipe reads no transcripts (--text_column_name is refused)
+    # Further columns a recipe reads from a --dataset_name source, carried into its rows as the transcript
+    # is: each `key` here (e.g. "speaker") needs a field `<key>_column_name` naming the source's column,
+    # and a row's `key` holds its value (a folder's rows have none: the recipe derives them, e.g. from ids).
+    EXTRA_COLUMNS = ()
 
     def validate_changes(self, plain: "DatasetConfig") -> None:
         """A source's rules: settings it ignores must keep what `plain` (a plain run: the recipe's YAML
         over the class defaults) has."""
         changed = lambda keys: [k for k in keys if getattr(self, k) != getattr(plain, k)]  # noqa: E731
         stream_only = ("per_device_train_batch_size", "stream_partitions", "stream_block_rows")
+        undeclared = [key for key in self.EXTRA_COLUMNS if not hasattr(self, f"{key}_column_name")]
+        if undeclared:  # the recipe's own mistake, found by its first --help-less run
+            raise ValueError(f"{type(self).__name__}.EXTRA_COLUMNS names {undeclared[0]!r}: declare a field "
+                             f"{undeclared[0]}_column_name (the source's column it is read from)")
+        extra = tuple(f"{key}_column_name" for key in self.EXTRA_COLUMNS)
         if self.dataset_name is None:
             given = changed(("dataset_config_name", "train_split_name", "eval_split_name", "audio_column_name",
-                             "text_column_name", "streaming") + stream_only)
+                             "text_column_name", "streaming") + extra + stream_only)
             if given:
                 raise ValueError(f"--{given[0]} applies to a --dataset_name source; give --dataset_name, or drop it")
             return

@@ -764,3 +764,25 @@ def test_a_cross_field_mistake_from_the_yaml_names_the_file_and_its_keys(tmp_pat
     assert _refused(WithFolderSplit, ["--config", str(y), "--streaming", "true"], capsys) == (
         "error: --streaming needs --per_device_train_batch_size (utterances per batch per process: streamed "
         "batches are counted in utterances, not seconds)\n")
+
+
+def test_an_extra_column_flag_belongs_to_a_dataset_source(capsys):
+    """A recipe's EXTRA_COLUMNS flag (--speaker_column_name) is refused without --dataset_name, as
+    --text_column_name is; an EXTRA_COLUMNS key without its field is the recipe's mistake, named."""
+    from common.config import DatasetConfig
+
+    @dataclass
+    class WithSpeaker(DatasetConfig):
+        speaker_column_name: str = "speaker"  # the speaker label's column of a --dataset_name source
+        EXTRA_COLUMNS = ("speaker",)
+
+    assert parse_config(WithSpeaker, ["--dataset_name", "x", "--speaker_column_name", "spk"]).speaker_column_name == "spk"
+    assert _refused(WithSpeaker, ["--speaker_column_name", "spk"], capsys) == (
+        "error: --speaker_column_name applies to a --dataset_name source; give --dataset_name, or drop it\n")
+
+    @dataclass
+    class Undeclared(DatasetConfig):
+        EXTRA_COLUMNS = ("speaker",)
+
+    assert _refused(Undeclared, [], capsys) == ("error: Undeclared.EXTRA_COLUMNS names 'speaker': declare a field "
+                                                "speaker_column_name (the source's column it is read from)\n")

@@ -234,7 +234,7 @@ def collate_ids(items):
 
 def open_settings(folder, streaming: bool, **changes):
     """A recipe's Config as `Source.open` and `Source.loaders` read it."""
-    return SimpleNamespace(**{**vars(cfg(folder)), "streaming": streaming, "READS_TEXT": True, "train_split_name": "train",
+    return SimpleNamespace(**{**vars(cfg(folder)), "streaming": streaming, "READS_TEXT": True, "EXTRA_COLUMNS": (), "train_split_name": "train",
                               "eval_split_name": "validation", "seed": 0, "stream_partitions": 2 if streaming else None,
                               "stream_block_rows": 8, "per_device_train_batch_size": 2 if streaming else None,
                               "data_check": "header", "on_bad_data": "error", "max_batch_seconds": 1.0,
@@ -281,7 +281,7 @@ def test_a_folder_source_reads_the_recipes_splits_once_checked(tiny_corpus, tmp_
     from common.source import Source
 
     folder = tiny_corpus / "librispeech"
-    settings = SimpleNamespace(dataset_name=None, streaming=False, READS_TEXT=False, sample_rate=16000,
+    settings = SimpleNamespace(dataset_name=None, streaming=False, READS_TEXT=False, EXTRA_COLUMNS=(), sample_rate=16000,
                                min_seconds=0.5, max_seconds=30.0, wrong_sample_rate="resample", on_bad_data="error",
                                data_check="header", seed=0, max_batch_seconds=8.0, num_buckets=2, memory_cache_mb=0)
     with caplog.at_level(logging.INFO):
@@ -296,3 +296,37 @@ def test_a_folder_source_reads_the_recipes_splits_once_checked(tiny_corpus, tmp_
     data = src.loaders(train=(Ids, collate_ids), valid=(Ids, collate_ids))
     assert data.summary == manifest_summary(src.splits["train"])
     assert data.durations == dict(zip(src.splits["train"]["id"], src.splits["train"]["duration"]))
+
+
+class Labels(Ids):
+    def item(self, row):
+        return row["id"], row["speaker"]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streamed"])
+def test_a_recipe_reads_a_label_column_as_it_reads_transcripts(tmp_path, streaming):
+    """EXTRA_COLUMNS = ("speaker",) and --speaker_column_name spk: each row carries `speaker`, in the
+    loaders' items, in `Source.column`, whichever the source; a missing column is one line naming its flag."""
+    from common.source import Source
+
+    folder = source(tmp_path / "src", [{"bytes": wav(frames=900 + 100 * i), "path": None} for i in range(6)])
+    for split, n in (("train", 6), ("validation", 1)):  # add the label column to each split's file
+        path = folder / "data" / f"{split}-00000-of-00001.parquet"
+        table = pq.read_table(path)
+        pq.write_table(table.append_column("spk", pa.array([f"s{i % 3}" for i in range(n)])), path)
+    settings = open_settings(folder, streaming, READS_TEXT=False, EXTRA_COLUMNS=("speaker",), speaker_column_name="spk")
+    src = Source.open(settings, ACCELERATOR, tmp_path / "out", global_batch=1, num_workers=0,
+                      corpus=lambda: pytest.fail("a --dataset_name source reads no folder"), splits=None)
+    ids, speakers = src.column("train", "speaker")
+    assert sorted(speakers) == ["s0", "s0", "s1", "s1", "s2", "s2"]
+    data = src.loaders(train=(Labels, collate_ids), valid=(Labels, collate_ids))
+    items = [item for batch in data.train_loader for item in batch["ids"]]
+    assert sorted(map(tuple, items)) == sorted(zip(ids, speakers))
+    [row] = data.valid_rows(1)
+    assert row["speaker"] == "s0"
+
+    settings.speaker_column_name = "speaker_id"
+    with pytest.raises(RunError) as e:
+        Source.open(settings, ACCELERATOR, tmp_path / "out2", global_batch=1, num_workers=0, corpus=None, splits=None)
+    assert str(e.value).startswith("--speaker_column_name speaker_id: no such column in ")
+    assert "(it has audio, sentence, spk)" in str(e.value)
