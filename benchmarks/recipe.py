@@ -15,7 +15,7 @@ namespace with:
 and, unless `data=False` (a recipe whose models are sized by its data builds it anyway), the recipe's
 `build_data` on the built-in corpus (checked into a temporary output folder; global batch 1, no data
 workers):
-- `data`: what it returns (`common.source.RecipeData`: the source's rows, items, collator, loaders, sampler);
+- `data`: what it returns (`common.data.source.RecipeData`: the source's rows, items, collator, loaders, sampler);
 - `train_set`, `dataset`, `collator`: its training rows (a manifest), items (before the RAM cache;
   epoch 0) and collator.
 """
@@ -63,7 +63,7 @@ def load_recipe(recipe: str, overrides: list[str] = (), *, data: bool = True) ->
     import torch
 
     from common.config import parse_config
-    from common.distributed import build_accelerator
+    from common.training.distributed import build_accelerator
 
     if recipe not in RECIPES:
         raise SystemExit(f"unknown recipe {recipe!r}: one of {', '.join(RECIPES)}")

@@ -65,11 +65,11 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 
-from common.launcher import stop_reason, watch_launcher
+from common.training.launcher import stop_reason, watch_launcher
 
 T = TypeVar("T")
 
-# Exit code of a process stopped by a signal before training (= common.faults.PREEMPTED_EXIT_CODE:
+# Exit code of a process stopped by a signal before training (= common.training.faults.PREEMPTED_EXIT_CODE:
 # that module imports torch, this one must not).
 START_UP_SIGNAL_EXIT_CODE = 75
 
@@ -184,14 +184,14 @@ class _MayBeEmpty(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class _Trackers(Rule):
-    """`--report_to`: trackers accelerate knows and this environment has (common.logs.trackers;
+    """`--report_to`: trackers accelerate knows and this environment has (common.training.logs.trackers;
     importing it is light: it looks modules up without importing them)."""
 
     def __str__(self) -> str:
         return "installed trackers, comma-separated, or all/none"
 
     def check(self, value: Any) -> str | None:
-        from common.logs import trackers
+        from common.training.logs import trackers
 
         try:
             trackers(value)
@@ -271,7 +271,7 @@ class RunConfig:
 
 @dataclasses.dataclass
 class DatasetConfig(RunConfig):
-    """RunConfig plus a `datasets` source (common/source.py), with the names of transformers'
+    """RunConfig plus a `datasets` source (common/data/source.py), with the names of transformers'
     run_speech_recognition_ctc.py; the recipes that can train from one extend this instead."""
 
     # --- data ---
@@ -281,7 +281,7 @@ class DatasetConfig(RunConfig):
     eval_split_name: str = "validation"  # --dataset_name's split to validate on
     audio_column_name: str = "audio"  # its audio column (a datasets Audio column or encoded bytes; decoded with soundfile)
     text_column_name: str = "text"  # its transcript column (recipes that read transcripts)
-    streaming: bool = False  # read --dataset_name's parquet shards in place, in order, resumable in O(1) (common/stream.py), instead of loading it whole
+    streaming: bool = False  # read --dataset_name's parquet shards in place, in order, resumable in O(1) (common/data/stream.py), instead of loading it whole
     per_device_train_batch_size: Annotated[int | None, Count] = None  # --streaming only, and needed there: utterances per batch per process (streamed batches are counted in utterances, not seconds)
     stream_partitions: Annotated[int | None, Count] = None  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches. None = auto: up to 64, fewer where a small split would leave batches short of --per_device_train_batch_size (a resume keeps its checkpoint's)
     stream_block_rows: Annotated[int, Count] = 1000  # --streaming: consecutive rows shuffled and bucketed together (the shuffle buffer of each part)
@@ -810,7 +810,7 @@ def _inside_an_import(frame) -> bool:
 
 
 def exit_on_signals_during_start_up() -> None:
-    """Until the training installs its own handlers (`common.faults.Preemption`), SIGINT (Ctrl-C),
+    """Until the training installs its own handlers (`common.training.faults.Preemption`), SIGINT (Ctrl-C),
     SIGTERM and SIGUSR1 end the process with one line and exit code 75, as Preemption does during
     start-up, instead of a KeyboardInterrupt traceback from the middle of `import torch`. A
     training script calls it first thing. Under a launcher it also starts `watch_launcher`: once

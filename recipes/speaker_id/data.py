@@ -12,9 +12,9 @@ import hashlib
 
 import torch
 
-from common.data import load_row_audio
-from common.faults import UsageError
-from common.features import LogMel
+from common.data.loading import load_row_audio
+from common.training.faults import UsageError
+from common.model.features import LogMel
 
 
 def held_out(utt_id: str, fraction: float) -> bool:

@@ -1,4 +1,4 @@
-"""Speaker identification: the shared encoder (common/encoder.py, a `transformers` Wav2Vec2BertModel fed
+"""Speaker identification: the shared encoder (common/model/encoder.py, a `transformers` Wav2Vec2BertModel fed
 stacked, globally normalized log-mel frames), its outputs averaged over each utterance's valid frames,
 and a linear layer over the training speakers; utterance-level cross-entropy.
 """
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Wav2Vec2BertConfig
 
-from common.encoder import StackedLogMelEncoder
+from common.model.encoder import StackedLogMelEncoder
 
 
 class SpeakerClassifier(StackedLogMelEncoder):

@@ -328,7 +328,7 @@ def _save_and_resume(tmp_path, saved_state, state):
     import torch
     from accelerate import Accelerator
 
-    from common.checkpoint import choose_checkpoint, resume_from_checkpoint, save_checkpoint
+    from common.training.checkpoint import choose_checkpoint, resume_from_checkpoint, save_checkpoint
 
     def objects():
         accelerator = Accelerator(cpu=True)
@@ -346,7 +346,7 @@ def _save_and_resume(tmp_path, saved_state, state):
 
 
 def test_resume_compares_by_the_fields_marks(tmp_path):
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     state = TrainState.for_run(Toy(), 1, 1)
     assert state.resume_safe == ["max_steps", "previews"] and state.config == {"lr": 0.1, "max_steps": 10, "previews": 2}
@@ -358,7 +358,7 @@ def test_resume_compares_by_the_fields_marks(tmp_path):
 def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
     """A checkpoint written before the marks were stored (no `resume_safe`, its hash over the old list
     of keys, TTS's sample settings not in it) resumes when only marked fields changed."""
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     old_list = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps", "eval_steps",
                 "num_workers", "memory_cache_mb", "report_to", "data_cache_dir", "ddp_timeout",
@@ -377,7 +377,7 @@ def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
 def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path):
     """A checkpoint written before a field existed (ASR's layer_decay, say) resumes when this launch
     uses the field's default, which is how the older code behaved; another value is a change."""
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
     old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))
@@ -392,7 +392,7 @@ def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path
 
 
 def test_a_key_the_checkpoint_marked_safe_and_this_config_dropped_is_ignored(tmp_path):
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     saved = TrainState.for_run(Toy(), 1, 1)
 
@@ -409,7 +409,7 @@ def test_a_key_the_checkpoint_marked_safe_and_this_config_dropped_is_ignored(tmp
 # ---------------------------------------------------------------------------------------------
 
 def test_start_up_exit_code_is_the_preemption_one():
-    from common.faults import PREEMPTED_EXIT_CODE
+    from common.training.faults import PREEMPTED_EXIT_CODE
 
     assert START_UP_SIGNAL_EXIT_CODE == PREEMPTED_EXIT_CODE
 
@@ -714,7 +714,7 @@ def test_load_config_of_a_folder_without_one_says_so(tmp_path):
 
 def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_survive_replace(tmp_path):
     """What a plain run gets is passed to `validate_changes`, not kept on the Config: a copy made with
-    dataclasses.replace (common/run.py makes one) is the same Config."""
+    dataclasses.replace (common/training/run.py makes one) is the same Config."""
     asr = recipe_config("asr")
     yaml_path = ROOT / "recipes" / "asr" / "config.yaml"
     cfg = parse_config(asr, ["--dataset_name", "x/y"], default_yaml=yaml_path)
@@ -729,7 +729,7 @@ def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_surviv
 def test_a_field_added_after_the_checkpoint_still_resumes_from_a_copied_state(tmp_path):
     """The class defaults that judge an added field travel in the TrainState's fields: a copy made
     with dataclasses.replace resumes as the original does."""
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
     old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))

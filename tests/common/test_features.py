@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from common.faults import RunError
-from common.features import LogMel, feature_stats
+from common.training.faults import RunError
+from common.model.features import LogMel, feature_stats
 
 
 def test_logmel_shape_and_determinism():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common.manifest import read_librispeech
+from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
                                    resumed_positions, run)

@@ -1,6 +1,6 @@
 """Log-mel front end and global feature statistics.
 
-`LogMel` lives in `common.speech_frontend`, the self-contained file that exported models carry, so
+`LogMel` lives in `common.model.speech_frontend`, the self-contained file that exported models carry, so
 training and exported feature extraction are the same code.
 """
 
@@ -11,9 +11,9 @@ from typing import Iterable
 import torch
 from accelerate.utils import broadcast
 
-from common.faults import RunError
-from common.speech_frontend import LogMel  # noqa: F401 — re-exported: the recipes' front end
-from common.vocoding import mel_frontend  # noqa: F401 — re-exported
+from common.training.faults import RunError
+from common.model.speech_frontend import LogMel  # noqa: F401 — re-exported: the recipes' front end
+from common.model.vocoding import mel_frontend  # noqa: F401 — re-exported
 
 
 def feature_stats(items: Iterable[tuple]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
 """A run's training data, from wherever the config says: `Source.open` makes the one choice between a
-corpus folder (--data_dir or the built-in corpus: checked manifests, `common.manifest`), a `datasets`
+corpus folder (--data_dir or the built-in corpus: checked manifests, `common.data.manifest`), a `datasets`
 source loaded whole (map-style) and one streamed (--streaming), and offers what a recipe needs
 whichever it is: the rows and transcripts of each split, the loaders over the recipe's items and
 collators (as one `RecipeData`), and the summary a checkpoint compares (the data's fingerprint).
@@ -17,18 +17,18 @@ recipe's own columns (`DatasetConfig.EXTRA_COLUMNS`, e.g. a label: --speaker_col
   `duration` (seconds, from the audio headers, cached by `datasets`). The recipe's duration-bucketed
   loaders take it as they take a folder's manifest: batches sized in seconds, the same resume. Its
   summary (what a checkpoint compares) adds `shard_files`, each data file's content digest by name
-  (`common.stream.shard_files`: size and sampled bytes, not file times): a copied folder resumes, a
+  (`common.data.stream.shard_files`: size and sampled bytes, not file times): a copied folder resumes, a
   rewritten file refuses the resume, named. Its fingerprint is the manifest's, as a folder's
-  (`common.manifest.manifest_summary`); a stream's is its shards' (`ShardStream.summary`): both are
+  (`common.data.manifest.manifest_summary`); a stream's is its shards' (`ShardStream.summary`): both are
   made in `Source.summary`, and what they hash is what checkpoints already recorded.
-- **Streamed** (`open_stream`, `build_stream_loaders`; --streaming true): `common.stream` reads the
+- **Streamed** (`open_stream`, `build_stream_loaders`; --streaming true): `common.data.stream` reads the
   split's parquet shards in place. Batches hold --per_device_train_batch_size utterances, not seconds
   (a fixed count per partition is what lets every rank end the epoch together); the validation split is
   streamed too, each utterance once over the processes. The resume is the position (epoch, global
   batches), restored without reading what was consumed; changed shards refuse it.
 
 The data check: a stream's rows are checked before training as a folder's files are
-(`common.stream.check_shards`, once per shard, cached in <output_dir>/data): with --on_bad_data error
+(`common.data.stream.check_shards`, once per shard, cached in <output_dir>/data): with --on_bad_data error
 (the default) a row whose audio does not decode or has no samples, or whose transcript (recipes that
 read one) is empty, refuses the run in one line naming its shard and row; with skip the bad rows are
 left out with counts logged; --data_check full decodes every sample. An audio cell must be encoded
@@ -52,11 +52,11 @@ from typing import Any, Callable
 
 import soundfile as sf
 
-from common.data import build_loaders
-from common.faults import UsageError
-from common.logs import get_logger
-from common.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest
-from common.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, audio_struct,
+from common.data.loading import build_loaders
+from common.training.faults import UsageError
+from common.training.logs import get_logger
+from common.data.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest
+from common.data.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, audio_struct,
                            auto_partitions, batch_shortfall, batch_sizes, check_shards, open_shards, parquet_footer,
                            resolve_shards, shard_files, split_files)
 
@@ -160,7 +160,7 @@ class Source:
     def loaders(self, *, train: tuple, valid: tuple, cfg=None, tokenizer=None) -> RecipeData:
         """The recipe's data on these rows: `train` and `valid` are each (items, collator), `items(rows)`
         the recipe's dataset over a split's manifest (`rows` None when streamed: its `item(row)` makes
-        an item from a row). Duration-bucketed loaders over manifests (`common.data.build_loaders`:
+        an item from a row). Duration-bucketed loaders over manifests (`common.data.loading.build_loaders`:
         batches in seconds), stream loaders over streams (batches in utterances); `cfg`: the config
         the items were made with, when the data changed it (TTS: its symbol table)."""
         (make_train, collate), (make_valid, valid_collate) = train, valid
@@ -393,7 +393,7 @@ def recorded_partitions(out) -> int | None:
     a run has the same: a changed value is refused on resume), or None (no checkpoint)."""
     import json
 
-    from common.checkpoint import list_checkpoints
+    from common.training.checkpoint import list_checkpoints
 
     for ckpt in reversed(list_checkpoints(out)):
         try:
