@@ -58,7 +58,7 @@ class Config(DatasetConfig):
     ffn_dim: Annotated[int, Count] = 384
     conv_kernel: Annotated[int, Count] = 15  # depthwise convolution kernel, in 40 ms frames
     dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # residual branches and input projection
-    attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on attention probabilities (0 here and below: 1.26× the steps/s on CPU, eval loss within 0.6 % of 0.1's over 600 steps; benchmarks/README.md)
+    attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on attention probabilities (0 here and below, as in best_rq: the costly dropouts on CPU; benchmarks/README.md)
     activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on feed-forward activations
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
