@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from common.data.loading import datacheck
+from common.data import datacheck
 from common.data.datacheck import DataCheckError, audio_facts, check_files, content_digest, list_files, read_cache
 from common.data.manifest import DataError, DataPolicy, prepare_manifest
 

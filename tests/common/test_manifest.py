@@ -68,7 +68,7 @@ def test_resample_policy_and_unused_transcripts(bad_corpus):
 
 
 def test_prepare_manifest_error_report_and_skip(bad_corpus, tmp_path, caplog, monkeypatch):
-    from common.data.loading import manifest
+    from common.data import manifest
 
     monkeypatch.setattr(manifest, "REPORT_GRACE_S", 0.0)  # the non-main call below exits at once
     policy = DataPolicy(16000, max_seconds=8.0, data_check="full")
