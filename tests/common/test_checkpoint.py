@@ -820,6 +820,7 @@ def test_a_registered_object_must_be_plain_data_and_registered_before_the_resume
 
     accelerator, model, opt, sched, state = setup()
     counter = Counter()
+    _Evil.target = tmp_path / "pwned"  # (set here too: this test may run before, or without, the one above)
     counter.count = _Evil()  # a class: torch.load(weights_only=True) refuses it
     accelerator.register_for_checkpointing(counter)
     state.stage = "boundary"
