@@ -1,4 +1,4 @@
-"""Checkpoint cost: `common.checkpoint.save_checkpoint` against `torch.save` + fsync of the same state.
+"""Checkpoint cost: `common.training.checkpoint.save_checkpoint` against `torch.save` + fsync of the same state.
 
     python benchmarks/checkpoint.py [--recipe best_rq] [--repeats 7]
 
@@ -32,9 +32,9 @@ def build(recipe: str, root: str | None = None):
     import torch
 
     from benchmarks.recipe import load_recipe
-    from common.checkpoint import TrainState
-    from common.distributed import build_accelerator
-    from common.loop import inverse_sqrt_schedule
+    from common.training.checkpoint import TrainState
+    from common.training.distributed import build_accelerator
+    from common.training.loop import inverse_sqrt_schedule
 
     if root:  # that checkout's recipe too (its Config and model, as it was)
         import benchmarks.recipe
@@ -45,7 +45,7 @@ def build(recipe: str, root: str | None = None):
     except TypeError:  # an older checkout's benchmarks/recipe.py, which builds the data too
         r = load_recipe(recipe)
     try:
-        from common.distributed import set_threads
+        from common.training.distributed import set_threads
     except ImportError:  # an older checkout: torch's default, which is also one thread per core
         set_threads = lambda n: None  # noqa: E731
     set_threads(0)
@@ -72,12 +72,12 @@ def main() -> None:
 
     import torch
 
-    import common.checkpoint
-    from common.checkpoint import save_checkpoint
+    import common.training.checkpoint
+    from common.training.checkpoint import save_checkpoint
 
     pieces = args.root is None
     if pieces:
-        from common.checkpoint import file_digest, seal_files
+        from common.training.checkpoint import file_digest, seal_files
 
     accelerator, model, optimizer, scheduler, state = build(args.recipe, args.root)
     if "models" in inspect.signature(save_checkpoint).parameters:
@@ -132,7 +132,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     m_ours, m_base = statistics.median(ours), statistics.median(base)
-    print(f"checkpoint benchmark, recipe {args.recipe}, common/ of {Path(common.checkpoint.__file__).parents[1]}: "
+    print(f"checkpoint benchmark, recipe {args.recipe}, common/ of {Path(common.training.checkpoint.__file__).parents[1]}: "
           f"{size:.1f} MB per checkpoint, "
           f"{args.repeats} interleaved repetitions, medians, {torch.get_num_threads()} thread(s)")
     print(f"  save_checkpoint / (torch.save + fsync) = {m_ours / m_base:.2f}   "

@@ -37,8 +37,8 @@ import datasets  # noqa: E402
 import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 
-from common.datacheck import audio_facts, default_workers, list_files  # noqa: E402
-from common.manifest import DataPolicy, prepare_manifest, scan_librispeech  # noqa: E402
+from common.data.datacheck import audio_facts, default_workers, list_files  # noqa: E402
+from common.data.manifest import DataPolicy, prepare_manifest, scan_librispeech  # noqa: E402
 
 LIBRISPEECH_960H_FILES = 281_241
 LIBRISPEECH_MEAN_SECONDS = 12.3  # 960 h / 281 241 utterances

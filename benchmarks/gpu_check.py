@@ -174,7 +174,7 @@ def generated_batch(n: int, seconds: float, cfg, seed: int = 0) -> dict:
     import torch
     from data import MaskingCollator
 
-    from common.features import LogMel
+    from common.model.features import LogMel
 
     g = torch.Generator().manual_seed(seed)
     t = torch.arange(int(seconds * 16000)) / 16000  # seconds
@@ -191,7 +191,7 @@ def build(accelerator, size: dict, n_mels: int = 80, stack: int = 4):
     import torch
     from model import BestRQ
 
-    from common.encoder import encoder_config
+    from common.model.encoder import encoder_config
 
     enc = encoder_config(input_dim=n_mels * stack, hidden_size=size["hidden_size"], num_layers=size["num_layers"],
                          num_heads=size["num_heads"], ffn_dim=size["ffn_dim"], conv_kernel=size["conv_kernel"],
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("(b) DDP vs FSDP, 1 GPU", *check_ddp_vs_fsdp(opts, base)))
     rows.append(("(c) interrupted == continuous", *check_exact_resume(opts, base)))
 
-    from common.distributed import build_accelerator
+    from common.training.distributed import build_accelerator
 
     accelerator = build_accelerator(mixed_precision="bf16")
     rows.insert(0, ("(a) bf16 used", *check_bf16(accelerator, run_size, cfg)))

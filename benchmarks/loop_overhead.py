@@ -9,7 +9,7 @@ Each repetition runs, one after the other (interleaved):
    every step, `--logging_steps 1`);
 2. in this process, the same model on the same batches (the first `--steps` batches of epoch 0 and
    of epoch 1, which the recipe also trains on), held in memory: forward, backward, AdamW, nothing else.
-Both use the same thread count (`common.distributed.set_threads` rule, or `--threads`). The first
+Both use the same thread count (`common.training.distributed.set_threads` rule, or `--threads`). The first
 `--warmup` steps of each window are left out. Printed, for epoch 0 (every utterance read for the
 first time) and `--later_epoch` (read again: from RAM, `--memory_cache_mb`; ASR keeps one version
 per speed factor, so its reads come from RAM once all three were made): medians over repetitions of the time per step of both, their ratio; and
@@ -75,8 +75,8 @@ def main() -> None:
     import torch
 
     from benchmarks.recipe import load_recipe
-    from common.data import load_audio
-    from common.distributed import set_threads
+    from common.data.loading import load_audio
+    from common.training.distributed import set_threads
 
     threads, _ = set_threads(args.threads)
     r = load_recipe(args.recipe, overrides)

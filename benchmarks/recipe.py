@@ -2,7 +2,8 @@
 in its `train.py`, the same in every recipe: README.md, "Adapt a recipe"): nothing here wires a recipe
 a second time, and nothing here knows one recipe from another.
 
-`load_recipe("best_rq" | "asr" | "tts" | "vocoder")` returns a namespace with:
+`load_recipe(name)`, `name` one of `RECIPES` (every folder under recipes/ with a train.py), returns a
+namespace with:
 - `cfg`: the recipe's Config (dataclass defaults < its config.yaml), with `overrides` applied (and,
   with the data, as the data left it: TTS's symbol table);
 - `accelerator`: one process, built as `train.py` builds it;
@@ -14,7 +15,7 @@ a second time, and nothing here knows one recipe from another.
 and, unless `data=False` (a recipe whose models are sized by its data builds it anyway), the recipe's
 `build_data` on the built-in corpus (checked into a temporary output folder; global batch 1, no data
 workers):
-- `data`: what it returns (`common.source.RecipeData`: the source's rows, items, collator, loaders, sampler);
+- `data`: what it returns (`common.data.source.RecipeData`: the source's rows, items, collator, loaders, sampler);
 - `train_set`, `dataset`, `collator`: its training rows (a manifest), items (before the RAM cache;
   epoch 0) and collator.
 """
@@ -31,8 +32,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL = ("audio", "ctc_decode", "data", "frontend", "model", "scoring", "text", "train")
-RECIPES = ("best_rq", "asr", "tts", "vocoder")
+# Every folder under recipes/ with a train.py is a recipe (a copied one is benchmarked unedited), and
+# every module in a recipe folder a plain name its scripts import.
+RECIPES = tuple(sorted(p.parent.name for p in ROOT.glob("recipes/*/train.py")))
+LOCAL = tuple(sorted({p.stem for recipe in RECIPES for p in (ROOT / "recipes" / recipe).glob("*.py")}))
 
 
 def _train_module(recipe: str):
@@ -60,7 +63,7 @@ def load_recipe(recipe: str, overrides: list[str] = (), *, data: bool = True) ->
     import torch
 
     from common.config import parse_config
-    from common.distributed import build_accelerator
+    from common.training.distributed import build_accelerator
 
     if recipe not in RECIPES:
         raise SystemExit(f"unknown recipe {recipe!r}: one of {', '.join(RECIPES)}")

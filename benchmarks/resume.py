@@ -4,7 +4,7 @@
 
 Builds the recipe's training loader with its own `build_data` (as `train.py` does, RAM cache off, so
 that every read decodes) and `accelerator.prepare`,
-and times `common.loop.train_batches` from its call to the first batch it yields, with the state
+and times `common.training.loop.train_batches` from its call to the first batch it yields, with the state
 positioned after 1 batch (early) and before the last batch (late) of epoch 0; and, for each, reading
 that same batch directly (the batches differ in size, so their reading time differs). Interleaved.
 A resume skips consumed batches by dropping their index lists (`skip_first_batches`), never by
@@ -30,9 +30,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.recipe import load_recipe
-    from common.checkpoint import TrainState
-    from common.distributed import set_threads
-    from common.loop import train_batches
+    from common.training.checkpoint import TrainState
+    from common.training.distributed import set_threads
+    from common.training.loop import train_batches
 
     set_threads(0)
     r = load_recipe(args.recipe, ["--memory_cache_mb", "0"])

@@ -1,4 +1,4 @@
-"""Does streaming stay flat as the corpus grows? `common/stream.py` on generated corpora the shape of a
+"""Does streaming stay flat as the corpus grows? `common/data/stream.py` on generated corpora the shape of a
 50 000-hour set, and its throughput against the map-style loader on the built-in corpus.
 
     python benchmarks/stream_scale.py           # 1×, 10×, 100× + throughput
@@ -21,7 +21,7 @@ Each scale is measured in a fresh process (its peak RSS is its own), in CPU seco
 one untimed warm-up of each first-batch variant, with the same plan (16 partitions, blocks of 1 024 rows, batches of 32 utterances):
 - opening: `resolve_shards` + `open_shards` (every shard's footer and head/tail digest: O(shards));
 - the first batch of epoch 0 from a fresh plan, resumed at its start, and resumed before its last
-  batch (`StreamLoader.resume_at`, as `common.loop.train_batches` does), interleaved, medians;
+  batch (`StreamLoader.resume_at`, as `common.training.loop.train_batches` does), interleaved, medians;
 - reading: milliseconds per batch over the epoch's first 1 024 batches;
 - peak RSS of the process, and its growth over the process's RSS after the imports;
 - the checkpoint's data state: `TrainState` (position + `ShardStream.summary()`) as JSON, bytes.
@@ -108,8 +108,8 @@ def rss_mb() -> float:
 
 def measure(folder: Path, repeats: int) -> dict:
     """What the module docstring lists, for the corpus in `folder` (run in a fresh process)."""
-    from common.checkpoint import TrainState
-    from common.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards
+    from common.training.checkpoint import TrainState
+    from common.data.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards
 
     import pyarrow.parquet  # noqa: F401 — imported by the first read otherwise: not a cost of the position
     from accelerate.utils import send_to_device  # noqa: F401 — likewise (StreamLoader.__iter__)
@@ -198,9 +198,9 @@ def throughput(args) -> None:
     import datasets
 
     from benchmarks.recipe import load_recipe
-    from common.data import load_audio, make_loader
-    from common.distributed import set_threads
-    from common.stream import ShardStream, StreamDataset, StreamLoader, audio_source, open_shards, resolve_shards
+    from common.data.loading import load_audio, make_loader
+    from common.training.distributed import set_threads
+    from common.data.stream import ShardStream, StreamDataset, StreamLoader, audio_source, open_shards, resolve_shards
 
     set_threads(0)
     r = load_recipe("best_rq", ["--memory_cache_mb", "0"])

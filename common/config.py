@@ -35,7 +35,8 @@ Unknown keys are refused with the closest valid name (a typo must never silently
 default). A number is written with the digits 0-9 (int() also reads '١٢'). YAML files are read as YAML
 1.2's core schema (`_ConfigLoader`: `010` is 10, `1:30` and `0x10` are strings, a key given twice is
 refused). A mistake is one line on stderr and exit code 2, no traceback; a bad value from a YAML file
-names the file and the key's line. `--help` lists every field
+names the file and the key's line, and a cross-field refusal (`validate`, `validate_changes`) the file and
+the lines of the keys it names that the file set. `--help` lists every field
 with its type, rules, effective default (the YAML's value where it sets one) and comment.
 `exit_on_signals_during_start_up` makes a Ctrl-C during a training script's slow imports one line.
 """
@@ -64,11 +65,11 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 
-from common.launcher import stop_reason, watch_launcher
+from common.training.launcher import stop_reason, watch_launcher
 
 T = TypeVar("T")
 
-# Exit code of a process stopped by a signal before training (= common.faults.PREEMPTED_EXIT_CODE:
+# Exit code of a process stopped by a signal before training (= common.training.faults.PREEMPTED_EXIT_CODE:
 # that module imports torch, this one must not).
 START_UP_SIGNAL_EXIT_CODE = 75
 
@@ -183,14 +184,14 @@ class _MayBeEmpty(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class _Trackers(Rule):
-    """`--report_to`: trackers accelerate knows and this environment has (common.logs.trackers;
+    """`--report_to`: trackers accelerate knows and this environment has (common.training.logs.trackers;
     importing it is light: it looks modules up without importing them)."""
 
     def __str__(self) -> str:
         return "installed trackers, comma-separated, or all/none"
 
     def check(self, value: Any) -> str | None:
-        from common.logs import trackers
+        from common.training.logs import trackers
 
         try:
             trackers(value)
@@ -270,7 +271,7 @@ class RunConfig:
 
 @dataclasses.dataclass
 class DatasetConfig(RunConfig):
-    """RunConfig plus a `datasets` source (common/source.py), with the names of transformers'
+    """RunConfig plus a `datasets` source (common/data/source.py), with the names of transformers'
     run_speech_recognition_ctc.py; the recipes that can train from one extend this instead."""
 
     # --- data ---
@@ -280,7 +281,7 @@ class DatasetConfig(RunConfig):
     eval_split_name: str = "validation"  # --dataset_name's split to validate on
     audio_column_name: str = "audio"  # its audio column (a datasets Audio column or encoded bytes; decoded with soundfile)
     text_column_name: str = "text"  # its transcript column (recipes that read transcripts)
-    streaming: bool = False  # read --dataset_name's parquet shards in place, in order, resumable in O(1) (common/stream.py), instead of loading it whole
+    streaming: bool = False  # read --dataset_name's parquet shards in place, in order, resumable in O(1) (common/data/stream.py), instead of loading it whole
     per_device_train_batch_size: Annotated[int | None, Count] = None  # --streaming only, and needed there: utterances per batch per process (streamed batches are counted in utterances, not seconds)
     stream_partitions: Annotated[int | None, Count] = None  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches. None = auto: up to 64, fewer where a small split would leave batches short of --per_device_train_batch_size (a resume keeps its checkpoint's)
     stream_block_rows: Annotated[int, Count] = 1000  # --streaming: consecutive rows shuffled and bucketed together (the shuffle buffer of each part)
@@ -294,15 +295,24 @@ class DatasetConfig(RunConfig):
     # A recipe's settings of a --data_dir folder that a source replaces: {field: what to use instead}
     FOLDER_ONLY = {}
     READS_TEXT = True  # False: the recipe reads no transcripts (--text_column_name is refused)
+    # Further columns a recipe reads from a --dataset_name source, carried into its rows as the transcript
+    # is: each `key` here (e.g. "speaker") needs a field `<key>_column_name` naming the source's column,
+    # and a row's `key` holds its value (a folder's rows have none: the recipe derives them, e.g. from ids).
+    EXTRA_COLUMNS = ()
 
     def validate_changes(self, plain: "DatasetConfig") -> None:
         """A source's rules: settings it ignores must keep what `plain` (a plain run: the recipe's YAML
         over the class defaults) has."""
         changed = lambda keys: [k for k in keys if getattr(self, k) != getattr(plain, k)]  # noqa: E731
         stream_only = ("per_device_train_batch_size", "stream_partitions", "stream_block_rows")
+        undeclared = [key for key in self.EXTRA_COLUMNS if not hasattr(self, f"{key}_column_name")]
+        if undeclared:  # the recipe's own mistake, found by its first --help-less run
+            raise ValueError(f"{type(self).__name__}.EXTRA_COLUMNS names {undeclared[0]!r}: declare a field "
+                             f"{undeclared[0]}_column_name (the source's column it is read from)")
+        extra = tuple(f"{key}_column_name" for key in self.EXTRA_COLUMNS)
         if self.dataset_name is None:
             given = changed(("dataset_config_name", "train_split_name", "eval_split_name", "audio_column_name",
-                             "text_column_name", "streaming") + stream_only)
+                             "text_column_name", "streaming") + extra + stream_only)
             if given:
                 raise ValueError(f"--{given[0]} applies to a --dataset_name source; give --dataset_name, or drop it")
             return
@@ -535,6 +545,17 @@ def _from_file(error: FieldError, path: str, loaded: Any) -> ConfigError:
     """`error` about a value read from the YAML file `path`: its line names the file and the key's line."""
     line = getattr(loaded, "lines", {}).get(error.field)
     return FieldError(error.field, f"{error} (--config {path}{f', line {line}' if line else ''})")
+
+
+def _keys_from_file(error: ConfigError, path: str, loaded: Any, given: dict) -> ConfigError:
+    """`error` from a cross-field check, naming the YAML file `path` and the lines of the `--key`s
+    its message names that the file set and the command line did not (unchanged where none)."""
+    lines = getattr(loaded, "lines", {})
+    keys = [k for k in dict.fromkeys(re.findall(r"--(\w+)", str(error))) if k in loaded and k not in given]
+    if not keys:
+        return error
+    where = ", ".join(f"{k} on line {lines[k]}" if k in lines else k for k in keys)
+    return ConfigError(f"{error} (--config {path}: {where})")
 
 
 def validate(cfg: Any, plain: Any = None) -> None:
@@ -789,7 +810,7 @@ def _inside_an_import(frame) -> bool:
 
 
 def exit_on_signals_during_start_up() -> None:
-    """Until the training installs its own handlers (`common.faults.Preemption`), SIGINT (Ctrl-C),
+    """Until the training installs its own handlers (`common.training.faults.Preemption`), SIGINT (Ctrl-C),
     SIGTERM and SIGUSR1 end the process with one line and exit code 75, as Preemption does during
     start-up, instead of a KeyboardInterrupt traceback from the middle of `import torch`. A
     training script calls it first thing. Under a launcher it also starts `watch_launcher`: once
@@ -867,6 +888,8 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
             if e.field in loaded and e.field not in dict(pairs):
                 raise _from_file(e, str(yaml_path), loaded) from None
             raise
+        except ConfigError as e:  # a cross-field check (validate, validate_changes): name the YAML's keys it names
+            raise _keys_from_file(e, str(yaml_path), loaded, dict(pairs)) from None
         return cfg
     except ConfigError as e:
         _fail(str(e))

@@ -3,13 +3,14 @@ keys, every value of the declared type), accelerate profiles through accelerate'
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 
 from common.config import Range, field_specs, parse_config
-from tests.recipe_import import recipe_modules
+from tests.recipe_import import RECIPES, recipe_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_CONFIGS = sorted(ROOT.glob("recipes/*/config*.yaml"))
@@ -25,10 +26,17 @@ def test_recipe_config_is_valid(path):
     assert cfg.max_steps > 0 and cfg.save_steps > 0
 
 
-RECIPE_SCRIPTS = [("best_rq", "train", "Config"), ("asr", "train", "Config"), ("asr", "decode", "EvalConfig"),
-                  ("asr", "export", "ExportConfig"), ("tts", "train", "Config"), ("tts", "score", "EvalConfig"),
-                  ("tts", "synthesize", "SynthConfig"), ("vocoder", "train", "Config"),
-                  ("vocoder", "evaluate", "EvalConfig")]
+# Every script of every recipe (a folder under recipes/ with a train.py) that parses a Config: found
+# from its `parse_config(ConfigClass` call, so that a copied recipe's scripts are checked unedited.
+RECIPE_SCRIPTS = [(recipe, script.stem, name) for recipe in RECIPES
+                  for script in sorted((ROOT / "recipes" / recipe).glob("*.py"))
+                  for name in dict.fromkeys(re.findall(r"\bparse_config\((\w+)", script.read_text()))]
+
+
+def test_the_scripts_are_found():
+    assert {("best_rq", "train", "Config"), ("asr", "decode", "EvalConfig"), ("vocoder", "evaluate", "EvalConfig")} \
+        <= set(RECIPE_SCRIPTS)
+    assert {recipe for recipe, script, _ in RECIPE_SCRIPTS if script == "train"} == set(RECIPES)
 
 
 @pytest.mark.parametrize("recipe,script,name", RECIPE_SCRIPTS, ids=lambda x: x)

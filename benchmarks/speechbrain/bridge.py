@@ -14,7 +14,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from common.manifest import read_librispeech
+from common.data.manifest import read_librispeech
 
 COLUMNS = ["ID", "duration", "wav", "spk_id", "wrd"]  # as SpeechBrain's librispeech_prepare.py writes them
 

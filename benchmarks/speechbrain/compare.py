@@ -151,7 +151,7 @@ def parameter_counts(yaml: Path) -> dict:
     """Encoder parameters of both sides, split into front end / Conformer / prediction head."""
     ours = subprocess.run([sys.executable, "-c", f"""
 import json, types, torch
-from common.encoder import StackedLogMelEncoder, encoder_config_from
+from common.model.encoder import StackedLogMelEncoder, encoder_config_from
 cfg = types.SimpleNamespace(n_mels=80, stack_frames=4, dropout=0.1, sample_rate={SAMPLE_RATE}, **{SIZE!r})
 enc = StackedLogMelEncoder(encoder_config_from(cfg), n_mels=80, stack_frames=4).encoder
 n = lambda m: sum(p.numel() for p in m.parameters())

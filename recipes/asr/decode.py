@@ -45,15 +45,15 @@ import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.checkpoint import resolve_checkpoint
+from common.training.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, NonNegative, Positive, load_config, parse_config
-from common.data import make_loader
-from common.distributed import build_accelerator
-from common.faults import RunError, UsageError
-from common.encoder import encoder_config_from
-from common.hf_export import load_recipe_ctc_weights
-from common.logs import get_logger
-from common.source import load_split
+from common.data.loading import make_loader
+from common.training.distributed import build_accelerator
+from common.training.faults import RunError, UsageError
+from common.model.encoder import encoder_config_from
+from common.model.hf_export import load_recipe_ctc_weights
+from common.training.logs import get_logger
+from common.data.source import load_split
 from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
@@ -74,7 +74,7 @@ class EvalConfig:
     checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
     split: str = "test"  # subfolder(s) of data_dir, comma-separated
     data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
-    dataset_name: str | None = None  # a `datasets` source (common/source.py) to decode instead; None: the checkpoint's, if it trained on one
+    dataset_name: str | None = None  # a `datasets` source (common/data/source.py) to decode instead; None: the checkpoint's, if it trained on one
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # folder for hypotheses and scores; None = <output_dir>/decode/<checkpoint name>
     decoding: Literal["greedy", "beam"] = "greedy"  # beam: CTC prefix beam search

@@ -28,10 +28,10 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.checkpoint import resolve_checkpoint, seal_export
+from common.training.checkpoint import resolve_checkpoint, seal_export
 from common.config import ExistingPath, load_config, parse_config
-from common.faults import run_main
-from common.hf_export import load_recipe_ctc_weights
+from common.training.faults import run_main
+from common.model.hf_export import load_recipe_ctc_weights
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import LmError, export_lm, load_lm_decoder
@@ -86,4 +86,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)  # a refused --checkpoint (common.checkpoint.resolve_checkpoint): one line, exit code 2
+    run_main(main)  # a refused --checkpoint (common.training.checkpoint.resolve_checkpoint): one line, exit code 2

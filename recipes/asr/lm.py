@@ -152,7 +152,7 @@ class LmConfig:
 
 
 def main():
-    from common.checkpoint import resolve_checkpoint
+    from common.training.checkpoint import resolve_checkpoint
     from common.config import load_config, parse_config
     from tools.corpus import resolve_data_dir
 
@@ -175,6 +175,6 @@ def main():
 
 
 if __name__ == "__main__":
-    from common.faults import run_main
+    from common.training.faults import run_main
 
-    run_main(main)  # a refused --checkpoint (common.checkpoint.resolve_checkpoint): one line, exit code 2
+    run_main(main)  # a refused --checkpoint (common.training.checkpoint.resolve_checkpoint): one line, exit code 2

@@ -1,9 +1,9 @@
-"""Conformer-CTC: the encoder shared with BEST-RQ (`common.encoder`: a `transformers`
+"""Conformer-CTC: the encoder shared with BEST-RQ (`common.model.encoder`: a `transformers`
 `Wav2Vec2BertModel` fed stacked log-mel frames) plus a linear CTC head; SpecAugment masks.
 
 The parameter names are BEST-RQ's (`encoder.*`, buffers `feat_mean`, `feat_std`), so a BEST-RQ
-`final/model.safetensors` loads into this model by name (`common.encoder.load_pretrained_encoder`).
-`export_hf` writes a trained model as a transformers `Wav2Vec2BertForCTC` (`common.hf_export`).
+`final/model.safetensors` loads into this model by name (`common.model.encoder.load_pretrained_encoder`).
+`export_hf` writes a trained model as a transformers `Wav2Vec2BertForCTC` (`common.model.hf_export`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Wav2Vec2BertConfig
 
-from common.encoder import StackedLogMelEncoder, encoder_config_from
-from common.hf_export import save_feature_extractor, save_hf_ctc
+from common.model.encoder import StackedLogMelEncoder, encoder_config_from
+from common.model.hf_export import save_feature_extractor, save_hf_ctc
 from text import BLANK
 
 
 class ConformerCTC(StackedLogMelEncoder):
-    """The shared encoder (common/encoder.py: statistics, stacking, Conformer) + a linear CTC head."""
+    """The shared encoder (common/model/encoder.py: statistics, stacking, Conformer) + a linear CTC head."""
 
     def __init__(self, config: Wav2Vec2BertConfig, *, n_mels: int, stack_frames: int, vocab_size: int):
         super().__init__(config, n_mels=n_mels, stack_frames=stack_frames)

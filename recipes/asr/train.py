@@ -19,7 +19,7 @@ config.yaml, tokenizer/), <output_dir>/metrics.jsonl.
 
 Adapting it: the data (data.py), the model and its loss (model.py), freezing, what is logged and
 evaluated are yours to change; the seams above `main` (build_data, build_models, build_optimizers,
-compute_loss: README.md, "Adapt a recipe") are what the benchmarks and tests build the recipe with. The loop's calls into common/loop.py carry the exact-resume
+compute_loss: README.md, "Adapt a recipe") are what the benchmarks and tests build the recipe with. The loop's calls into common/training/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
 run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
 """
@@ -112,19 +112,19 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
-from common.distributed import check_fsdp_wrap  # noqa: E402
-from common.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
-from common.faults import RunError, run_main  # noqa: E402
-from common.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
-from common.hf_export import write_model_card  # noqa: E402
-from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
+from common.training.distributed import check_fsdp_wrap  # noqa: E402
+from common.model.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
+from common.training.faults import RunError, run_main  # noqa: E402
+from common.model.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
+from common.model.hf_export import write_model_card  # noqa: E402
+from common.training.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
+from common.training.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
-from common.prepare import prepare_once  # noqa: E402
-from common.source import RecipeData, Source  # noqa: E402
-from common.run import start_logging, start_run  # noqa: E402
+from common.training.prepare import prepare_once  # noqa: E402
+from common.data.source import RecipeData, Source  # noqa: E402
+from common.training.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -142,7 +142,7 @@ logger = get_logger(__name__)
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
     """Log-mel items with token ids and the SpecAugment collators (the training set only augmented) on
-    the source (common/source.py): a LibriSpeech-layout folder's train_split and valid_split (or
+    the source (common/data/source.py): a LibriSpeech-layout folder's train_split and valid_split (or
     `datasets.save_to_disk` folders), or --dataset_name; the labelled subset; and the tokenizer
     (`data.tokenizer`), built once into <out>/tokenizer/ from the training transcripts."""
     source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
@@ -235,7 +235,7 @@ def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dic
 
 
 def main(cfg: Config) -> None:
-    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/run.py) ----
+    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/training/run.py) ----
     # The checkpoint is chosen before the data: its global batch sizes the training batches
     # (run.global_batch), and resume_from_checkpoint restores it after accelerator.prepare.
     run = start_run(cfg, recipe=Path(__file__).parent.name)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from common.data import load_row_audio, sample_generator
-from common.features import LogMel
+from common.data.loading import load_row_audio, sample_generator
+from common.model.features import LogMel
 
 
 class FeatureDataset(torch.utils.data.Dataset):

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # this recipe's model.
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.features import LogMel, feature_stats  # noqa: E402
+from common.model.features import LogMel, feature_stats  # noqa: E402
 from model import RandomProjectionQuantizer, utterance_normalize  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 

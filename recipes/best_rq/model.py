@@ -1,6 +1,6 @@
 """BEST-RQ: masked prediction of random-projection-quantized speech (Chiu et al., 2022, arXiv:2202.01855).
 
-The encoder is `common.encoder.StackedLogMelEncoder`: a `transformers` `Wav2Vec2BertModel` (a
+The encoder is `common.model.encoder.StackedLogMelEncoder`: a `transformers` `Wav2Vec2BertModel` (a
 Conformer) fed stacked, globally normalized log-mel frames, so the pre-trained encoder loads with
 `Wav2Vec2BertModel.from_pretrained(<output_dir>/final/encoder)` and the ASR recipe can fine-tune it. Stacking 4 × 10 ms frames gives the 4× time reduction: one encoder
 frame, and one BEST-RQ label, per 40 ms.
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Wav2Vec2BertConfig
 
-from common.encoder import StackedLogMelEncoder
+from common.model.encoder import StackedLogMelEncoder
 
 
 class RandomProjectionQuantizer(nn.Module):
@@ -64,7 +64,7 @@ def utterance_normalize(feats: torch.Tensor, feat_lens: torch.Tensor, eps: float
 
 
 class BestRQ(StackedLogMelEncoder):
-    """The shared encoder (common/encoder.py: statistics, stacking, Conformer) + quantizer + head."""
+    """The shared encoder (common/model/encoder.py: statistics, stacking, Conformer) + quantizer + head."""
 
     def __init__(self, config: Wav2Vec2BertConfig, *, n_mels: int, stack_frames: int,
                  codebook_size: int, code_dim: int, quantizer_seed: int, label_norm: str = "global"):

@@ -1,12 +1,12 @@
 """Audio side of the TTS recipe: the log-mel front end, the Griffin-Lim vocoder and mel-cepstral distortion
-with DTW (common/vocoding.py, shared with the vocoder recipe), and spectrogram pictures (PNG files through Pillow)."""
+with DTW (common/model/vocoding.py, shared with the vocoder recipe), and spectrogram pictures (PNG files through Pillow)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from common.vocoding import (GriffinLim, MCD_CEPSTRA, MCD_CONSTANT, dtw_path, mcd_dtw, mel_cepstra,  # noqa: F401 — the recipe's
+from common.model.vocoding import (GriffinLim, MCD_CEPSTRA, MCD_CONSTANT, dtw_path, mcd_dtw, mel_cepstra,  # noqa: F401 — the recipe's
                              mel_frontend)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from common.data import load_row_audio
-from common.faults import UsageError
+from common.data.loading import load_row_audio
+from common.training.faults import UsageError
 from audio import mel_frontend
 from frontend import Symbols
 from model import NEG, beta_binomial_prior

@@ -263,7 +263,7 @@ def build_model(cfg) -> "AlignedFastSpeech":
 def load_tts(folder: str | Path, cfg=None):
     """(model in eval mode, its training config, Symbols, folder) from a TTS final/ or
     checkpoints/step_*/ folder. This repository's tools verify the folder first
-    (common.checkpoint.resolve_checkpoint) and pass the run's Config as they read it
+    (common.training.checkpoint.resolve_checkpoint) and pass the run's Config as they read it
     (common.config.load_config); without `cfg` (outside this repository, where that class is not),
     config.yaml's values are read as attributes."""
     folder = Path(folder)
@@ -281,7 +281,7 @@ def transfer_from(model: AlignedFastSpeech, symbols: str, folder: Path) -> str:
     another language. Every weight is taken but the symbol embeddings, which are matched by symbol
     (a symbol the other table lacks keeps its random row), and the feature statistics, which this
     run computes from its own data. Refuses a model of another shape. Returns a summary line.
-    `folder`: verified by the caller (common.checkpoint.resolve_checkpoint)."""
+    `folder`: verified by the caller (common.training.checkpoint.resolve_checkpoint)."""
     their_cfg = yaml.safe_load((folder / "config.yaml").read_text())
     table = (json.loads((folder / "symbols.json").read_text())["symbols"] if (folder / "symbols.json").is_file()
              else their_cfg["symbols"])

@@ -48,11 +48,11 @@ import torchaudio
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.checkpoint import resolve_checkpoint
+from common.training.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, load_config, parse_config
-from common.data import load_audio
-from common.faults import UsageError
-from common.manifest import DataPolicy, prepare_manifest
+from common.data.loading import load_audio
+from common.training.faults import UsageError
+from common.data.manifest import DataPolicy, prepare_manifest
 from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)

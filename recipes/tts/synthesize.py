@@ -27,9 +27,9 @@ import soundfile as sf
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.checkpoint import resolve_checkpoint
+from common.training.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, Positive, load_config, parse_config
-from common.faults import UsageError
+from common.training.faults import UsageError
 
 # recipe-local modules (this folder is on sys.path)
 from audio import make_vocoder

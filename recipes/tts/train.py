@@ -21,7 +21,7 @@ Outputs: <output_dir>/final/{model.safetensors, config.yaml, symbols.json}, <out
 Adapting it: the data (data.py), the model (model.py), the losses and their weights, what is logged
 and evaluated are yours to change; the seams above `main` (build_data, build_models,
 build_optimizers, compute_loss: README.md, "Adapt a recipe") are what the benchmarks and tests build the
-recipe with. The loop's calls into common/loop.py carry the exact-resume
+recipe with. The loop's calls into common/training/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
 run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
 """
@@ -102,18 +102,18 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
-from common.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
-from common.data import load_row_audio  # noqa: E402
-from common.distributed import check_fsdp_wrap  # noqa: E402
-from common.faults import RunError, run_main  # noqa: E402
-from common.features import feature_stats, set_feature_stats  # noqa: E402
-from common.hf_export import write_code, write_model_card  # noqa: E402
-from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
+from common.data.loading import load_row_audio  # noqa: E402
+from common.training.distributed import check_fsdp_wrap  # noqa: E402
+from common.training.faults import RunError, run_main  # noqa: E402
+from common.model.features import feature_stats, set_feature_stats  # noqa: E402
+from common.model.hf_export import write_code, write_model_card  # noqa: E402
+from common.training.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
+from common.training.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
-from common.run import start_logging, start_run  # noqa: E402
-from common.source import RecipeData, Source  # noqa: E402
+from common.training.run import start_logging, start_run  # noqa: E402
+from common.data.source import RecipeData, Source  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -128,15 +128,15 @@ logger = get_logger(__name__)
 # ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
 
 def exported_code() -> dict[str, Path]:
-    """The source files final/ carries (as tts_<name>.py, common.hf_export.write_code): the synthesis
+    """The source files final/ carries (as tts_<name>.py, common.model.hf_export.write_code): the synthesis
     code and the two files of common/ it imports, so that final/ synthesizes without this repository."""
-    here, common_dir = Path(__file__).parent, Path(__file__).resolve().parents[2] / "common"
+    here, common_dir = Path(__file__).parent, Path(__file__).resolve().parents[2] / "common" / "model"
     return {**{name: here / f"{name}.py" for name in ("model", "audio", "frontend")},
             **{name: common_dir / f"{name}.py" for name in ("vocoding", "speech_frontend")}}
 
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
-    """Symbol ids and log-mels, and their collator, on the source (common/source.py): an
+    """Symbol ids and log-mels, and their collator, on the source (common/data/source.py): an
     LJSpeech-layout folder split into training/validation/test by id, or --dataset_name (its
     --train_split_name trains, its --eval_split_name validates). `data.cfg` holds the symbol table
     the items were encoded with (`--symbols auto`: derived from the training transcripts)."""
@@ -223,7 +223,7 @@ def log_samples(model, items, rows, cfg: Config, writer, vocoder, step: int) -> 
 
 
 def main(cfg: Config) -> None:
-    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/run.py) ----
+    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/training/run.py) ----
     # The checkpoint is chosen before the data: its global batch sizes the training batches
     # (run.global_batch), and resume_from_checkpoint restores it after accelerator.prepare.
     run = start_run(cfg, recipe=Path(__file__).parent.name)
@@ -324,7 +324,7 @@ def main(cfg: Config) -> None:
                                                  audio.make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
             ```
 
-            With a checkout of that repository on sys.path, `common.checkpoint.import_export("<this folder>",
+            With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
             "tts_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
     export_final(accelerator, model, out, write_extras)  # collective

@@ -1,5 +1,5 @@
 """Vocoder data: whole utterances (waveforms) from the manifest, and a collator that cuts one random
-segment per utterance and computes its log-mel (the TTS recipe's mel, `common.features.mel_frontend`).
+segment per utterance and computes its log-mel (the TTS recipe's mel, `common.model.features.mel_frontend`).
 
 The segment's start is drawn from `sample_generator(seed, epoch, utterance id)`: a pure function of
 the position in training, so a resumed run cuts the same segments (and the RAM cache keeps whole
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from common.data import load_row_audio, sample_generator
-from common.faults import UsageError
-from common.features import mel_frontend
+from common.data.loading import load_row_audio, sample_generator
+from common.training.faults import UsageError
+from common.model.features import mel_frontend
 
 
 def split_manifest(manifest, num_valid: int, num_test: int) -> dict:

@@ -44,11 +44,11 @@ def main() -> None:
     from pesq import pesq
     from pystoi import stoi
 
-    from common.checkpoint import resolve_checkpoint
-    from common.data import load_audio
-    from common.features import mel_frontend
-    from common.manifest import read_ljspeech
-    from common.vocoding import GriffinLim, mcd_dtw
+    from common.training.checkpoint import resolve_checkpoint
+    from common.data.loading import load_audio
+    from common.model.features import mel_frontend
+    from common.data.manifest import read_ljspeech
+    from common.model.vocoding import GriffinLim, mcd_dtw
     from tools.corpus import resolve_data_dir
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -56,7 +56,7 @@ def main() -> None:
     from train import Config
 
     from common.config import ConfigError, load_config
-    from common.faults import UsageError
+    from common.training.faults import UsageError
 
     try:
         sealed = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read

@@ -108,16 +108,16 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
-from common.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
-from common.faults import RunError, run_main  # noqa: E402
-from common.features import mel_frontend  # noqa: E402
-from common.hf_export import write_code, write_model_card  # noqa: E402
-from common.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.loop import (end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches,  # noqa: E402
+from common.training.faults import RunError, run_main  # noqa: E402
+from common.model.features import mel_frontend  # noqa: E402
+from common.model.hf_export import write_code, write_model_card  # noqa: E402
+from common.training.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
+from common.training.loop import (end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches,  # noqa: E402
                          validation_due)
-from common.run import start_logging, start_run  # noqa: E402
-from common.source import RecipeData, Source  # noqa: E402
+from common.training.run import start_logging, start_run  # noqa: E402
+from common.data.source import RecipeData, Source  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
@@ -133,7 +133,7 @@ HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 am
 
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
     """Whole utterances (no transcripts read): training batches of random segments, validation of whole
-    utterances, on the source (common/source.py): an LJSpeech-layout folder split into
+    utterances, on the source (common/data/source.py): an LJSpeech-layout folder split into
     training/validation/test by id (the TTS recipe's split), or --dataset_name (its
     --train_split_name trains, its --eval_split_name validates)."""
     source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
@@ -256,7 +256,7 @@ def log_samples(generator, items, rows, frontend, cfg: Config, writer, step: int
 
 
 def main(cfg: Config) -> None:
-    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/run.py) ----
+    # ---- start: accelerator, output_dir, signals, seed, and where to resume (common/training/run.py) ----
     run = start_run(cfg, recipe=Path(__file__).parent.name)
     accelerator, out, cfg, accumulation, preemption = run.accelerator, run.out, run.cfg, run.accumulation, run.preemption
     if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
@@ -356,7 +356,7 @@ def main(cfg: Config) -> None:
             wav = code.vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
             ```
 
-            With a checkout of that repository on sys.path, `common.checkpoint.import_export("<this folder>",
+            With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
             "vocoder_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
     export_final(accelerator, {"generator": generator}, out, write_extras)  # collective

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-from common.manifest import DataError
+from common.data.manifest import DataError
 
 BRIDGE = Path(__file__).resolve().parents[2] / "benchmarks" / "speechbrain" / "bridge.py"
 

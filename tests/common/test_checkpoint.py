@@ -7,11 +7,11 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from common.checkpoint import (ContractError, TrainState, checkpoint_dir, choose_checkpoint, file_digest,
+from common.training.checkpoint import (ContractError, TrainState, checkpoint_dir, choose_checkpoint, file_digest,
                                find_latest_checkpoint, list_checkpoints, verify_checkpoint)
-from common.checkpoint import resume_from_checkpoint as _resume
-from common.faults import NonFiniteError, RunError
-from common.checkpoint import save_checkpoint as _save
+from common.training.checkpoint import resume_from_checkpoint as _resume
+from common.training.faults import NonFiniteError, RunError
+from common.training.checkpoint import save_checkpoint as _save
 
 
 def resume_from_checkpoint(accelerator, out, state, sched):
@@ -212,7 +212,7 @@ def test_disk_full_while_writing_the_weights_says_what_to_free(tmp_path, monkeyp
     """The weights' writer fails (safetensors raises its own SafetensorError, no OSError): one line
     naming the mount, the space needed and the older checkpoints that may be deleted; no partial
     folder is left."""
-    from common.faults import RunError
+    from common.training.faults import RunError
 
     accelerator, model, opt, sched, state = setup()
     for step in (1, 2):
@@ -234,8 +234,8 @@ def test_disk_full_while_writing_the_weights_says_what_to_free(tmp_path, monkeyp
 
 
 def test_disk_full_during_the_export_leaves_no_partial_folder(tmp_path, monkeypatch):
-    from common.checkpoint import export_final
-    from common.faults import RunError
+    from common.training.checkpoint import export_final
+    from common.training.faults import RunError
 
     accelerator, model, opt, sched, state = setup()
     state.step = 1
@@ -251,7 +251,7 @@ def test_disk_full_during_the_export_leaves_no_partial_folder(tmp_path, monkeypa
 def test_leftovers_are_removed_at_launch_but_never_an_only_copy(tmp_path):
     """What kills leave (a pruned `.step_N.old`, a replaced `.final.old`, a `.step_N.tmp`) is removed
     when the next launch chooses its checkpoint; a `.old` that may be the only copy is kept."""
-    from common.checkpoint import export_final
+    from common.training.checkpoint import export_final
 
     accelerator, model, opt, sched, state = setup()
     for step in (1, 2):
@@ -310,7 +310,7 @@ def test_a_resealed_checkpoint_with_non_finite_weights_is_skipped(tmp_path, capl
 
 def seal(folder, files: dict[str, str | bytes]):
     """`folder` with `files` in it, sealed as `export_final` seals a final/ (a COMPLETE marker)."""
-    from common.checkpoint import MARKER, seal_files
+    from common.training.checkpoint import MARKER, seal_files
 
     for name, content in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -320,8 +320,8 @@ def seal(folder, files: dict[str, str | bytes]):
 
 
 def test_resolve_checkpoint_accepts_output_dir_final_or_step(tmp_path):
-    from common.checkpoint import resolve_checkpoint
-    from common.faults import UsageError
+    from common.training.checkpoint import resolve_checkpoint
+    from common.training.faults import UsageError
 
     for folder in (tmp_path / "final", tmp_path / "checkpoints" / "step_00000001"):
         seal(folder, {"model.safetensors": "x", "config.yaml": "a: 1\n"})
@@ -340,9 +340,9 @@ def test_an_unfinished_unsealed_or_damaged_export_is_refused(tmp_path):
     (whatever its files hold: a half-written model, an edited config); a sealed one whose files
     differ from the marker, or that holds a file the marker does not list: each refused in one line
     naming the folder, by every tool (`--checkpoint`, `--init_from`), before any of its files is read."""
-    from common.checkpoint import MARKER, resolve_checkpoint
-    from common.encoder import resolve_pretrained
-    from common.faults import UsageError
+    from common.training.checkpoint import MARKER, resolve_checkpoint
+    from common.model.encoder import resolve_pretrained
+    from common.training.faults import UsageError
 
     out = tmp_path / "run"
     (out / ".final.tmp").mkdir(parents=True)
@@ -389,8 +389,8 @@ def test_import_export_runs_only_the_sealed_source(tmp_path, monkeypatch):
     import py_compile
     import sys
 
-    from common.checkpoint import import_export
-    from common.faults import UsageError
+    from common.training.checkpoint import import_export
+    from common.training.faults import UsageError
 
     final = seal(tmp_path / "final", {"model.safetensors": "x", "config.yaml": "a: 1\n",
                                       "sealed_b.py": "VALUE = 'good'\n",
@@ -425,7 +425,7 @@ def test_import_export_runs_only_the_sealed_source(tmp_path, monkeypatch):
     (2, 3, (3, 6)),  # 2 × 3 != 2: likewise
 ])
 def test_global_batch_plan_keeps_the_global_batch_or_refuses(tmp_path, world, accum, expected):
-    from common.checkpoint import _global_batch_problem, global_batch_plan
+    from common.training.checkpoint import _global_batch_problem, global_batch_plan
 
     ckpt = tmp_path / "step_00000001"
     ckpt.mkdir()
@@ -445,7 +445,7 @@ def test_global_batch_plan_keeps_the_global_batch_or_refuses(tmp_path, world, ac
 def test_deepspeed_checkpoints_resume_only_under_deepspeed_on_as_many_processes(tmp_path):
     from types import SimpleNamespace
 
-    from common.checkpoint import _deepspeed_problem
+    from common.training.checkpoint import _deepspeed_problem
 
     def accelerator(kind, n):
         return SimpleNamespace(distributed_type=SimpleNamespace(value=kind), num_processes=n)
@@ -593,7 +593,7 @@ def test_each_launch_is_recorded_with_the_step_it_started_at(tmp_path, monkeypat
     recorded still resumes, recording this launch alone."""
     import sys
 
-    from common.checkpoint import this_launch
+    from common.training.checkpoint import this_launch
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", [str(tmp_path / "recipes/asr/train.py"), "--max_steps", "2"])
@@ -650,7 +650,7 @@ def test_resume_once_and_only_from_a_chosen_checkpoint(tmp_path):
 
 
 def test_export_final_of_several_models_writes_one_folder_each(tmp_path):
-    from common.checkpoint import export_final
+    from common.training.checkpoint import export_final
     from safetensors.torch import load_file
 
     accelerator, parts, _ = gan()
@@ -664,7 +664,7 @@ def test_export_final_of_several_models_writes_one_folder_each(tmp_path):
 def test_several_models_under_deepspeed_are_refused_in_one_line():
     from types import SimpleNamespace
 
-    from common.faults import RunError
+    from common.training.faults import RunError
 
     g, d = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
     og, od = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
@@ -680,7 +680,7 @@ def test_non_finite_weights_in_a_layout_not_checked_before_loading_stop_the_resu
     """FSDP and DeepSpeed weights are not safetensors files that choose_checkpoint can read: after
     loading, the weights are checked all the same, and the resume stops in one line naming the
     checkpoint and what to do (instead of training on from NaN and failing at the next save)."""
-    import common.checkpoint as checkpoint
+    import common.training.checkpoint as checkpoint
     from safetensors.torch import load_file, save_file
 
     accelerator, model, opt, sched, state = setup()
@@ -820,6 +820,7 @@ def test_a_registered_object_must_be_plain_data_and_registered_before_the_resume
 
     accelerator, model, opt, sched, state = setup()
     counter = Counter()
+    _Evil.target = tmp_path / "pwned"  # (set here too: this test may run before, or without, the one above)
     counter.count = _Evil()  # a class: torch.load(weights_only=True) refuses it
     accelerator.register_for_checkpointing(counter)
     state.stage = "boundary"

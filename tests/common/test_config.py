@@ -15,7 +15,7 @@ import yaml
 from common.config import (MAX_CONFIG_BYTES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath, Internal, MayBeEmpty,
                            NonNegative, Positive, Range, ResumeSafe, RunConfig, config_hash, config_to_dict,
                            field_specs, parse_config, resume_safe_keys, save_config)
-from tests.recipe_import import recipe_modules
+from tests.recipe_import import RECIPES, recipe_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -328,7 +328,7 @@ def _save_and_resume(tmp_path, saved_state, state):
     import torch
     from accelerate import Accelerator
 
-    from common.checkpoint import choose_checkpoint, resume_from_checkpoint, save_checkpoint
+    from common.training.checkpoint import choose_checkpoint, resume_from_checkpoint, save_checkpoint
 
     def objects():
         accelerator = Accelerator(cpu=True)
@@ -346,7 +346,7 @@ def _save_and_resume(tmp_path, saved_state, state):
 
 
 def test_resume_compares_by_the_fields_marks(tmp_path):
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     state = TrainState.for_run(Toy(), 1, 1)
     assert state.resume_safe == ["max_steps", "previews"] and state.config == {"lr": 0.1, "max_steps": 10, "previews": 2}
@@ -358,7 +358,7 @@ def test_resume_compares_by_the_fields_marks(tmp_path):
 def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
     """A checkpoint written before the marks were stored (no `resume_safe`, its hash over the old list
     of keys, TTS's sample settings not in it) resumes when only marked fields changed."""
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     old_list = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps", "eval_steps",
                 "num_workers", "memory_cache_mb", "report_to", "data_cache_dir", "ddp_timeout",
@@ -377,7 +377,7 @@ def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
 def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path):
     """A checkpoint written before a field existed (ASR's layer_decay, say) resumes when this launch
     uses the field's default, which is how the older code behaved; another value is a change."""
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
     old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))
@@ -392,7 +392,7 @@ def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path
 
 
 def test_a_key_the_checkpoint_marked_safe_and_this_config_dropped_is_ignored(tmp_path):
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     saved = TrainState.for_run(Toy(), 1, 1)
 
@@ -409,7 +409,7 @@ def test_a_key_the_checkpoint_marked_safe_and_this_config_dropped_is_ignored(tmp
 # ---------------------------------------------------------------------------------------------
 
 def test_start_up_exit_code_is_the_preemption_one():
-    from common.faults import PREEMPTED_EXIT_CODE
+    from common.training.faults import PREEMPTED_EXIT_CODE
 
     assert START_UP_SIGNAL_EXIT_CODE == PREEMPTED_EXIT_CODE
 
@@ -593,7 +593,8 @@ VOCODER_YAML = ROOT / "recipes" / "vocoder" / "config.yaml"
     # trained with no period discriminator, silently
     (["--periods", ""], "--periods: needs at least one value (comma-separated on the command line, a list in the YAML)"),
     (["--resolutions", "512,20000"], "--resolutions: 20000 is longer than a training segment (8192 samples = "
-                                     "--segment_frames 32 × --hop_length 256): lower it or raise --segment_frames"),
+                                     "--segment_frames 32 × --hop_length 256): lower it or raise --segment_frames "
+                                     f"(--config {VOCODER_YAML}: segment_frames on line 9)"),  # the recipe's YAML set it
 ])
 def test_vocoder_discriminator_lists_are_checked(argv, message, capsys):
     assert _refused(recipe_modules("vocoder", "train").train.Config, argv, capsys, VOCODER_YAML) == f"error: {message}\n"
@@ -601,7 +602,7 @@ def test_vocoder_discriminator_lists_are_checked(argv, message, capsys):
 
 def test_every_list_field_of_a_recipe_config_has_rules_for_its_values():
     """A list's values are checked by its field's rules: a number list without a Range takes 0 or -3."""
-    for recipe in ("best_rq", "asr", "tts", "vocoder"):
+    for recipe in RECIPES:
         for name, (tp, rules) in field_specs(recipe_modules(recipe, "train").train.Config).items():
             if typing.get_origin(tp) is list and typing.get_args(tp)[0] in (int, float):
                 assert any(isinstance(r, Range) for r in rules), f"{recipe} --{name}: no Range for its values"
@@ -713,7 +714,7 @@ def test_load_config_of_a_folder_without_one_says_so(tmp_path):
 
 def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_survive_replace(tmp_path):
     """What a plain run gets is passed to `validate_changes`, not kept on the Config: a copy made with
-    dataclasses.replace (common/run.py makes one) is the same Config."""
+    dataclasses.replace (common/training/run.py makes one) is the same Config."""
     asr = recipe_config("asr")
     yaml_path = ROOT / "recipes" / "asr" / "config.yaml"
     cfg = parse_config(asr, ["--dataset_name", "x/y"], default_yaml=yaml_path)
@@ -728,7 +729,7 @@ def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_surviv
 def test_a_field_added_after_the_checkpoint_still_resumes_from_a_copied_state(tmp_path):
     """The class defaults that judge an added field travel in the TrainState's fields: a copy made
     with dataclasses.replace resumes as the original does."""
-    from common.checkpoint import TrainState
+    from common.training.checkpoint import TrainState
 
     old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
     old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))
@@ -738,3 +739,50 @@ def test_a_field_added_after_the_checkpoint_still_resumes_from_a_copied_state(tm
         decay: Annotated[float, Positive] = 1.0
 
     assert _save_and_resume(tmp_path, old, dataclasses.replace(TrainState.for_run(Newer(), 1, 1))) is not None
+
+
+def test_a_cross_field_mistake_from_the_yaml_names_the_file_and_its_keys(tmp_path, capsys):
+    """A value that only a cross-field check refuses (validate_changes here) names the YAML file and
+    the lines of the keys it set; a key the command line gave is not attributed to the file."""
+    from common.config import DatasetConfig
+
+    @dataclass
+    class WithFolderSplit(DatasetConfig):
+        train_split: str = "train"
+        FOLDER_ONLY = {"train_split": "use --train_split_name"}
+        READS_TEXT = False
+
+    y = tmp_path / "c.yaml"
+    y.write_text("learning_rate: 1e-3\ndataset_name: corpus\ntrain_split: other\n")
+    assert _refused(WithFolderSplit, ["--config", str(y)], capsys) == (
+        f"error: --train_split applies to a --data_dir folder: with --dataset_name use --train_split_name "
+        f"(--config {y}: train_split on line 3, dataset_name on line 2)\n")
+    assert _refused(WithFolderSplit, ["--config", str(y), "--train_split", "again"], capsys) == (
+        f"error: --train_split applies to a --data_dir folder: with --dataset_name use --train_split_name "
+        f"(--config {y}: dataset_name on line 2)\n")
+    y.write_text("dataset_name: corpus\n")  # nothing from the file in the message: unchanged
+    assert _refused(WithFolderSplit, ["--config", str(y), "--streaming", "true"], capsys) == (
+        "error: --streaming needs --per_device_train_batch_size (utterances per batch per process: streamed "
+        "batches are counted in utterances, not seconds)\n")
+
+
+def test_an_extra_column_flag_belongs_to_a_dataset_source(capsys):
+    """A recipe's EXTRA_COLUMNS flag (--speaker_column_name) is refused without --dataset_name, as
+    --text_column_name is; an EXTRA_COLUMNS key without its field is the recipe's mistake, named."""
+    from common.config import DatasetConfig
+
+    @dataclass
+    class WithSpeaker(DatasetConfig):
+        speaker_column_name: str = "speaker"  # the speaker label's column of a --dataset_name source
+        EXTRA_COLUMNS = ("speaker",)
+
+    assert parse_config(WithSpeaker, ["--dataset_name", "x", "--speaker_column_name", "spk"]).speaker_column_name == "spk"
+    assert _refused(WithSpeaker, ["--speaker_column_name", "spk"], capsys) == (
+        "error: --speaker_column_name applies to a --dataset_name source; give --dataset_name, or drop it\n")
+
+    @dataclass
+    class Undeclared(DatasetConfig):
+        EXTRA_COLUMNS = ("speaker",)
+
+    assert _refused(Undeclared, [], capsys) == ("error: Undeclared.EXTRA_COLUMNS names 'speaker': declare a field "
+                                                "speaker_column_name (the source's column it is read from)\n")

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.data import DurationBatchSampler, sample_generator
-from common.distributed import derive_seed
+from common.data.loading import DurationBatchSampler, sample_generator
+from common.training.distributed import derive_seed
 
 
 def durations(n=103, seed=0):
@@ -61,7 +61,7 @@ def test_no_shuffle_is_fixed():
 
 
 def test_too_few_utterances():
-    from common.faults import RunError
+    from common.training.faults import RunError
 
     with pytest.raises(RunError, match="1 utterances cannot fill 2 batches .* use fewer processes"):  # one line, not a traceback
         DurationBatchSampler([1.0], 10.0, multiple_of=2)
@@ -102,7 +102,7 @@ def test_skip_first_batches_loads_no_skipped_sample():
 
 
 def test_items_kept_in_memory_are_the_same_and_the_budget_holds():
-    from common.data import InMemoryItems, keep_in_memory
+    from common.data.loading import InMemoryItems, keep_in_memory
 
     class Reads(torch.utils.data.Dataset):
         def __init__(self):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from common import datacheck
-from common.datacheck import DataCheckError, audio_facts, check_files, content_digest, list_files, read_cache
-from common.manifest import DataError, DataPolicy, prepare_manifest
+from common.data import datacheck
+from common.data.datacheck import DataCheckError, audio_facts, check_files, content_digest, list_files, read_cache
+from common.data.manifest import DataError, DataPolicy, prepare_manifest
 
 CHAP = "train/999/9990/999-9990-{:04d}.flac"
 
@@ -68,7 +68,7 @@ def test_a_killed_check_resumes_where_it_stopped(corpus, tmp_path):
 
 def test_changed_added_and_removed_files_are_seen(corpus, tmp_path, caplog):
     out, policy = tmp_path / "out", DataPolicy(16000)
-    caplog.set_level("INFO", logger="common.manifest")
+    caplog.set_level("INFO", logger="common.data.manifest")
 
     def prepare(expected_log):
         caplog.clear()

@@ -3,8 +3,8 @@ import os
 import pytest
 import torch
 
-from common import distributed
-from common.distributed import build_accelerator
+from common.training import distributed
+from common.training.distributed import build_accelerator
 
 
 def test_refuses_when_processes_did_not_form_one_group(monkeypatch):
@@ -26,7 +26,7 @@ def test_single_process_is_fine():
     ("bf16", {"ACCELERATE_MIXED_PRECISION": "bf16"}, "bf16", False),
 ])
 def test_precision_comes_from_the_profile_unless_the_flag_is_given(flag, env, expected, warned):
-    from common.distributed import resolve_topology
+    from common.training.distributed import resolve_topology
 
     precision, warnings = resolve_topology(flag, cuda=False, bf16_ok=False, env=env)
     assert precision == expected and bool(warnings) == warned
@@ -39,8 +39,8 @@ def test_precision_comes_from_the_profile_unless_the_flag_is_given(flag, env, ex
     (None, {"LOCAL_WORLD_SIZE": "100000"}, False, False, "100000 processes on this machine but no GPU and .* CPU core"),
 ])
 def test_a_profile_that_cannot_be_honoured_is_refused(flag, env, cuda, bf16_ok, message):
-    from common.distributed import resolve_topology
-    from common.faults import RunError
+    from common.training.distributed import resolve_topology
+    from common.training.faults import RunError
 
     with pytest.raises(RunError, match=message):
         resolve_topology(flag, cuda=cuda, bf16_ok=bf16_ok, env=env)
@@ -52,7 +52,7 @@ def test_a_profile_that_cannot_be_honoured_is_refused(flag, env, cuda, bf16_ok, 
 
 
 def test_thread_plan_explicit_checkpoint_env_then_cores(monkeypatch):
-    from common import distributed
+    from common.training import distributed
 
     monkeypatch.setattr(distributed, "available_cores", lambda: 8)
     plan = distributed.plan_threads
@@ -66,7 +66,7 @@ def test_thread_plan_explicit_checkpoint_env_then_cores(monkeypatch):
 
 
 def test_available_cores_respects_the_affinity_mask():
-    from common.distributed import available_cores
+    from common.training.distributed import available_cores
 
     assert 1 <= available_cores() <= len(os.sched_getaffinity(0))
 
@@ -74,7 +74,7 @@ def test_available_cores_respects_the_affinity_mask():
 def test_workers_auto_cpu_none_gpu_some(monkeypatch):
     import torch
 
-    from common.data import auto_workers
+    from common.data.loading import auto_workers
 
     assert auto_workers(None, cuda=False) == 0  # a worker would take a core from the compute threads
     assert auto_workers(3, cuda=False) == 3  # explicit wins
@@ -87,8 +87,8 @@ def test_workers_auto_cpu_none_gpu_some(monkeypatch):
 def test_the_deepspeed_profile_without_deepspeed_installed_is_refused(monkeypatch):
     import importlib.util
 
-    from common.distributed import resolve_topology
-    from common.faults import RunError
+    from common.training.distributed import resolve_topology
+    from common.training.faults import RunError
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(RunError, match=r"needs the deepspeed package, which is not installed.*pip install deepspeed"):
@@ -97,8 +97,8 @@ def test_the_deepspeed_profile_without_deepspeed_installed_is_refused(monkeypatc
 
 @pytest.mark.parametrize("built", ["MULTI_CPU", "NO", "MULTI_GPU"])
 def test_a_deepspeed_profile_that_accelerate_did_not_honour_is_refused(built):
-    from common.distributed import check_distributed_type
-    from common.faults import RunError
+    from common.training.distributed import check_distributed_type
+    from common.training.faults import RunError
 
     with pytest.raises(RunError, match=rf"the DeepSpeed profile needs GPUs.*accelerate built {built} instead.*cpu_ddp"):
         check_distributed_type(built, env={"ACCELERATE_USE_DEEPSPEED": "true"})
@@ -107,8 +107,8 @@ def test_a_deepspeed_profile_that_accelerate_did_not_honour_is_refused(built):
 
 @pytest.mark.parametrize("built", ["MULTI_CPU", "NO", "MULTI_GPU"])
 def test_an_fsdp_profile_that_accelerate_did_not_honour_is_refused(built):
-    from common.distributed import check_distributed_type
-    from common.faults import RunError
+    from common.training.distributed import check_distributed_type
+    from common.training.faults import RunError
 
     with pytest.raises(RunError, match=rf"the FSDP profile needs GPUs.*accelerate built {built} instead.*cpu_ddp.yaml"):
         check_distributed_type(built, env={"ACCELERATE_USE_FSDP": "true"})
@@ -130,8 +130,8 @@ def _accelerator(kind: str, wrap: list[str] | None):
 
 
 def test_an_fsdp_shard_unit_the_model_lacks_is_refused_naming_its_blocks():
-    from common.distributed import check_fsdp_wrap
-    from common.faults import RunError
+    from common.training.distributed import check_fsdp_wrap
+    from common.training.faults import RunError
 
     model = torch.nn.Sequential(torch.nn.ModuleList([_Block(), _Block()]), torch.nn.Linear(4, 2))
     with pytest.raises(RunError, match=r"shards at Wav2Vec2BertEncoderLayer, which this model does not have \(its "

@@ -8,7 +8,7 @@ from tests.recipes.harness import ROOT
 # A recipe's main that fails the given way, run by run_main in a process of its own (it ends in os._exit).
 MAIN = """
 import errno, sys
-from common.faults import NonFiniteError, run_main
+from common.training.faults import NonFiniteError, run_main
 def main():
     kind = sys.argv[1]
     if kind == "disk_full":

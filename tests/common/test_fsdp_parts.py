@@ -25,8 +25,8 @@ WORKER = textwrap.dedent('''
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Partial, init_device_mesh
 
-    from common.checkpoint import _all_weights_finite
-    from common.loop import global_tensor
+    from common.training.checkpoint import _all_weights_finite
+    from common.training.loop import global_tensor
 
     state = PartialState(cpu=True)  # the gloo group, as a CPU run of the recipes forms it
     rank = state.process_index

@@ -8,21 +8,39 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+COMMON = ROOT / "common"
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
-    """(module of common/ imported, names taken from it, line) for every import in `path`."""
+    """(module of common/ imported, as its dotted name under common (`data.source`), names taken from
+    it, line) for every import in `path`. `from common.data import source` imports `data.source`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("common."):
-            found.append((node.module.split(".")[1], [a.name for a in node.names], node.lineno))
+            module = node.module[len("common."):]
+            if "." not in module and all(not a.name.startswith("_") and a.name.islower() and
+                                         (COMMON / module / f"{a.name}.py").exists() for a in node.names):
+                found += [(f"{module}.{a.name}", [], node.lineno) for a in node.names]  # submodules
+            else:
+                found.append((module, [a.name for a in node.names], node.lineno))
         elif isinstance(node, ast.Import):
-            found += [(a.name.split(".")[1], [], node.lineno) for a in node.names if a.name.startswith("common.")]
+            found += [(a.name[len("common."):], [], node.lineno) for a in node.names if a.name.startswith("common.")]
     return found
 
 
+def module_name(path: Path, folder: Path) -> str:
+    """common/data/source.py → "data.source"; a package's __init__.py → the package ("data")."""
+    parts = path.relative_to(folder).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def graph(folder: Path) -> dict[str, set[str]]:
-    return {p.stem: {m for m, _, _ in imports(p) if m != p.stem} for p in sorted(folder.glob("*.py"))}
+    """{module: the modules of common/ it imports}, over every file under `folder` (the groups too)."""
+    edges = {}
+    for p in sorted(folder.rglob("*.py")):
+        name = module_name(p, folder)
+        edges[name] = {m for m, _, _ in imports(p) if m != name}
+    return edges
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -62,3 +80,12 @@ def test_the_checks_can_fail():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     assert imports(ROOT / "tests/common/test_imports.py") == []  # this file imports nothing of common/
+
+
+def test_the_groups_are_read_as_modules():
+    """Modules in common/'s groups are nodes of the graph under their dotted names, and
+    `from common.data import source` is an import of `data.source`."""
+    edges = graph(COMMON)
+    assert {"data.source", "data.stream", "training.checkpoint", "model.encoder", "config"} <= set(edges)
+    assert "data.stream" in edges["data.source"] and "training.checkpoint" in edges["data.source"]
+    assert imports(ROOT / "tests/common/test_distributed.py")[0][0] == "training.distributed"

@@ -1,4 +1,4 @@
-"""A training process stops once its launcher is gone (common.launcher): during start-up at once,
+"""A training process stops once its launcher is gone (common.training.launcher): during start-up at once,
 during training at the next step boundary, as on a preemption. A process no launcher started goes on."""
 
 import os
@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from common.launcher import launched
+from common.training.launcher import launched
 from tests.recipes.harness import ROOT
 
 # What a training script does: the start-up handlers first; in "training", Preemption deferred and
@@ -21,7 +21,7 @@ from common.config import exit_on_signals_during_start_up
 exit_on_signals_during_start_up()
 if sys.argv[1] == "training":
     import torch
-    from common.faults import Preemption
+    from common.training.faults import Preemption
     class Accelerator:
         num_processes, is_main_process, device = 1, True, torch.device("cpu")
     preemption = Preemption(Accelerator())

@@ -7,9 +7,9 @@ import json
 import torch
 from accelerate import Accelerator
 
-from common.checkpoint import TrainState
-from common.logs import MetricsLog, Throughput, WindowMeans
-from common.loop import decay_groups
+from common.training.checkpoint import TrainState
+from common.training.logs import MetricsLog, Throughput, WindowMeans
+from common.training.loop import decay_groups
 
 
 def test_log_step_writes_the_window_means_and_the_step(tmp_path):

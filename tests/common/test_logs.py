@@ -1,4 +1,4 @@
-"""The `--report_to` trackers (common/logs.py): every tracker accelerate knows, checked at parse time."""
+"""The `--report_to` trackers (common/training/logs.py): every tracker accelerate knows, checked at parse time."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from common.logs import TRACKERS, trackers
+from common.training.logs import TRACKERS, trackers
+from tests.recipe_import import RECIPES
 from tests.recipes.harness import ROOT
 
 
@@ -50,7 +51,7 @@ def test_report_to_is_checked_at_parse_time_through_the_real_entry_point():
     """`train.py --report_to mlflow` without mlflow: one line, exit 2, before any heavy import."""
     if installed("mlflow"):
         pytest.skip("mlflow is installed here")
-    for recipe in ("best_rq", "asr", "tts"):
+    for recipe in RECIPES:
         proc = subprocess.run([sys.executable, str(ROOT / "recipes" / recipe / "train.py"), "--report_to", "mlflow"],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
@@ -60,5 +61,5 @@ def test_report_to_is_checked_at_parse_time_through_the_real_entry_point():
 
 
 def test_importing_the_logs_module_stays_light():
-    code = "import sys, common.logs; assert 'accelerate' not in sys.modules and 'torch' not in sys.modules"
+    code = "import sys, common.training.logs; assert 'accelerate' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

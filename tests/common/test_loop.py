@@ -1,4 +1,4 @@
-"""The loop mechanics in common/loop.py, without a recipe: accumulation windows, resume inside an
+"""The loop mechanics in common/training/loop.py, without a recipe: accumulation windows, resume inside an
 epoch and inside a window, the per-position reseed, the optimizer update's non-finite skip, and the
 contracts each helper checks (every misuse fails with a message saying what was out of order)."""
 
@@ -10,9 +10,9 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from common.checkpoint import ContractError, TrainState
-from common.faults import RunError
-from common.loop import MicroBatch, accumulation_window, end_step, optimizer_update, train_batches
+from common.training.checkpoint import ContractError, TrainState
+from common.training.faults import RunError
+from common.training.loop import MicroBatch, accumulation_window, end_step, optimizer_update, train_batches
 
 
 def test_accumulation_windows_with_a_short_last_window():
@@ -218,7 +218,7 @@ def test_train_batches_refuses_an_accumulation_or_sampler_off_the_global_batch()
     sampler = SimpleNamespace(multiple_of=2, set_epoch=lambda e: None)  # sized to the processes only
     with pytest.raises(ContractError, match="multiple of 2, not of the global batch 4: build it with multiple_of"):
         next(train_batches(acc, make_loader(4), state, max_steps=2, accumulation=2, seed=1, epoch_objects=(sampler,)))
-    from common.data import make_loader as duration_loader  # the recipes' loader: its sampler is found in it
+    from common.data.loading import make_loader as duration_loader  # the recipes' loader: its sampler is found in it
 
     loader, _ = duration_loader(list(range(8)), [1.0] * 8, lambda items: {"ids": items}, max_batch_seconds=2.0,
                                 num_buckets=1, seed=0, multiple_of=2, shuffle=True)
@@ -251,8 +251,8 @@ class FakeEngine:
 
 
 def test_deepspeed_outcome_is_counted_like_ours_and_an_applied_nonfinite_update_stops():
-    from common.faults import RunError
-    from common.loop import no_sync_unless
+    from common.training.faults import RunError
+    from common.training.loop import no_sync_unless
 
     syncs = []
     accelerator = SimpleNamespace(distributed_type=SimpleNamespace(value="DEEPSPEED"),
@@ -295,7 +295,7 @@ def test_no_sync_unless_covers_every_model_given():
         entered.append(model)
         yield
 
-    from common.loop import no_sync_unless
+    from common.training.loop import no_sync_unless
 
     accelerator = SimpleNamespace(distributed_type=SimpleNamespace(value="MULTI_CPU"), no_sync=no_sync)
     with no_sync_unless(accelerator, ("generator", "discriminator"), False):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from common.manifest import (DataError, DataPolicy, data_change, manifest_summary, prepare_manifest,
+from common.data.manifest import (DataError, DataPolicy, data_change, manifest_summary, prepare_manifest,
                              scan_librispeech, validate)
 
 ENTRY = "999-9990.trans.txt:{}"
@@ -68,7 +68,7 @@ def test_resample_policy_and_unused_transcripts(bad_corpus):
 
 
 def test_prepare_manifest_error_report_and_skip(bad_corpus, tmp_path, caplog, monkeypatch):
-    from common import manifest
+    from common.data import manifest
 
     monkeypatch.setattr(manifest, "REPORT_GRACE_S", 0.0)  # the non-main call below exits at once
     policy = DataPolicy(16000, max_seconds=8.0, data_check="full")
@@ -114,7 +114,7 @@ def test_input_that_used_to_slip_through_is_named(tmp_path):
     LJSpeech ids that are paths; a byte-order mark in metadata.csv is accepted."""
     import soundfile as sf
 
-    from common.manifest import scan_ljspeech
+    from common.data.manifest import scan_ljspeech
 
     tone = np.sin(np.arange(16000) * 0.05).astype("float32") * 0.1
     chap = tmp_path / "libri" / "train" / "1" / "2"
@@ -180,7 +180,7 @@ def replace_keeping_size(path):
 def test_a_folder_in_another_layout_is_refused_naming_the_expected_one(tmp_path):
     """An empty --data_dir or an audiofolder-style one: one line saying what was expected and what
     the folder holds (was a FileNotFoundError traceback / 'no usable entries')."""
-    from common.manifest import DataError, scan_librispeech, scan_ljspeech
+    from common.data.manifest import DataError, scan_librispeech, scan_ljspeech
 
     with pytest.raises(DataError, match=r"train not found \(it is empty\); expected the LibriSpeech layout"):
         scan_librispeech(tmp_path, "train")
@@ -197,7 +197,7 @@ def test_a_folder_in_another_layout_is_refused_naming_the_expected_one(tmp_path)
 
 def test_a_librispeech_folder_given_to_an_ljspeech_recipe_is_named(tmp_path):
     """The vocoder (LJSpeech layout) given a LibriSpeech folder says which layout it got and the flag that reads shards."""
-    from common.manifest import DataError, scan_ljspeech
+    from common.data.manifest import DataError, scan_ljspeech
 
     (tmp_path / "train-clean-100" / "19" / "198").mkdir(parents=True)
     (tmp_path / "train-clean-100" / "19" / "198" / "19-198.trans.txt").write_text("19-198-0000 HELLO\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from common.prepare import prepare_once
+from common.training.prepare import prepare_once
 
 
 
@@ -140,7 +140,7 @@ def test_a_lock_whose_pid_was_reused_is_taken_over_at_once(tmp_path):
 
 def test_a_rewritten_lock_keeps_its_heartbeat(tmp_path):
     """`Heartbeat.rewrite` swaps the lock's content atomically and goes on beating for the new content."""
-    from common.prepare import Heartbeat
+    from common.training.prepare import Heartbeat
 
     lock = tmp_path / "x.lock"
     lock.write_text("first")

@@ -1,6 +1,6 @@
 import pytest
 
-import common.run
+import common.training.run
 from common.config import RunConfig
 
 
@@ -17,10 +17,10 @@ def test_start_run_hands_every_accelerator_setting_to_build_accelerator(monkeypa
         seen.update(kwargs)
         raise Built
 
-    monkeypatch.setattr(common.run, "build_accelerator", build)
+    monkeypatch.setattr(common.training.run, "build_accelerator", build)
     cfg = RunConfig(output_dir=str(tmp_path / "run"), ddp_timeout=7.0, deterministic=True, mixed_precision="no",
                     report_to="none")
     with pytest.raises(Built):
-        common.run.start_run(cfg, "best_rq")
+        common.training.run.start_run(cfg, "best_rq")
     assert seen == {"mixed_precision": "no", "project_dir": str(tmp_path / "run"), "log_with": None,
                     "timeout_s": 7.0, "deterministic": True}

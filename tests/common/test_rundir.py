@@ -1,4 +1,4 @@
-"""One run per output folder, and only a run of this recipe (common/rundir.py)."""
+"""One run per output folder, and only a run of this recipe (common/training/rundir.py)."""
 
 import json
 import os
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from common.rundir import LOCK, RUN_MARKER, claim_output_dir
+from common.training.rundir import LOCK, RUN_MARKER, claim_output_dir
 
 MAIN = SimpleNamespace(is_main_process=True, num_processes=1)
 
@@ -154,13 +154,13 @@ def test_a_launch_examines_the_lock_only_while_no_other_does(tmp_path):
     lock; it takes it over as soon as the guard is released."""
     import fcntl
 
-    from common.rundir import GUARD
+    from common.training.rundir import GUARD
 
     out = tmp_path / "run"
     out.mkdir()
     (out / RUN_MARKER).write_text(json.dumps({"recipe": "asr"}))
     (out / LOCK).write_text(json.dumps(_dead_holder()))
-    code = ("import sys; from types import SimpleNamespace; from common.rundir import claim_output_dir; "
+    code = ("import sys; from types import SimpleNamespace; from common.training.rundir import claim_output_dir; "
             "print('ready', flush=True); "
             "claim_output_dir(SimpleNamespace(is_main_process=True, num_processes=1), sys.argv[1], 'asr')")
     with open(out / GUARD, "a") as guard:
@@ -178,7 +178,7 @@ def test_a_launch_examines_the_lock_only_while_no_other_does(tmp_path):
 
 def _holder(out, stopping: bool, seconds: float) -> subprocess.Popen:
     """A run that holds `out` for `seconds`, after a signal (`stopping`) or not, then ends."""
-    code = ("import sys, time; from types import SimpleNamespace; from common.rundir import claim_output_dir, "
+    code = ("import sys, time; from types import SimpleNamespace; from common.training.rundir import claim_output_dir, "
             "mark_stopping; claim_output_dir(SimpleNamespace(is_main_process=True, num_processes=1), sys.argv[1], "
             f"'asr'); {'mark_stopping(); ' if stopping else ''}print('holding', flush=True); time.sleep({seconds})")
     proc = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
@@ -236,12 +236,12 @@ def test_a_folder_holding_only_a_failed_launchs_lock_is_ours(tmp_path):
 def test_a_full_disk_at_the_claim_names_the_folder(tmp_path, monkeypatch):
     import errno
 
-    import common.rundir
+    import common.training.rundir
 
     def full(lock, content):  # a write error carries no file name
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(common.rundir, "create_lock", full)
+    monkeypatch.setattr(common.training.rundir, "create_lock", full)
     out = tmp_path / "run"
     with pytest.raises(SystemExit, match=f"^error: cannot write into {out}: No space left on device: free some space"):
         claim_output_dir(MAIN, out, "asr")

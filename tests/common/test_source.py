@@ -1,4 +1,4 @@
-"""`common.source` on tiny local sources: a map-style split's bad rows and files refused in one line
+"""`common.data.source` on tiny local sources: a map-style split's bad rows and files refused in one line
 (exit code 2) naming the split and row or the file, never a traceback or a blocked read; what a
 checkpoint records of the files follows their contents; stream messages name the fix."""
 import contextlib
@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from common.faults import RunError
-from common.manifest import DataError, data_change, manifest_summary
-from common.source import load_split, with_contents
-from common.stream import ShardStream, open_shards, resolve_shards
+from common.training.faults import RunError
+from common.data.manifest import DataError, data_change, manifest_summary
+from common.data.source import load_split, with_contents
+from common.data.stream import ShardStream, open_shards, resolve_shards
 
 AUDIO = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
@@ -135,7 +135,7 @@ COLUMNS = {"audio": "audio", "text": None, "id": None, "duration": None}
 
 def test_a_validation_split_too_small_for_its_readers_names_what_fixes_it(tmp_path):
     """Its partitions are one per process × data worker, not --stream_partitions."""
-    from common.source import open_streams
+    from common.data.source import open_streams
 
     folder = source(tmp_path, [good()] * 8)
     settings = SimpleNamespace(**vars(cfg(folder)), train_split_name="train", eval_split_name="validation",
@@ -178,7 +178,7 @@ def test_streamed_batches_hold_what_was_asked_or_the_run_says_which_partitions_w
     import json
     import logging
 
-    from common.source import build_stream_loaders, open_streams
+    from common.data.source import build_stream_loaders, open_streams
 
     folder = source(tmp_path / "src", [good()] * 200)
     accelerator = SimpleNamespace(num_processes=1, is_main_process=True, process_index=0,
@@ -234,7 +234,7 @@ def collate_ids(items):
 
 def open_settings(folder, streaming: bool, **changes):
     """A recipe's Config as `Source.open` and `Source.loaders` read it."""
-    return SimpleNamespace(**{**vars(cfg(folder)), "streaming": streaming, "READS_TEXT": True, "train_split_name": "train",
+    return SimpleNamespace(**{**vars(cfg(folder)), "streaming": streaming, "READS_TEXT": True, "EXTRA_COLUMNS": (), "train_split_name": "train",
                               "eval_split_name": "validation", "seed": 0, "stream_partitions": 2 if streaming else None,
                               "stream_block_rows": 8, "per_device_train_batch_size": 2 if streaming else None,
                               "data_check": "header", "on_bad_data": "error", "max_batch_seconds": 1.0,
@@ -249,7 +249,7 @@ ACCELERATOR = SimpleNamespace(num_processes=1, is_main_process=True, process_ind
 def test_a_source_offers_the_same_whatever_it_is(tmp_path, streaming):
     """`Source.open` makes the map-style / stream choice once; the rows, transcripts, loaders and
     summary come out in one shape (`RecipeData`), and only a manifest is subset by id."""
-    from common.source import RecipeData, Source
+    from common.data.source import RecipeData, Source
 
     folder = source(tmp_path / "src", [{"bytes": wav(frames=900 + 100 * i), "path": None} for i in range(8)],
                     sentences=[f"s{i}" for i in range(8)])
@@ -278,10 +278,10 @@ def test_a_folder_source_reads_the_recipes_splits_once_checked(tiny_corpus, tmp_
     data check; what the recipe holds out is logged and kept, not loaded."""
     import logging
 
-    from common.source import Source
+    from common.data.source import Source
 
     folder = tiny_corpus / "librispeech"
-    settings = SimpleNamespace(dataset_name=None, streaming=False, READS_TEXT=False, sample_rate=16000,
+    settings = SimpleNamespace(dataset_name=None, streaming=False, READS_TEXT=False, EXTRA_COLUMNS=(), sample_rate=16000,
                                min_seconds=0.5, max_seconds=30.0, wrong_sample_rate="resample", on_bad_data="error",
                                data_check="header", seed=0, max_batch_seconds=8.0, num_buckets=2, memory_cache_mb=0)
     with caplog.at_level(logging.INFO):
@@ -296,3 +296,37 @@ def test_a_folder_source_reads_the_recipes_splits_once_checked(tiny_corpus, tmp_
     data = src.loaders(train=(Ids, collate_ids), valid=(Ids, collate_ids))
     assert data.summary == manifest_summary(src.splits["train"])
     assert data.durations == dict(zip(src.splits["train"]["id"], src.splits["train"]["duration"]))
+
+
+class Labels(Ids):
+    def item(self, row):
+        return row["id"], row["speaker"]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streamed"])
+def test_a_recipe_reads_a_label_column_as_it_reads_transcripts(tmp_path, streaming):
+    """EXTRA_COLUMNS = ("speaker",) and --speaker_column_name spk: each row carries `speaker`, in the
+    loaders' items, in `Source.column`, whichever the source; a missing column is one line naming its flag."""
+    from common.data.source import Source
+
+    folder = source(tmp_path / "src", [{"bytes": wav(frames=900 + 100 * i), "path": None} for i in range(6)])
+    for split, n in (("train", 6), ("validation", 1)):  # add the label column to each split's file
+        path = folder / "data" / f"{split}-00000-of-00001.parquet"
+        table = pq.read_table(path)
+        pq.write_table(table.append_column("spk", pa.array([f"s{i % 3}" for i in range(n)])), path)
+    settings = open_settings(folder, streaming, READS_TEXT=False, EXTRA_COLUMNS=("speaker",), speaker_column_name="spk")
+    src = Source.open(settings, ACCELERATOR, tmp_path / "out", global_batch=1, num_workers=0,
+                      corpus=lambda: pytest.fail("a --dataset_name source reads no folder"), splits=None)
+    ids, speakers = src.column("train", "speaker")
+    assert sorted(speakers) == ["s0", "s0", "s1", "s1", "s2", "s2"]
+    data = src.loaders(train=(Labels, collate_ids), valid=(Labels, collate_ids))
+    items = [item for batch in data.train_loader for item in batch["ids"]]
+    assert sorted(map(tuple, items)) == sorted(zip(ids, speakers))
+    [row] = data.valid_rows(1)
+    assert row["speaker"] == "s0"
+
+    settings.speaker_column_name = "speaker_id"
+    with pytest.raises(RunError) as e:
+        Source.open(settings, ACCELERATOR, tmp_path / "out2", global_batch=1, num_workers=0, corpus=None, splits=None)
+    assert str(e.value).startswith("--speaker_column_name speaker_id: no such column in ")
+    assert "(it has audio, sentence, spk)" in str(e.value)

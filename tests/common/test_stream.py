@@ -1,4 +1,4 @@
-"""`common.stream` on tiny parquet shards written by `datasets` itself and resolved by the same
+"""`common.data.stream` on tiny parquet shards written by `datasets` itself and resolved by the same
 `load_dataset_builder` call a Hub name goes through."""
 import io
 import math
@@ -10,9 +10,9 @@ import pytest
 import soundfile as sf
 import torch
 
-from common.faults import RunError
-from common.manifest import data_change
-from common.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards
+from common.training.faults import RunError
+from common.data.manifest import data_change
+from common.data.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards
 
 COLUMNS = {"audio": "audio", "text": "sentence", "id": "utt", "duration": None}
 
@@ -200,12 +200,12 @@ def test_missing_split_and_world_mistakes_are_one_line(shards):
 
 
 def test_train_batches_resumes_a_stream_mid_epoch_without_reading_what_was_consumed(shards):
-    """`common.loop.train_batches` over a `StreamLoader`, accumulation 2: stopped after step 10
+    """`common.training.loop.train_batches` over a `StreamLoader`, accumulation 2: stopped after step 10
     (inside epoch 1) and resumed with fresh objects, the micro-batches equal an uninterrupted run's."""
     from types import SimpleNamespace
 
-    from common.checkpoint import TrainState
-    from common.loop import end_step, train_batches
+    from common.training.checkpoint import TrainState
+    from common.training.loop import end_step, train_batches
 
     acc = SimpleNamespace(process_index=0, num_processes=1)
 
@@ -240,7 +240,7 @@ def test_train_batches_resumes_a_stream_mid_epoch_without_reading_what_was_consu
 def test_batch_offsets_are_array_splits_computed_for_one_block_only():
     """The cuts equal np.array_split's; a late block of a partition of 10^11 rows is cut without
     materializing the partition's offsets (which would need 400 GB: a resume there must cost a block)."""
-    from common.stream import Shard
+    from common.data.stream import Shard
 
     cols = {"audio": "audio", "text": None, "id": None, "duration": "duration"}
     huge = ShardStream([Shard(f"s{i}", 10**9, "") for i in range(100)], cols, seed=0, partitions=2,
@@ -262,7 +262,7 @@ def test_batch_offsets_are_array_splits_computed_for_one_block_only():
 def test_reading_a_block_touches_only_the_shards_that_hold_it(tmp_path):
     """Rows at the end of an epoch of 20 000 shards are found by bisection over the epoch's shard
     starts, not by walking every shard before them (a cost growing with the corpus at every block)."""
-    from common.stream import Shard
+    from common.data.stream import Shard
 
     write_shards(tmp_path, [8])
     real = open_shards(resolve_shards(str(tmp_path)), COLUMNS)[0]
@@ -282,7 +282,7 @@ def test_reading_a_block_touches_only_the_shards_that_hold_it(tmp_path):
 
 
 def test_unset_partitions_adapt_to_a_small_split_and_a_short_batch_is_explained():
-    from common.stream import auto_partitions, batch_shortfall, batch_sizes
+    from common.data.stream import auto_partitions, batch_shortfall, batch_sizes
 
     assert auto_partitions(100_000, 8) == 64 and batch_sizes(100_000, 64, 8)[:2] == (7, 8)
     assert auto_partitions(200, 8) == 4 and batch_sizes(200, 4, 8)[:2] == (7, 8)  # 64 would give 3–4

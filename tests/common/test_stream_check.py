@@ -1,4 +1,4 @@
-"""`common.stream.check_shards`: every row of every parquet shard checked once, its verdicts cached
+"""`common.data.stream.check_shards`: every row of every parquet shard checked once, its verdicts cached
 per shard, bad rows refused in one line or skipped, and a stream with skips still exact."""
 import io
 import json
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import common.stream
-from common.faults import RunError
-from common.stream import ShardStream, StreamDataset, StreamLoader, check_shards, open_shards, resolve_shards
+import common.data.stream
+from common.training.faults import RunError
+from common.data.stream import ShardStream, StreamDataset, StreamLoader, check_shards, open_shards, resolve_shards
 
 COLUMNS = {"audio": "audio", "text": "sentence", "id": "utt", "duration": None}
 
@@ -69,7 +69,7 @@ def test_a_bad_row_is_named_in_one_line(corpus):
 
 def test_skip_drops_them_with_counts_and_full_mode_finds_non_finite_audio(corpus, caplog):
     folder, shards = corpus
-    with caplog.at_level(logging.WARNING, logger="common.stream"):
+    with caplog.at_level(logging.WARNING, logger="common.data.stream"):
         kept = check_shards(shards, COLUMNS, folder / "out", mode="full", on_bad_data="skip", workers=1)
     assert "skipping 4 unusable rows in 2 of 3 shards (1 unreadable audio, 1 empty transcript, 1 transcript is " \
            "not text, 1 empty audio)" in caplog.text
@@ -84,7 +84,7 @@ def test_each_shard_is_read_once(corpus, monkeypatch):
     out = folder / "out"
     first = check_shards(shards, COLUMNS, out, on_bad_data="skip", workers=2)
     read = []
-    monkeypatch.setattr(common.stream, "_check_shard", lambda path, *a: read.append(path) or [])
+    monkeypatch.setattr(common.data.stream, "_check_shard", lambda path, *a: read.append(path) or [])
     assert check_shards(shards, COLUMNS, out, on_bad_data="skip", workers=1) == first
     for folder_made in out.glob("stream-check-*"):
         if folder_made.is_dir():

@@ -315,7 +315,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the launcher and every process under it at once, as a scheduler killing the job
     would. (torch's elastic agent starts its workers in sessions of their own, so killing the
     launcher's process group alone misses them: they stop on their own once they notice, through a
-    save, see common/launcher.py.)"""
+    save, see common/training/launcher.py.)"""
     procs = []
     for pid in [r.pid for r in proc.ranks] if isinstance(proc, ForkedGroup) else [proc.pid]:
         try:
@@ -439,7 +439,7 @@ def assert_same_losses(a: Path, b: Path, key: str = "loss") -> None:
 def epoch_lengths(durations, max_batch_seconds: float, world: int, epochs: int, seed: int = 42,
                   accumulation: int = 1) -> list[int]:
     """Batches per rank in each epoch, as a recipe's sampler will make them from `durations`."""
-    from common.data import DurationBatchSampler
+    from common.data.loading import DurationBatchSampler
 
     s = DurationBatchSampler(durations, max_batch_seconds, seed=seed, multiple_of=world * accumulation)
     lengths = []

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file
 
 import evaluate
-from common.data import load_audio
-from common.features import LogMel, feature_stats
-from common.hf_export import load_recipe_ctc_weights
-from common.manifest import read_librispeech
+from common.data.loading import load_audio
+from common.model.features import LogMel, feature_stats
+from common.model.hf_export import load_recipe_ctc_weights
+from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics, python,
                                    resumed_positions, run)

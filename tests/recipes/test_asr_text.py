@@ -10,7 +10,7 @@ import unicodedata
 import pytest
 
 from tools.corpus import _SENTENCE_SEED, PROFILES, make_sentences
-from common.manifest import read_librispeech
+from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT, command, python
 

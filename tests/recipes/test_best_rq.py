@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from common.manifest import read_librispeech
+from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
                                    resumed_positions, run)
@@ -101,7 +101,7 @@ def test_span_mask_fraction_and_determinism():
 
 
 def test_masked_loss_starts_near_chance():
-    from common.encoder import encoder_config
+    from common.model.encoder import encoder_config
 
     cfg = encoder_config(input_dim=320, hidden_size=32, num_layers=1, num_heads=2, ffn_dim=64,
                          conv_kernel=7, dropout=0.0)
@@ -126,7 +126,7 @@ def test_utterance_label_norm_ignores_level_and_padding():
     """label_norm utterance: each utterance's own per-bin statistics over its valid frames feed the
     quantizer, so a level change (a constant added to the log-mel) and the batch's padding leave the
     labels unchanged; the global statistics do neither."""
-    from common.encoder import encoder_config
+    from common.model.encoder import encoder_config
 
     cfg = encoder_config(input_dim=320, hidden_size=32, num_layers=1, num_heads=2, ffn_dim=64,
                          conv_kernel=7, dropout=0.0)
@@ -158,7 +158,7 @@ def test_evaluate_reports_the_label_entropy():
     model that learned nothing from the audio), computed over every validation batch."""
     from types import SimpleNamespace
 
-    from common.encoder import encoder_config
+    from common.model.encoder import encoder_config
 
     cfg = encoder_config(input_dim=320, hidden_size=32, num_layers=1, num_heads=2, ffn_dim=64,
                          conv_kernel=7, dropout=0.0)

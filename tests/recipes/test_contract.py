@@ -1,4 +1,4 @@
-"""Every training script goes through the loop helpers (common/loop.py, common/checkpoint.py) in the
+"""Every training script goes through the loop helpers (common/training/loop.py, common/training/checkpoint.py) in the
 order their contracts need, and steps, saves and loads nothing behind their backs. A static check of
 the source (AST): the helpers check their own order at run time too, but only on the paths a run takes."""
 
@@ -16,7 +16,7 @@ SCRIPTS = sorted(ROOT.glob("recipes/*/train.py")) + [ROOT / "tests/recipes/suppo
 # sampler sized to it → prepare → load the checkpoint → the loop.
 SEQUENCE = ("choose_checkpoint", "global_batch_plan", "make_loader", "prepare", "resume_from_checkpoint",
             "train_batches")
-# Calls that make the sequence's calls for the recipe (common/run.py, common/data.py, the recipe's own
+# Calls that make the sequence's calls for the recipe (common/training/run.py, common/data/loading.py, the recipe's own
 # build_data seam), in this order: they stand for them at the line they are called.
 ALIASES = {"start_run": ("choose_checkpoint", "global_batch_plan"),
            "build_data": ("make_loader",), "build_loaders": ("make_loader",)}
@@ -91,10 +91,10 @@ def test_the_check_finds_a_bypass():
 def test_the_calls_that_stand_for_the_sequence_make_it_in_order():
     """`start_run` chooses the checkpoint, then plans the global batch from it; `build_loaders` sizes
     the training sampler to that global batch (the aliases above are true)."""
-    run = (ROOT / "common/run.py").read_text()
+    run = (ROOT / "common/training/run.py").read_text()
     start = run.index("def start_run(")
     body = run[start:run.index("\ndef ", start + 1)]
     assert body.index("choose_checkpoint(") < body.index("global_batch_plan(")
-    data = (ROOT / "common/data.py").read_text()
+    data = (ROOT / "common/data/loading.py").read_text()
     build = data[data.index("def build_loaders("):]
     assert "multiple_of=global_batch" in build

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from common.config import parse_config
-from common.faults import UsageError
-from common.manifest import read_librispeech
+from common.training.faults import UsageError
+from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, python, resumed_positions, run
 from tests.recipes.test_asr import TINY
@@ -121,7 +121,7 @@ def test_a_plain_run_and_the_recipe_yaml_are_not_refused():
                                   r"--train_split_name / --eval_split_name to one of them$"),
 ])
 def test_column_and_split_mistakes_name_what_there_is(source, tmp_path, monkeypatch, streaming, changes, message):
-    from common.source import load_split, open_stream
+    from common.data.source import load_split, open_stream
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
     for key, value in OFFLINE.items():
@@ -136,7 +136,7 @@ def test_column_and_split_mistakes_name_what_there_is(source, tmp_path, monkeypa
 
 
 def test_a_folder_without_data_files_is_one_line(tmp_path, monkeypatch):
-    from common.source import load_split, open_stream
+    from common.data.source import load_split, open_stream
 
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
@@ -265,7 +265,7 @@ def test_map_style_source_trains_resumes_and_decodes(source, tmp_path, env):
 
 
 def test_a_usage_error_exits_with_code_2_in_one_line():
-    code = ("from common.faults import UsageError, run_main\n"
+    code = ("from common.training.faults import UsageError, run_main\n"
             "def main(): raise UsageError('--text_column_name t: no such column in s (it has a, b)')\n"
             "run_main(main)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -369,7 +369,7 @@ def test_tts_and_vocoder_build_their_data_from_a_source(recipe, streaming, sourc
     assert [item[0] for item in items] == [row["id"] for row in rows] and len(rows) == 2
     wav = items[0][-1] if recipe == "vocoder" else None
     if wav is not None:  # 16 kHz audio resampled to the recipe's 22 050 Hz
-        from common.source import audio_seconds
+        from common.data.source import audio_seconds
 
         assert abs(len(wav) / 22050 - audio_seconds(rows[0]["audio"])) < 0.01
 
@@ -392,7 +392,7 @@ def bad_source(source, tmp_path_factory) -> tuple[Path, str]:
 
 
 def test_a_streamed_bad_row_refuses_the_run_in_one_line(bad_source, tmp_path, offline):
-    from common.faults import RunError
+    from common.training.faults import RunError
 
     folder, _ = bad_source
     with pytest.raises(RunError) as e:
@@ -407,8 +407,8 @@ def test_a_streamed_bad_row_is_skipped_with_its_count_and_checked_once(bad_sourc
                                                                         monkeypatch):
     """--on_bad_data skip: the row is left out of the stream and of the transcripts (TTS's symbol
     table), the count logged; a second launch on the same output_dir reads no shard."""
-    import common.stream
-    from common.source import stream_column
+    import common.data.stream
+    from common.data.source import stream_column
 
     folder, bad_id = bad_source
     argv = recipe_args("tts", folder, tmp_path / "out", "--on_bad_data", "skip")
@@ -423,7 +423,7 @@ def test_a_streamed_bad_row_is_skipped_with_its_count_and_checked_once(bad_sourc
 
     caplog.clear()
     read = []
-    monkeypatch.setattr(common.stream, "_check_shard", lambda path, *a: read.append(path) or [])
+    monkeypatch.setattr(common.data.stream, "_check_shard", lambda path, *a: read.append(path) or [])
     with caplog.at_level(logging.INFO):
         data = build("tts", argv, tmp_path / "out")
     assert read == [] and "stream data check" not in caplog.text and data.source.size("train") == 47

@@ -18,10 +18,10 @@ import soundfile as sf
 import torch
 from transformers import AutoFeatureExtractor, AutoModel, AutoModelForCTC, pipeline
 
-from common.encoder import encoder_config
-from common.features import LogMel
-from common.hf_export import load_recipe_ctc_weights, save_feature_extractor, write_model_card
-from common.manifest import read_librispeech
+from common.model.encoder import encoder_config
+from common.model.features import LogMel
+from common.model.hf_export import load_recipe_ctc_weights, save_feature_extractor, write_model_card
+from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT, python, run
 from tests.recipes.test_asr import args_for
@@ -73,7 +73,7 @@ def test_asr_export_equals_the_recipe(tmp_path):
 
 
 def test_best_rq_encoder_export_gives_the_recipe_hidden_states(tmp_path):
-    from common.encoder import StackedLogMelEncoder
+    from common.model.encoder import StackedLogMelEncoder
 
     torch.manual_seed(1)
     enc = StackedLogMelEncoder(CFG, n_mels=80, stack_frames=4).eval()
@@ -207,7 +207,7 @@ sf.write("out.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
 def test_asr_and_best_rq_exports_load_without_the_repository(tmp_path):
     """The transformers exports, copied into an empty folder, load as their model cards say in a
     fresh interpreter that cannot import this repository: the same text and hidden states."""
-    from common.encoder import StackedLogMelEncoder
+    from common.model.encoder import StackedLogMelEncoder
     from tests.recipes.test_sealed_exports import WITHOUT_THE_REPOSITORY
 
     torch.manual_seed(0)

@@ -92,7 +92,7 @@ def test_fsdp_interrupted_equals_continuous_sharded_checkpoints_full_export(tiny
 
 
 def _encoder_config():
-    from common.encoder import encoder_config
+    from common.model.encoder import encoder_config
 
     # test_best_rq.TINY's encoder
     return encoder_config(input_dim=320, hidden_size=32, num_layers=2, num_heads=2, ffn_dim=64, conv_kernel=7,

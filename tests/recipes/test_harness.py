@@ -80,15 +80,16 @@ def test_forked_ranks_get_the_real_launchers_environment(tmp_path):
     """The variables `accelerate launch --config_file accelerate_configs/cpu_ddp.yaml` gives its
     workers, rank by rank, are the forked ranks' (less the agent's store and error file)."""
     script = tmp_path / "env.py"
-    script.write_text("import json, os; print(json.dumps(dict(os.environ)))\n")
+    # each rank writes its own file: two ranks printing to one pipe may interleave their lines
+    script.write_text(f"import json, os; open({str(tmp_path)!r} + '/env' + os.environ['RANK'], 'w').write(json.dumps(dict(os.environ)))\n")
     port = harness.free_port()
     out = subprocess.run([*harness.ACCELERATE, "--config_file", str(harness.ROOT / "accelerate_configs" / "cpu_ddp.yaml"),
                           "--num_processes", "2", "--main_process_port", str(port), str(script)],
                          env=harness.base_env(), capture_output=True, text=True, timeout=120, cwd=harness.ROOT)
     assert out.returncode == 0, out.stderr
     base = harness.base_env()
-    for line in out.stdout.splitlines():
-        env = json.loads(line)
+    for rank in (0, 1):
+        env = json.loads((tmp_path / f"env{rank}").read_text())
         expected = harness.ddp_env(int(env["RANK"]), 2, port)
         assert {k: env.get(k) for k in expected} == expected
         # nothing else added or changed (a variable the suite already had with that value is fine)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from common.manifest import read_librispeech
+from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import run
 from tests.recipes.test_asr import args_for, launch
@@ -146,7 +146,7 @@ def test_decode_and_pipeline_with_the_lm(tiny_corpus, tmp_path):
                                    "--lm_alpha", str(summary["lm_alpha"]), "--lm_beta", str(summary["lm_beta"])],
                   tmp_path / "export.log")
     assert proc.returncode == 0, proc.stdout
-    from common.checkpoint import resolve_checkpoint
+    from common.training.checkpoint import resolve_checkpoint
 
     assert resolve_checkpoint(export) == export  # sealed like a training final/: the tools accept it
     asr_pipe = pipeline("automatic-speech-recognition", model=str(export), trust_remote_code=True)

@@ -65,7 +65,7 @@ def test_precision_comes_from_the_profile_unless_the_flag_says_otherwise(tiny_co
 def test_a_gpu_profile_on_a_cpu_machine_with_more_processes_than_cores_is_refused(tiny_corpus, tmp_path):
     """multi_gpu.yaml as shipped asks for 8 processes; on a CPU-only machine accelerate would start 8
     gloo processes sharing its cores. Refused, naming the core count and the CPU profile."""
-    from common.distributed import available_cores
+    from common.training.distributed import available_cores
 
     n = available_cores() + 1
     proc = launch(["--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", str(n),

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from safetensors.torch import save_file
 
-from common.checkpoint import MARKER, seal_files
+from common.training.checkpoint import MARKER, seal_files
 from common.config import config_to_dict
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT, python
@@ -201,7 +201,7 @@ def test_a_tts_export_loads_outside_the_repository_through_import_export(tmp_pat
 
     import torch
 
-    from common.checkpoint import import_export
+    from common.training.checkpoint import import_export
 
     local = ("model", "audio", "frontend")  # renamed as the TTS recipe's export renames them
     code = {}
@@ -230,9 +230,9 @@ def test_export_py_writes_a_sealed_folder_that_the_tools_accept(tmp_path, in_pro
     decode.py (and every tool) accepts it; the weights are the checkpoint's."""
     import torch
 
-    from common.checkpoint import resolve_checkpoint
-    from common.encoder import encoder_config_from
-    from common.hf_export import load_recipe_ctc_weights
+    from common.training.checkpoint import resolve_checkpoint
+    from common.model.encoder import encoder_config_from
+    from common.model.hf_export import load_recipe_ctc_weights
 
     asr = recipe_modules("asr", "model", "text")
     cfg = dict(ASR_CFG, sample_rate=16000, hidden_size=16, num_layers=1, num_heads=2, ffn_dim=32, conv_kernel=3,
@@ -292,12 +292,12 @@ sys.meta_path.insert(0, NotHere())
 
 
 def test_tts_and_vocoder_exports_load_without_the_repository(tmp_path):
-    """final/ as training writes its code (common.hf_export.write_code with the recipes' lists), copied
+    """final/ as training writes its code (common.model.hf_export.write_code with the recipes' lists), copied
     into an empty folder, loads and runs in a fresh interpreter with only installed packages: the
     TTS synthesizes what the recipe's own code does, the vocoder vocodes."""
     import torch
 
-    from common.hf_export import write_code
+    from common.model.hf_export import write_code
 
     torch.manual_seed(0)
     model = tts.model.build_model(SimpleNamespace(**TTS_CFG))

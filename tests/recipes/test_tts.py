@@ -16,7 +16,7 @@ import soundfile as sf
 import torch
 from PIL import Image
 
-from common.manifest import read_ljspeech
+from common.data.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics, python,
                                    resumed_positions, run)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from common.manifest import read_ljspeech
+from common.data.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT, python, run
 

@@ -45,7 +45,7 @@ def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
 
 
 def test_the_generator_gives_the_samples_whose_mel_has_its_frames():
-    from common.features import mel_frontend
+    from common.model.features import mel_frontend
 
     cfg = type("C", (), dict(n_mels=80, win_length=1024, hop_length=256, dim=16, hidden_dim=32, layers=1))
     frontend = mel_frontend(22050, 80, 1024, 256)

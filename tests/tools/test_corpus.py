@@ -209,7 +209,7 @@ def test_common_never_imports_tools():
 
     root = Path(__file__).resolve().parents[2] / "common"
     offenders = []
-    for path in sorted(root.glob("*.py")):
+    for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from common.manifest import read_librispeech, read_ljspeech
+from common.data.manifest import read_librispeech, read_ljspeech
 from tools.real_prompts import SOUNDS_ROOT, DOC_ROOT, build, clean_text, split_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

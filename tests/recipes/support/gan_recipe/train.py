@@ -45,14 +45,14 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.checkpoint import TrainState, choose_checkpoint, export_final, global_batch_plan, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import TrainState, choose_checkpoint, export_final, global_batch_plan, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
-from common.data import make_loader  # noqa: E402
-from common.distributed import build_accelerator, seed_everything  # noqa: E402
-from common.faults import Preemption, run_main  # noqa: E402
-from common.logs import MetricsLog  # noqa: E402
-from common.loop import end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches  # noqa: E402
-from common.rundir import claim_output_dir  # noqa: E402
+from common.data.loading import make_loader  # noqa: E402
+from common.training.distributed import build_accelerator, seed_everything  # noqa: E402
+from common.training.faults import Preemption, run_main  # noqa: E402
+from common.training.logs import MetricsLog  # noqa: E402
+from common.training.loop import end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches  # noqa: E402
+from common.training.rundir import claim_output_dir  # noqa: E402
 
 
 class Frames(torch.utils.data.Dataset):

@@ -55,10 +55,10 @@ from typing import Iterator, NamedTuple
 import torch
 from accelerate import skip_first_batches
 
-from common.checkpoint import ContractError, TrainState, save_checkpoint
-from common.distributed import derive_seed
-from common.faults import PREEMPTED_EXIT_CODE, NonFiniteError, RunError
-from common.logs import get_logger
+from common.training.checkpoint import ContractError, TrainState, save_checkpoint
+from common.training.distributed import derive_seed
+from common.training.faults import PREEMPTED_EXIT_CODE, NonFiniteError, RunError
+from common.training.logs import get_logger
 
 logger = get_logger(__name__)  # main process only
 
@@ -106,7 +106,7 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
             n_batches = len(loader)  # this rank's batches; equal on every rank
             epoch, done = state.epoch, state.batches_in_epoch // world  # this rank's consumed batches
             # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them. A
-            # stream (common.stream.StreamLoader) starts at the position itself, reading no consumed row.
+            # stream (common.data.stream.StreamLoader) starts at the position itself, reading no consumed row.
             if done and hasattr(loader, "resume_at"):
                 loader.resume_at(done)
             resumed = skip_first_batches(loader, done) if done and not hasattr(loader, "resume_at") else loader
@@ -305,7 +305,7 @@ def validation_due(state: TrainState, eval_steps: int, max_steps: int) -> bool:
 def save_or_preempt(accelerator, output_dir: str | Path, state: TrainState, preemption, *, models, optimizers,
                     schedulers, save_steps: int, max_steps: int, save_total_limit: int | None) -> None:
     """Save every `save_steps`, at `max_steps`, and when any rank was signalled (then exit 75).
-    `models`, `optimizers`, `schedulers`: as for `common.checkpoint.save_checkpoint`.
+    `models`, `optimizers`, `schedulers`: as for `common.training.checkpoint.save_checkpoint`.
 
     Collective: call on every rank after each `end_step`."""
     stop = preemption.requested()  # all ranks agree on the same step

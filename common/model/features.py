@@ -1,6 +1,6 @@
 """Log-mel front end and global feature statistics.
 
-`LogMel` lives in `common.speech_frontend`, the self-contained file that exported models carry, so
+`LogMel` lives in `common.model.speech_frontend`, the self-contained file that exported models carry, so
 training and exported feature extraction are the same code.
 """
 
@@ -11,19 +11,31 @@ from typing import Iterable
 import torch
 from accelerate.utils import broadcast
 
-from common.faults import RunError
-from common.speech_frontend import LogMel  # noqa: F401 — re-exported: the recipes' front end
-from common.vocoding import mel_frontend  # noqa: F401 — re-exported
+from common.training.faults import RunError
+from common.model.speech_frontend import LogMel  # noqa: F401 — re-exported: the recipes' front end
+from common.model.vocoding import mel_frontend  # noqa: F401 — re-exported
 
 
-def feature_stats(items: Iterable[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-dimension mean and std over all frames of `items`, (utterance id, (frames, dim)
-    features) pairs, in float64.
+def feature_stats(items: Iterable[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-dimension mean and std over all frames of `items`, in float64. Each item is a tuple or
+    list whose first two entries are (utterance id, (frames, dim) features); what follows them (a
+    label, a transcript) is ignored, so a recipe passes its dataset's items as they are.
 
     Refuses non-finite features, naming the utterances: a NaN or Inf sample in one file (which the
     default header-only data check does not decode) would make every statistic NaN, and with it
-    every loss of the run."""
-    ids, features = zip(*items)
+    every loss of the run. An item of another shape is a TypeError of one line saying what it got."""
+    ids, features = [], []
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) >= 2 and isinstance(item[1], torch.Tensor)
+                and item[1].ndim == 2):
+            got = (f"a {type(item).__name__} of {len(item)}: ({', '.join(type(x).__name__ for x in item)})"
+                   if isinstance(item, (tuple, list)) else f"a {type(item).__name__}")
+            raise TypeError(f"feature_stats takes items (utterance id, (frames, dim) features, ...), got {got}: "
+                            f"give it the dataset's items with the id first and the 2-D features second")
+        ids.append(item[0])
+        features.append(item[1])
+    if not ids:
+        raise TypeError("feature_stats got no items: give it at least one (utterance id, features, ...) item")
     bad = [utt_id for utt_id, f in zip(ids, features) if not torch.isfinite(f).all()]
     if bad:
         raise RunError(f"non-finite features (NaN/Inf audio samples) in {len(bad)} of the {len(ids)} utterances "

@@ -1,6 +1,6 @@
 """Audio loading, the duration-bucketing batch sampler, and the training/validation DataLoader.
 
-(Manifests, i.e. reading a corpus folder into rows and checking them, are in `common.manifest`.)
+(Manifests, i.e. reading a corpus folder into rows and checking them, are in `common.data.manifest`.)
 Data contract that makes resume exact and DDP honest:
 - a manifest is sorted by utterance id, so its order never depends on the file system;
 - the batch sampler is a pure function of (seed, epoch, multiple_of): every rank builds the same
@@ -21,9 +21,9 @@ import torch
 import torchaudio
 from torch.utils.data import DataLoader
 
-from common.distributed import derive_seed
-from common.faults import RunError
-from common.logs import get_logger
+from common.training.distributed import derive_seed
+from common.training.faults import RunError
+from common.training.logs import get_logger
 
 logger = get_logger(__name__)  # main process only
 
@@ -186,7 +186,7 @@ def keep_in_memory(dataset, budget_mb: int, num_workers: int, what: str):
 def auto_workers(requested: int | None, cuda: bool) -> int:
     """DataLoader worker processes per training process; `requested` None means automatic.
 
-    On CPU: 0. The compute threads already use every core (`common.distributed.set_threads`), and a
+    On CPU: 0. The compute threads already use every core (`common.training.distributed.set_threads`), and a
     worker takes one from them: on 2 cores, 2 threads + 1 worker ran at 0.84× the speed of 2 threads
     alone, although 1 worker helps a 1-thread run (1.11×); see benchmarks/README.md. On a GPU: this
     process's share of the cores minus one for its own thread, at most 4, so that decoding and
@@ -219,7 +219,7 @@ def make_loader(dataset, durations, collate_fn, *, max_batch_seconds: float, num
 def load_row_audio(row: dict, sample_rate: int) -> torch.Tensor:
     """`load_audio` of a manifest row: its `path` (a folder's), or its `audio` cell (a `datasets`
     source's, undecoded: bytes or a path)."""
-    from common.stream import audio_source
+    from common.data.stream import audio_source
 
     return load_audio(audio_source(row["audio"]) if "audio" in row else row["path"], sample_rate)
 
@@ -229,7 +229,7 @@ def build_loaders(cfg, accelerator, *, global_batch: int, num_workers: int, trai
     """(training loader, its sampler, validation loader): duration-bucketed loaders over `train` and
     `valid`, each (manifest, dataset, collator), with the items kept in RAM after their first read
     (`keep_in_memory`). The training batches per epoch are a multiple of `global_batch` micro-batches
-    (the resume plan's, `common.run.start_run`), the validation batches a multiple of the processes.
+    (the resume plan's, `common.training.run.start_run`), the validation batches a multiple of the processes.
     Reads the shared Config fields max_batch_seconds, num_buckets, seed and memory_cache_mb."""
     (train_set, train_items, collate), (valid_set, valid_items, valid_collate) = train, valid
     world = accelerator.num_processes

@@ -1,6 +1,6 @@
 """The recipes' speech front end, self-contained (torch, torchaudio, numpy, transformers only).
 
-Training uses `LogMel` from here (through `common.features`), and exported models carry a copy of
+Training uses `LogMel` from here (through `common.model.features`), and exported models carry a copy of
 this very file next to their `preprocessor_config.json`, so `AutoFeatureExtractor.from_pretrained(
 folder, trust_remote_code=True)` computes exactly the features the model was trained on:
 80-dim log-mel (25 ms Hann window, 10 ms hop, no dither), normalized with the training set's global

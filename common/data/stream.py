@@ -28,7 +28,7 @@ The design, and why (every property below is tested in tests/common/test_stream.
   per partition is what makes the end of an epoch agreed without a collective; with
   `batch_size × max_seconds ≤ max_batch_seconds` a batch never exceeds a padded-seconds budget.
 - **Global batch k = batch k // P of partition k mod P**, whatever the world size. Accelerate's
-  convention deals global batch i·W + r to rank r (`common.loop.train_batches`), so rank r reads
+  convention deals global batch i·W + r to rank r (`common.training.loop.train_batches`), so rank r reads
   only the partitions p ≡ r (mod W), and worker j of its DataLoader only p ≡ (start + j)·W + r
   (mod W·workers): every utterance is read once per epoch over all ranks × workers. P must be a
   multiple of processes × workers and of the global batch (processes × accumulation); otherwise the
@@ -50,8 +50,8 @@ The design, and why (every property below is tested in tests/common/test_stream.
 `IterableDataset` (items and collated batches made in the DataLoader's workers), `StreamLoader` what
 `train_batches` iterates (`set_epoch`, `resume_at`, `__len__`).
 
-The recipes take a stream through `common.source` (--dataset_name ... --streaming true; every
-recipe). Rows are checked by `check_shards` (once per shard, cached; `common.source.open_streams`
+The recipes take a stream through `common.data.source` (--dataset_name ... --streaming true; every
+recipe). Rows are checked by `check_shards` (once per shard, cached; `common.data.source.open_streams`
 runs it before training): with --on_bad_data error a bad row is refused in one line naming its shard
 and row, with skip it is left out (`Shard.skip`) by a rule of the shard's content alone, so the
 batches stay the same on every launch and rank.
@@ -77,8 +77,8 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from common.distributed import derive_seed
-from common.faults import RunError, UsageError
+from common.training.distributed import derive_seed
+from common.training.faults import RunError, UsageError
 
 logger = logging.getLogger(__name__)
 HEAD_TAIL_BYTES = 64 * 1024  # bytes of a shard's start and end in its content digest
@@ -161,7 +161,7 @@ def shard_names(paths: list[str]) -> list[str]:
 def shard_files(paths: list[str], stamps: list[str] | None = None) -> dict[str, str]:
     """{shard name (`shard_names`): content digest (`shard_stamp`)}: what a checkpoint records of a
     `datasets` source's files (streamed or map-style), so that a refused resume names the shard
-    that appeared, vanished or changed (`common.manifest.data_change`)."""
+    that appeared, vanished or changed (`common.data.manifest.data_change`)."""
     stamps = [shard_stamp(p) for p in paths] if stamps is None else stamps
     return dict(zip(shard_names(paths), stamps))
 
@@ -199,7 +199,7 @@ def parquet_footer(path: str):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from common.manifest import DataError
+    from common.data.manifest import DataError
 
     try:
         return pq.ParquetFile(path).metadata
@@ -231,7 +231,7 @@ def auto_partitions(rows: int, batch_size: int, multiple_of: int = 1) -> int:
     asked (`full_batches`: large splits get 64, a split of 200 rows in batches of 8 gets 4: 7–8
     utterances a batch), as a multiple of `multiple_of` (processes × data workers and the global batch:
     every partition has one reader). A function of the source and the launch's shape: a resume
-    takes the checkpoint's value instead (`common.source.open_streams`)."""
+    takes the checkpoint's value instead (`common.data.source.open_streams`)."""
     p = AUTO_PARTITIONS
     while p > 1 and not full_batches(rows, p, batch_size):
         p //= 2
@@ -262,7 +262,7 @@ class ShardStream:
     def __init__(self, shards: list[Shard], columns: dict[str, str | None], *, seed: int, partitions: int,
                  block_rows: int, batch_size: int, too_few: str = "lower --stream_partitions"):
         """`too_few`: what a user does when the rows cannot fill the partitions (the training
-        split's are --stream_partitions; a validation split's are its readers, `common.source`)."""
+        split's are --stream_partitions; a validation split's are its readers, `common.data.source`)."""
         self.shards, self.columns, self.seed = shards, columns, seed
         self.partitions, self.block_rows, self.batch_size = partitions, block_rows, batch_size
         self.rows = sum(s.rows for s in shards)
@@ -421,7 +421,7 @@ def audio_source(cell) -> io.BytesIO | str:
     if isinstance(cell, (bytes, bytearray)):
         return io.BytesIO(cell)
     if isinstance(cell, str) and cell:
-        from common.datacheck import regular_file
+        from common.data.datacheck import regular_file
 
         st = regular_file(cell)
         if isinstance(st, dict):
@@ -467,7 +467,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
 
 class StreamLoader:
-    """What `common.loop.train_batches` iterates for a stream: its epoch set by `set_epoch`, a
+    """What `common.training.loop.train_batches` iterates for a stream: its epoch set by `set_epoch`, a
     resumed epoch started by `resume_at(local batches done)` (no skipped batch is read), batches
     moved to `device`. Not given to `accelerator.prepare`: the stream shards itself by rank."""
 
@@ -505,11 +505,11 @@ def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: s
                  mode: str = "header", on_bad_data: str = "error", is_main_process: bool = True,
                  workers: int | None = None) -> list[Shard]:
     """`shards` with their unusable rows in `Shard.skip` ("skip", counts logged), or a one-line
-    refusal naming the first of them ("error"), as the folder data check does (`common.manifest`).
+    refusal naming the first of them ("error"), as the folder data check does (`common.data.manifest`).
 
     A row is unusable when its audio cell is not encoded bytes or a regular file's path
     (`audio_source`: never opened then), or, with `mode` (`--data_check`) "header", its audio does
-    not decode (header and last block, as `common.datacheck`), has no samples or several channels
+    not decode (header and last block, as `common.data.datacheck`), has no samples or several channels
     (refused, as from a folder), or, with a text column, its
     transcript is not a non-empty string; "full" decodes every sample and also finds silent and
     non-finite audio. The verdict depends on the row's content alone, never on the rank, the launch
@@ -520,11 +520,11 @@ def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: s
     keyed by its path, content digest and file times (`_local_key`) and columns, as soon as it is known (a killed check
     resumes; a rewritten shard is read again, alone). The whole result, `problems.jsonl`, is built
     once in `<out_dir>/stream-check-<mode>-<digest>/` by one process while the others wait
-    (`common.prepare.prepare_once`), so a re-launch opens no shard. `workers` processes read the
+    (`common.training.prepare.prepare_once`), so a re-launch opens no shard. `workers` processes read the
     shards (None: every core this process may use; the result does not depend on it)."""
-    from common.datacheck import MODES, default_workers
-    from common.manifest import REPORT_GRACE_S, DataError
-    from common.prepare import prepare_once
+    from common.data.datacheck import MODES, default_workers
+    from common.data.manifest import REPORT_GRACE_S, DataError
+    from common.training.prepare import prepare_once
 
     if mode not in MODES or on_bad_data not in ("error", "skip"):
         raise ValueError(f"mode must be one of {MODES} and on_bad_data error or skip, not {mode!r}, {on_bad_data!r}")
@@ -571,7 +571,7 @@ def _check_all(shards: list[Shard], local: dict[str, str], key: str, mode: str, 
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    from common.datacheck import Appender, worker_init
+    from common.data.datacheck import Appender, worker_init
 
     known = _read_check_cache(cache)
     found = [known.get((s.path, local[s.path], key)) for s in shards]
@@ -583,7 +583,7 @@ def _check_all(shards: list[Shard], local: dict[str, str], key: str, mode: str, 
     try:
         if workers == 1:
             results = ((i, _check_shard(shards[i].path, audio, text or None, mode)) for i in todo)
-        else:  # fork: the children read parquet and decode audio only (see common.datacheck._run)
+        else:  # fork: the children read parquet and decode audio only (see common.data.datacheck._run)
             pool = ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init,
                                        mp_context=multiprocessing.get_context("fork"))
             futures = {pool.submit(_check_shard, shards[i].path, audio, text or None, mode): i for i in todo}
@@ -625,7 +625,7 @@ def _check_shard(path: str, audio: str, text: str | None, mode: str) -> list[lis
     """[[row, reason, detail], ...] of one shard's unusable rows, read row group by row group."""
     import pyarrow.parquet as pq
 
-    from common.datacheck import decoded_facts
+    from common.data.datacheck import decoded_facts
 
     f, bad, r = pq.ParquetFile(path), [], 0
     for g in range(f.metadata.num_row_groups):
@@ -643,7 +643,7 @@ def _check_shard(path: str, audio: str, text: str | None, mode: str) -> list[lis
                 if "error" in facts:  # the detail names a BytesIO at an address that changes every run
                     problem = [facts["error"], re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its bytes",
                                                       facts.get("detail", "")).replace("\n", " ")]
-                elif facts["channels"] != 1:  # refused, as from a folder (`common.manifest.verdict`)
+                elif facts["channels"] != 1:  # refused, as from a folder (`common.data.manifest.verdict`)
                     problem = ["multi-channel audio", f"{facts['channels']} channels"]
                 elif facts["frames"] == 0:
                     problem = ["empty audio", ""]

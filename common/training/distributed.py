@@ -30,7 +30,7 @@ def resolve_topology(mixed_precision: str | None, *, cuda: bool, bf16_ok: bool, 
     The profile (`accelerate launch --config_file ...` / `--mixed_precision`, passed to the processes
     as ACCELERATE_* variables) decides, unless the recipe's `--mixed_precision` is given: then the flag
     wins and a conflict is named. A profile this machine cannot honour is refused, never replaced."""
-    from common.faults import RunError
+    from common.training.faults import RunError
 
     warnings = []
     profile = env.get("ACCELERATE_MIXED_PRECISION")
@@ -71,7 +71,7 @@ def check_distributed_type(distributed_type: str, *, env: dict) -> None:
     types (accelerate/state.py, AcceleratorState.__init__); with `cpu=True` the same launch is plain
     gloo DDP (MULTI_CPU), which would replicate every parameter while the profile says it shards.
     The check is on what was built, not on the hardware, so it holds wherever accelerate decides."""
-    from common.faults import RunError
+    from common.training.faults import RunError
 
     if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and distributed_type != "FSDP":
         raise RunError(f"the FSDP profile needs GPUs: accelerate 1.15 shards only over accelerator devices, "
@@ -91,7 +91,7 @@ def check_fsdp_wrap(accelerator, model: torch.nn.Module) -> None:
     a model without it (the TTS recipe's, a new one) would stop inside `prepare` with accelerate's
     traceback. Here: one line, the model's repeated blocks, and the launcher flag that picks them.
     Call it on every rank before `accelerator.prepare`; it does nothing outside FSDP."""
-    from common.faults import RunError
+    from common.training.faults import RunError
 
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if accelerator.distributed_type.value != "FSDP" or plugin is None:

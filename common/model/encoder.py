@@ -1,7 +1,7 @@
 """The speech encoder shared by BEST-RQ pre-training and ASR fine-tuning: one contract, one place.
 
 The contract that `--init_from` (ASR from a BEST-RQ run) relies on:
-- front end: 80-dim log-mel (`common.features.LogMel`), normalized with the global statistics held
+- front end: 80-dim log-mel (`common.model.features.LogMel`), normalized with the global statistics held
   in the buffers `feat_mean`, `feat_std` (n_mels,), then `stack_frames` 10 ms frames stacked into
   one encoder frame (4 → 40 ms);
 - encoder: a `transformers` `Wav2Vec2BertModel` (a Conformer) built by `encoder_config`, under the
@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
-from common.checkpoint import resolve_checkpoint
+from common.training.checkpoint import resolve_checkpoint
 
 # Settings that must equal the pre-training run's for its encoder and features to mean anything.
 MATCHING_KEYS = ("sample_rate", "n_mels", "stack_frames", "hidden_size", "num_layers", "num_heads",
@@ -103,8 +103,9 @@ class StackedLogMelEncoder(nn.Module):
 
 
 def resolve_pretrained(path: str | Path) -> Path:
-    """A pre-trained run's output_dir (BEST-RQ or ASR) or its final/ → the sealed folder holding model.safetensors / encoder/
-    (verified as every tool verifies a trained model: `common.checkpoint.resolve_checkpoint`)."""
+    """A pre-trained run's output_dir (BEST-RQ or ASR) or its final/ → the sealed folder holding
+    model.safetensors / encoder/ (verified as every tool verifies a trained model:
+    `common.training.checkpoint.resolve_checkpoint`)."""
     return resolve_checkpoint(path, flag="--init_from")
 
 

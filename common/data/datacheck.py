@@ -1,6 +1,6 @@
 """The per-file part of the data check: audio facts read in a process pool and cached on disk.
 
-`common.manifest.prepare_manifest` turns these facts into verdicts (too short, wrong rate, ...)
+`common.data.manifest.prepare_manifest` turns these facts into verdicts (too short, wrong rate, ...)
 with its `DataPolicy`; this module only answers "what is in this file", which does not depend on
 the policy, so one cached answer serves every policy.
 
@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from common.faults import RunError
+from common.training.faults import RunError
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def audio_facts(path: str, mode: str) -> dict:
 
 def decoded_facts(source, mode: str) -> dict:
     """`audio_facts` without the digest, of a path or a file-like object (a parquet row's audio
-    bytes: `common.stream.check_shards`)."""
+    bytes: `common.data.stream.check_shards`)."""
     return _decode_all(source) if mode == "full" else _header_facts(source)
 
 
@@ -411,7 +411,7 @@ def _run(todo: list[int], paths: list[str], mode: str, workers: int):
 
 
 def worker_init() -> None:
-    # The recipe's signal handlers (common.faults.Preemption) are for the parent: a worker hit by
+    # The recipe's signal handlers (common.training.faults.Preemption) are for the parent: a worker hit by
     # Ctrl-C or SIGTERM just ends, and the parent reports the signal once.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_DFL)

@@ -12,13 +12,13 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from common.checkpoint import checkpoint_threads, choose_checkpoint, global_batch_plan
+from common.training.checkpoint import checkpoint_threads, choose_checkpoint, global_batch_plan
 from common.config import config_to_dict, save_config
-from common.data import auto_workers
-from common.distributed import build_accelerator, describe_run, seed_everything, set_threads
-from common.faults import Preemption
-from common.logs import MetricsLog, get_logger, start_trackers, trackers
-from common.rundir import claim_output_dir
+from common.data.loading import auto_workers
+from common.training.distributed import build_accelerator, describe_run, seed_everything, set_threads
+from common.training.faults import Preemption
+from common.training.logs import MetricsLog, get_logger, start_trackers, trackers
+from common.training.rundir import claim_output_dir
 
 logger = get_logger(__name__)
 

@@ -8,7 +8,7 @@ Policy `on_bad_data="error"` stops with a report naming every offending entry; `
 and logs the counts. Nothing crashes hours into training because of one file.
 
 How much of each file is read is `DataPolicy.data_check` (the list of what each mode finds is in
-`common.datacheck`):
+`common.data.datacheck`):
 - `"header"` (default): header + the end of the file decoded. Finds missing, unreadable, truncated,
   zero-length, multi-channel, wrong-rate, too short / too long audio.
 - `"full"`: every sample, ~25× slower on LibriSpeech-length files. Also finds silent audio (all zeros), non-finite samples, and
@@ -20,7 +20,7 @@ resumes, and a corpus with a few new or changed files re-reads only those.
 
 The pass runs once per output folder: the first process to arrive builds
 `<output_dir>/data/<name>-<fingerprint>/` (manifest.jsonl + problems.jsonl) under a file lock
-(`common.prepare.prepare_once`) while the others wait, and a re-launch reuses it. The fingerprint
+(`common.training.prepare.prepare_once`) while the others wait, and a re-launch reuses it. The fingerprint
 covers the file listing (names, sizes, mtimes, ctimes) and the policy, so a fixed corpus is re-checked.
 """
 from __future__ import annotations
@@ -39,9 +39,9 @@ from pathlib import Path
 import datasets
 import soundfile as sf
 
-from common.datacheck import CACHE_VERSION, MODES, Stamp, audio_facts, check_files, list_files
-from common.faults import RunError
-from common.prepare import prepare_once
+from common.data.datacheck import CACHE_VERSION, MODES, Stamp, audio_facts, check_files, list_files
+from common.training.faults import RunError
+from common.training.prepare import prepare_once
 
 logger = logging.getLogger(__name__)
 REPORT_GRACE_S = 60.0  # a non-main rank waits this long for the main process to print the data report
@@ -191,7 +191,7 @@ def scan_ljspeech(root: str | Path) -> tuple[list[dict], list[dict]]:
 
 def verdict(row: dict, facts: dict, policy: DataPolicy) -> tuple[str | None, dict]:
     """(reason the entry is unusable or None, {sample_rate, duration in s, digest[, detail]}) from the file's
-    facts (`common.datacheck.audio_facts`) and the row's transcript."""
+    facts (`common.data.datacheck.audio_facts`) and the row's transcript."""
     if "error" in facts:
         return facts["error"], {k: v for k, v in facts.items() if k == "detail"}
     sr, frames, channels = facts["sample_rate"], facts["frames"], facts["channels"]
@@ -227,7 +227,7 @@ def validate(rows: list[dict], problems: list[dict], policy: DataPolicy, *, work
              ) -> tuple[list[dict], list[dict]]:
     """Good rows (sorted by id, with duration and sample_rate) and every problem found, in the
     order of `rows`. The files are read by `workers` processes (None: every core; the result does
-    not depend on it), with facts cached in `cache` (see `common.datacheck.check_files`)."""
+    not depend on it), with facts cached in `cache` (see `common.data.datacheck.check_files`)."""
     problems = list(problems)
     unique, seen = [], set()
     for row in rows:
@@ -288,7 +288,7 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
                      workers: int | None = None) -> datasets.Dataset:
     """Validated manifest of a LibriSpeech split (`splits` given) or an LJSpeech folder (`splits`
     None), as a `datasets.Dataset` with columns id, path, text, speaker, duration, sample_rate,
-    digest (`common.datacheck.content_digest`).
+    digest (`common.data.datacheck.content_digest`).
 
     Every rank calls it (no collective): one validates, with `workers` processes (None: every
     core this process may use), the others wait for its result.
@@ -331,7 +331,7 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
 def manifest_summary(manifest: datasets.Dataset) -> dict:
     """What a checkpoint records about its training data, to refuse resuming on other data:
     utterance count, hours, a fingerprint of (id, duration, text) over the sorted rows, and
-    `contents`, one of the files' content digests (`common.datacheck.content_digest`): a file
+    `contents`, one of the files' content digests (`common.data.datacheck.content_digest`): a file
     replaced by other audio of the same length changes it."""
     # Plain lists through Arrow: iterating a Dataset column item by item took 5 s per 50 k rows.
     cols = manifest.select_columns([c for c in ("id", "duration", "text", "digest") if c in manifest.column_names]).to_dict()
@@ -388,7 +388,7 @@ def data_change(was: dict, now: dict, manifests: Path) -> str | None:
 
 
 def shard_change(was: dict[str, str], now: dict[str, str]) -> str:
-    """Which of a `datasets` source's files ({name: content digest}, `common.stream.shard_files`)
+    """Which of a `datasets` source's files ({name: content digest}, `common.data.stream.shard_files`)
     appeared, vanished or changed, e.g. "shard train-00003.parquet appeared; 1 shard changed:
     train-00001.parquet (its content digest differs)"."""
     def names(what: list[str]) -> str:

@@ -5,7 +5,7 @@
   a folder made by another recipe is refused likewise.
 - `<output_dir>/.run.lock` holds the running job's host, pid, process start time, state
   (`running`, or `stopping` once it was signalled and saves its last checkpoint) and a heartbeat
-  (its mtime, touched every 10 s). It is created complete in one step (`common.prepare.create_lock`)
+  (its mtime, touched every 10 s). It is created complete in one step (`common.training.prepare.create_lock`)
   and examined, taken and broken only under an exclusive `flock` of `.run.lock.guard` (never
   deleted), so two launches released at once cannot both take it. A second launch into the same
   folder — a double-submitted job, a requeue while the old job still runs, a second node started
@@ -14,7 +14,7 @@
   returns to the shell while the training process still saves). A lock left by a dead process on
   this host is taken over at once (a SIGKILLed run re-launches immediately); a lock from another
   host is taken over once its heartbeat is older than `STALE_AFTER_S`. (Not the `filelock`
-  package: see common/prepare.py; the `flock` guard only orders launches on one host, the linked
+  package: see common/training/prepare.py; the `flock` guard only orders launches on one host, the linked
   lock file decides between hosts.)
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from accelerate.utils import broadcast_object_list
 
-from common.prepare import Heartbeat, break_lock, create_lock, process_alive, process_start_time
+from common.training.prepare import Heartbeat, break_lock, create_lock, process_alive, process_start_time
 
 logger = logging.getLogger(__name__)
 

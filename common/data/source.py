@@ -1,5 +1,5 @@
 """A run's training data, from wherever the config says: `Source.open` makes the one choice between a
-corpus folder (--data_dir or the built-in corpus: checked manifests, `common.manifest`), a `datasets`
+corpus folder (--data_dir or the built-in corpus: checked manifests, `common.data.manifest`), a `datasets`
 source loaded whole (map-style) and one streamed (--streaming), and offers what a recipe needs
 whichever it is: the rows and transcripts of each split, the loaders over the recipe's items and
 collators (as one `RecipeData`), and the summary a checkpoint compares (the data's fingerprint).
@@ -7,7 +7,8 @@ A recipe's `build_data` holds only what is its own: the folder's layout, its ite
 
 The flags are `common.config.DatasetConfig`'s, named as in transformers' run_speech_recognition_ctc.py:
 --dataset_name (a local folder of data files, or a name `datasets` resolves), --dataset_config_name,
---train_split_name, --eval_split_name, --audio_column_name, --text_column_name, --streaming.
+--train_split_name, --eval_split_name, --audio_column_name, --text_column_name, --streaming; and a
+recipe's own columns (`DatasetConfig.EXTRA_COLUMNS`, e.g. a label: --speaker_column_name).
 
 - **Map-style** (`load_split`): `datasets` builds the split once into its cache (`HF_DATASETS_CACHE`),
   the audio column is kept undecoded (`Audio(decode=False)`: `datasets` 5 decodes with torchcodec, not
@@ -16,18 +17,18 @@ The flags are `common.config.DatasetConfig`'s, named as in transformers' run_spe
   `duration` (seconds, from the audio headers, cached by `datasets`). The recipe's duration-bucketed
   loaders take it as they take a folder's manifest: batches sized in seconds, the same resume. Its
   summary (what a checkpoint compares) adds `shard_files`, each data file's content digest by name
-  (`common.stream.shard_files`: size and sampled bytes, not file times): a copied folder resumes, a
+  (`common.data.stream.shard_files`: size and sampled bytes, not file times): a copied folder resumes, a
   rewritten file refuses the resume, named. Its fingerprint is the manifest's, as a folder's
-  (`common.manifest.manifest_summary`); a stream's is its shards' (`ShardStream.summary`): both are
+  (`common.data.manifest.manifest_summary`); a stream's is its shards' (`ShardStream.summary`): both are
   made in `Source.summary`, and what they hash is what checkpoints already recorded.
-- **Streamed** (`open_stream`, `build_stream_loaders`; --streaming true): `common.stream` reads the
+- **Streamed** (`open_stream`, `build_stream_loaders`; --streaming true): `common.data.stream` reads the
   split's parquet shards in place. Batches hold --per_device_train_batch_size utterances, not seconds
   (a fixed count per partition is what lets every rank end the epoch together); the validation split is
   streamed too, each utterance once over the processes. The resume is the position (epoch, global
   batches), restored without reading what was consumed; changed shards refuse it.
 
 The data check: a stream's rows are checked before training as a folder's files are
-(`common.stream.check_shards`, once per shard, cached in <output_dir>/data): with --on_bad_data error
+(`common.data.stream.check_shards`, once per shard, cached in <output_dir>/data): with --on_bad_data error
 (the default) a row whose audio does not decode or has no samples, or whose transcript (recipes that
 read one) is empty, refuses the run in one line naming its shard and row; with skip the bad rows are
 left out with counts logged; --data_check full decodes every sample. An audio cell must be encoded
@@ -51,11 +52,11 @@ from typing import Any, Callable
 
 import soundfile as sf
 
-from common.data import build_loaders
-from common.faults import UsageError
-from common.logs import get_logger
-from common.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest
-from common.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, audio_struct,
+from common.data.loading import build_loaders
+from common.training.faults import UsageError
+from common.training.logs import get_logger
+from common.data.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest
+from common.data.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, audio_struct,
                            auto_partitions, batch_shortfall, batch_sizes, check_shards, open_shards, parquet_footer,
                            resolve_shards, shard_files, split_files)
 
@@ -87,16 +88,18 @@ class Source:
         by the recipe's `splits(data_dir, check)` into {"train", "validation", ...} manifests, where
         `check(name, subfolder)` is the checked manifest of <data_dir>/<subfolder> (the whole folder
         for None) kept as <out>/data/<name> (the data check: once per output_dir; `charset`: the
-        characters transcripts may hold, None: any). Transcripts are read where `cfg.READS_TEXT`.
+        characters transcripts may hold, None: any). Transcripts are read where `cfg.READS_TEXT`, and
+        from a --dataset_name source each column of `cfg.EXTRA_COLUMNS` too (a label: a row's `key`
+        from the column --<key>_column_name names; a folder's rows have none: the recipe derives them).
         `global_batch` and `num_workers` size the stream's partitions and the loaders (`loaders`)."""
-        text = cfg.READS_TEXT
+        text, extra = cfg.READS_TEXT, tuple(cfg.EXTRA_COLUMNS)
         launch = dict(cfg=cfg, accelerator=accelerator, global_batch=global_batch, num_workers=num_workers)
         if cfg.streaming:  # parquet shards read in place, their rows checked once
-            train, valid = open_streams(cfg, accelerator, out, text=text, num_workers=num_workers,
+            train, valid = open_streams(cfg, accelerator, out, text=text, extra=extra, num_workers=num_workers,
                                         global_batch=global_batch)
             return cls("stream", {"train": train, "validation": valid}, cfg.dataset_name, **launch)
         if cfg.dataset_name:  # built once into the `datasets` cache, audio kept undecoded
-            train, valid, contents = load_splits(cfg, accelerator, text=text)
+            train, valid, contents = load_splits(cfg, accelerator, text=text, extra=extra)
             return cls("map", {"train": train, "validation": valid}, cfg.dataset_name, contents=contents, **launch)
         data_dir = corpus()
         policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate, charset=charset,
@@ -116,8 +119,13 @@ class Source:
 
     def texts(self, split: str) -> tuple[list[str], list]:
         """(ids, transcripts) of a split's rows; a stream's read without the audio (`stream_column`)."""
+        return self.column(split, "text")
+
+    def column(self, split: str, name: str) -> tuple[list[str], list]:
+        """(ids, values) of a split's rows' column `name` ("text", or a key of `cfg.EXTRA_COLUMNS`); a
+        stream's read without the audio (`stream_column`)."""
         rows = self.splits[split]
-        return stream_column(rows, "text") if self.streamed else (rows["id"], rows["text"])
+        return stream_column(rows, name) if self.streamed else (rows["id"], rows[name])
 
     def select(self, choose: Callable) -> None:
         """The manifests' splits replaced by `choose(splits)` (a subset of the utterances, chosen by
@@ -152,7 +160,7 @@ class Source:
     def loaders(self, *, train: tuple, valid: tuple, cfg=None, tokenizer=None) -> RecipeData:
         """The recipe's data on these rows: `train` and `valid` are each (items, collator), `items(rows)`
         the recipe's dataset over a split's manifest (`rows` None when streamed: its `item(row)` makes
-        an item from a row). Duration-bucketed loaders over manifests (`common.data.build_loaders`:
+        an item from a row). Duration-bucketed loaders over manifests (`common.data.loading.build_loaders`:
         batches in seconds), stream loaders over streams (batches in utterances); `cfg`: the config
         the items were made with, when the data changed it (TTS: its symbol table)."""
         (make_train, collate), (make_valid, valid_collate) = train, valid
@@ -258,10 +266,11 @@ def _odd_schema(paths: list[str]) -> str:
     return ""
 
 
-def load_split(cfg, split: str, *, text: bool = True):
+def load_split(cfg, split: str, *, text: bool = True, extra: tuple[str, ...] = ()):
     """(the split as a manifest, `datasets.Dataset`: id, audio, text, duration; the digest of its data
     files: the training summary's `contents`, `with_contents`);
-    `text` False: no transcript column is read (self-supervised recipes). Under several processes,
+    `text` False: no transcript column is read (self-supervised recipes); `extra`: further columns
+    kept, each `key` read from the column `cfg.<key>_column_name` (e.g. a speaker label). Under several processes,
     call it main process first (`accelerator.main_process_first()`): `datasets` builds its cache once."""
     import datasets
 
@@ -279,7 +288,8 @@ def load_split(cfg, split: str, *, text: bool = True):
                         f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
                         f"{_odd_schema(every)} (every data file of a split needs the same columns and types)") from None
     ds = builder.as_dataset(split=split)
-    ours = {"audio": cfg.audio_column_name, **({"text": cfg.text_column_name} if text else {})}
+    ours = {"audio": cfg.audio_column_name, **({"text": cfg.text_column_name} if text else {}),
+            **{key: getattr(cfg, f"{key}_column_name") for key in extra}}
     for name, theirs in ours.items():
         if theirs not in ds.column_names:
             raise UsageError(f"--{name}_column_name {theirs}: no such column in {cfg.dataset_name} split {split} "
@@ -307,11 +317,11 @@ def with_contents(manifest, contents: dict[str, str]) -> dict:
     return {**manifest_summary(manifest), "shard_files": contents}
 
 
-def load_splits(cfg, accelerator, *, text: bool):
+def load_splits(cfg, accelerator, *, text: bool, extra: tuple[str, ...] = ()):
     """(training manifest, validation manifest, the training files' digest) of --train_split_name and
     --eval_split_name (`load_split`), built by the main process first (`datasets` caches them once)."""
     with accelerator.main_process_first():
-        (train_set, contents), (valid_set, _) = (load_split(cfg, split, text=text)
+        (train_set, contents), (valid_set, _) = (load_split(cfg, split, text=text, extra=extra)
                                                  for split in (cfg.train_split_name, cfg.eval_split_name))
     return train_set, valid_set, contents
 
@@ -321,7 +331,7 @@ def load_splits(cfg, accelerator, *, text: bool):
 # ---------------------------------------------------------------------------------------------
 
 
-def open_stream(cfg, split: str, *, text: bool, partitions: int | None, check_dir=None,
+def open_stream(cfg, split: str, *, text: bool, partitions: int | None, check_dir=None, extra: tuple[str, ...] = (),
                 is_main_process: bool = True, too_few: str = "lower --stream_partitions",
                 multiple_of: int = 1) -> ShardStream:
     """The split's parquet shards as a `ShardStream` of --per_device_train_batch_size batches; the
@@ -335,7 +345,8 @@ def open_stream(cfg, split: str, *, text: bool, partitions: int | None, check_di
         raise UsageError(f"--dataset_name {cfg.dataset_name}: split {split} has no data files")
     has_id = "id" in pq.read_schema(paths[0]).names
     columns = {"audio": cfg.audio_column_name, "text": cfg.text_column_name if text else None,
-               "id": "id" if has_id else None, "duration": None}
+               "id": "id" if has_id else None, "duration": None,
+               **{key: getattr(cfg, f"{key}_column_name") for key in extra}}
     shards = open_shards(paths, columns)
     if check_dir is not None:
         shards = check_shards(shards, columns, check_dir, mode=cfg.data_check, on_bad_data=cfg.on_bad_data,
@@ -347,7 +358,7 @@ def open_stream(cfg, split: str, *, text: bool, partitions: int | None, check_di
                        too_few=too_few)
 
 
-def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int,
+def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int, extra: tuple[str, ...] = (),
                  global_batch: int = 1) -> tuple[ShardStream, ShardStream]:
     """(training, validation) streams of --train_split_name and --eval_split_name, their rows checked
     once into <out>/data (one process checks, the others wait for its result).
@@ -357,7 +368,7 @@ def open_streams(cfg, accelerator, out, *, text: bool, num_workers: int,
     resume keeps its batches: 64 for a run from before the automatic value), else, for a fresh run,
     `auto_partitions` of the checked training rows, a multiple of the readers (processes × data
     workers) and of `global_batch`."""
-    check = dict(text=text, check_dir=Path(out) / "data", is_main_process=accelerator.is_main_process)
+    check = dict(text=text, extra=extra, check_dir=Path(out) / "data", is_main_process=accelerator.is_main_process)
     auto = cfg.stream_partitions is None
     if auto:
         cfg.stream_partitions = recorded_partitions(out)
@@ -382,7 +393,7 @@ def recorded_partitions(out) -> int | None:
     a run has the same: a changed value is refused on resume), or None (no checkpoint)."""
     import json
 
-    from common.checkpoint import list_checkpoints
+    from common.training.checkpoint import list_checkpoints
 
     for ckpt in reversed(list_checkpoints(out)):
         try:

@@ -9,7 +9,7 @@ a SIGKILL to the launcher's pid alone does not.)
 
 `watch_launcher` polls, in a daemon thread, whether this process's parent is still the launcher it
 started under. Once it is not, it sends this process SIGTERM: the one path every stop takes
-(`common.config.exit_on_signals_during_start_up` during start-up, `common.faults.Preemption` after):
+(`common.config.exit_on_signals_during_start_up` during start-up, `common.training.faults.Preemption` after):
 save at the next step boundary, mark the run lock `stopping` so that a re-launch waits for the save,
 exit 75. Why not `prctl(PR_SET_PDEATHSIG)`: Linux only, it fires when the parent *thread* that
 started us ends (not the process), and it needs the same parent check for a launcher that died

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 import torchaudio
 
-from common.speech_frontend import LogMel
+from common.model.speech_frontend import LogMel
 
-# This file imports only torch, torchaudio, numpy and common/speech_frontend.py (transformers): a TTS
+# This file imports only torch, torchaudio, numpy and common/model/speech_frontend.py (transformers): a TTS
 # export carries both, so that its final/ synthesizes without this repository.
 
 

@@ -1,14 +1,14 @@
 """Preemption and failure handling: every way a run can end says so clearly and loses no work.
 
 - `Preemption`: SIGTERM / SIGUSR1 (SLURM `--signal`, Kubernetes, a user's `kill`, the launcher's
-  end: `common.launcher`) or Ctrl-C to any rank only sets a flag during training. At the next
+  end: `common.training.launcher`) or Ctrl-C to any rank only sets a flag during training. At the next
   optimizer-step boundary all ranks agree (one all-reduce), save the same step, and exit with
   `PREEMPTED_EXIT_CODE`. Re-running the same command resumes exactly. During start-up a signal
   stops the process cleanly (locks and temporary folders removed), with the same exit code.
 - `run_main`: an exception on one rank ends that process at once with its traceback; the peers'
   next collective then fails ("connection closed") and they exit with one line instead of a second
   traceback, or the launcher stops them. Nobody is left waiting at a barrier: collectives also
-  time out after `ddp_timeout` seconds (see `common.distributed.build_accelerator`).
+  time out after `ddp_timeout` seconds (see `common.training.distributed.build_accelerator`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import traceback
 import torch
 
 from common.config import ConfigError
-from common.launcher import stop_reason
-from common.rundir import mark_stopping
+from common.training.launcher import stop_reason
+from common.training.rundir import mark_stopping
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"; the worker processes exit with it
 
@@ -74,7 +74,7 @@ class Preemption:
         self.deferred = True
 
     def _handle(self, signum, frame):
-        name = stop_reason(signum)  # the signal's name, or "the launcher (pid N) ended" (common.launcher)
+        name = stop_reason(signum)  # the signal's name, or "the launcher (pid N) ended" (common.training.launcher)
         if signum == signal.SIGINT and self.signal == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: stop now (run_main ends the process)
         if self.signal is not None:

@@ -1,7 +1,7 @@
 """Trained models in Hugging Face form, so they leave this repository.
 
 - `save_feature_extractor(folder, ...)`: `preprocessor_config.json` + a copy of
-  `common/speech_frontend.py`, so `AutoFeatureExtractor.from_pretrained(folder, trust_remote_code=True)`
+  `common/model/speech_frontend.py`, so `AutoFeatureExtractor.from_pretrained(folder, trust_remote_code=True)`
   gives the recipes' exact features (global statistics included).
 - `save_hf_ctc(folder, ...)`: a `Wav2Vec2BertForCTC` (`config.json`, `model.safetensors`) and its
   tokenizer (a `Wav2Vec2CTCTokenizer` that collapses spaces), for `pipeline("automatic-speech-recognition",
@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import Wav2Vec2BertConfig
 
-from common.speech_frontend import CharCTCTokenizer, StackedLogMelFeatureExtractor
+from common.model.speech_frontend import CharCTCTokenizer, StackedLogMelFeatureExtractor
 
 FRONTEND_FILE = Path(__file__).with_name("speech_frontend.py")
 
@@ -46,13 +46,13 @@ def save_feature_extractor(folder: str | Path, *, n_mels: int, stack_frames: int
 
 def write_code(folder: str | Path, prefix: str, modules: dict[str, str | Path]) -> None:
     """Copy the source files `modules` ({module name: file}) into `folder` as `<prefix>_<name>.py`,
-    each import of another of them (`from <name> import`, `from common.<name> import`) renamed too,
+    each import of another of them (`from <name> import`, `from common.<group>.<name> import`) renamed too,
     so that the folder's code imports only itself and installed packages, and its names collide
     with no other module on sys.path (`model` is every recipe's)."""
     for name, path in modules.items():
         code = Path(path).read_text()
         for other in modules:
-            code = re.sub(rf"^from (common\.)?{other} import", f"from {prefix}_{other} import", code, flags=re.M)
+            code = re.sub(rf"^from (common\.(\w+\.)?)?{other} import", f"from {prefix}_{other} import", code, flags=re.M)
         needs = re.search(r"^\s*(from|import) (common|tools)\b.*", code, flags=re.M)
         if needs:  # the export would load only beside this repository
             raise RuntimeError(f"{path} ({prefix}_{name}.py in an export) imports this repository: "
@@ -147,7 +147,7 @@ def _last_rows(metrics_path: Path) -> tuple[dict | None, dict | None]:
 def _command_lines(state) -> list[str]:
     """The card's command: each launch's (`TrainState.launches`) with the steps it trained, when the
     run was resumed; this process's alone for a state that records none."""
-    from common.checkpoint import this_launch
+    from common.training.checkpoint import this_launch
 
     launches = getattr(state, "launches", None) or [this_launch(0, state.world_size)]
     # a launch killed before its first checkpoint trained nothing that was kept: the next starts where it did

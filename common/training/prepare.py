@@ -12,8 +12,8 @@ of one host but are not dependable between NFS clients, and it cannot tell a loc
 on another node from a live one. A lock *file* created in one step with `link()` (atomic on NFS
 too) that names its holder (host, pid, start time) and carries a heartbeat gives both.
 
-The file-system primitives that the run folder's lock (`common/rundir.py`) and the checkpoints
-(`common/checkpoint.py`) share live here too: `fsync_path`, `process_alive`, `create_lock`,
+The file-system primitives that the run folder's lock (`common/training/rundir.py`) and the checkpoints
+(`common/training/checkpoint.py`) share live here too: `fsync_path`, `process_alive`, `create_lock`,
 `break_lock`, `Heartbeat`.
 """
 

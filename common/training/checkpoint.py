@@ -95,9 +95,9 @@ import yaml
 from accelerate.utils import broadcast_object_list
 from accelerate.utils import load as accelerate_load
 
-from common.faults import NonFiniteError, RunError, UsageError
-from common.manifest import data_change
-from common.prepare import fsync_path
+from common.training.faults import NonFiniteError, RunError, UsageError
+from common.data.manifest import data_change
+from common.training.prepare import fsync_path
 
 logger = logging.getLogger(__name__)
 
@@ -121,10 +121,10 @@ class TrainState:
     "new" (made by `for_run`) → `resume_from_checkpoint` → "boundary" (a step boundary: the loop may
     start, a checkpoint may be saved) → `train_batches` yields a micro-batch: "window" (inside an
     accumulation window) or "window_end" (its last micro-batch: optimizers may update) →
-    `common.loop.end_step` → "boundary"."""
+    `common.training.loop.end_step` → "boundary"."""
 
     stage: ClassVar[str] = "new"
-    updated: ClassVar[tuple] = ()  # the optimizers updated in the current window (common.loop)
+    updated: ClassVar[tuple] = ()  # the optimizers updated in the current window (common.training.loop)
     skipped_in_step: ClassVar[bool] = False  # an update of the current step was skipped (non-finite)
 
     step: int = 0  # optimizer steps done
@@ -158,7 +158,7 @@ class TrainState:
     def for_run(cls, config: Any, world_size: int, accumulation: int, data: dict | None = None) -> "TrainState":
         """The state of a fresh run of `config` (the recipe's Config) on `world_size` processes with
         `accumulation` (see `global_batch_plan`), on the training data summarized by `data`
-        (`common.manifest.manifest_summary`), with this process's torch thread count."""
+        (`common.data.manifest.manifest_summary`), with this process's torch thread count."""
         from common.config import config_hash, config_to_dict, resume_safe_keys
 
         values, safe = config_to_dict(config), resume_safe_keys(config)
@@ -420,7 +420,7 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, m
     """Save everything needed to resume at `state.step`. Collective: call on every rank.
 
     `models`, `optimizers`, `schedulers`: every prepared model and optimizer, and every schedule, by
-    name (a dict) or bare when there is one. Only at a step boundary (after `common.loop.end_step`):
+    name (a dict) or bare when there is one. Only at a step boundary (after `common.training.loop.end_step`):
     gradients of an unfinished accumulation window are not saved by anyone.
     """
     if state.stage != "boundary":
@@ -868,7 +868,7 @@ def global_batch_plan(ckpt: Path | None, world: int, accumulation: int,
 
 def checkpoint_threads(ckpt: Path | None) -> int | None:
     """Torch threads per process of the run that wrote `ckpt` (None: no checkpoint, or not recorded).
-    `common.distributed.set_threads` keeps them on an automatic resume."""
+    `common.training.distributed.set_threads` keeps them on an automatic resume."""
     if ckpt is None:
         return None
     return json.loads((ckpt / "train_state.json").read_text()).get("threads_per_process") or None

@@ -1,0 +1,1 @@
+"""Model pieces the recipes share: the log-mel front end, the encoder, exports (map: common/README.md)."""
