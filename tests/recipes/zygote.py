@@ -132,12 +132,12 @@ def run_main(run) -> int:
 
 
 def serve(path: str) -> None:
+    parent = os.getppid()  # before the imports: a harness that dies meanwhile is noticed after them
     preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + ".tmp")
     listener.listen(16)
     os.rename(path + ".tmp", path)  # the harness connects once the path exists
-    parent = os.getppid()
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     running: dict[int, socket.socket] = {}  # child pid -> its run's connection
