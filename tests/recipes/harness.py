@@ -296,9 +296,7 @@ def python(argv: list, *, nproc: int = 1, env: dict | None = None, cwd: Path = R
             cpu_tokens(nproc):
         proc = fork(argv, nproc, full_env, out, None if stderr_to_stdout else err, cwd)
         if proc is None:
-            cmd = [sys.executable, *argv] if nproc == 1 else ACCELERATE + [
-                "--config_file", str(ROOT / "accelerate_configs" / "cpu_ddp.yaml"), "--num_processes", str(nproc),
-                "--main_process_port", str(free_port()), *argv]
+            cmd = [sys.executable, *argv] if nproc == 1 else command(argv[0], nproc, argv[1:])  # a script's ranks
             proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out,
                                     stderr=out if stderr_to_stdout else err, start_new_session=True)
         try:
