@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import signal
 import sys
@@ -117,10 +118,16 @@ def run_main(main) -> None:
     `os._exit` skips interpreter shutdown, which could block on a dead peer (process-group
     teardown, DataLoader workers, trackers). Exit codes: 0 done, 75 preempted, 1 failed, 2 a
     `UsageError` (a column or split the data does not have).
+
+    A run that ends normally shuts the interpreter down as usual (atexit handlers, files closed),
+    without its last garbage collection: with transformers imported (it brings torch's compiler
+    stack and sympy) that walk of every object took 2-7 s per process on a 2-core VM and freed
+    nothing a dying process needs; `gc.freeze()` first cuts the exit to ~0.5 s.
     """
     try:
         main()
     except SystemExit:
+        gc.freeze()
         raise
     except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt too: stop now, do not hang
         rank = os.environ.get("RANK", "0")
@@ -142,3 +149,4 @@ def run_main(main) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130 if isinstance(e, KeyboardInterrupt) else getattr(e, "exit_code", 1))
+    gc.freeze()

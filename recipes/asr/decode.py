@@ -49,7 +49,7 @@ from common.training.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, NonNegative, Positive, load_config, parse_config
 from common.data.loading import make_loader
 from common.training.distributed import build_accelerator
-from common.training.faults import RunError, UsageError
+from common.training.faults import RunError, UsageError, run_main
 from common.model.encoder import encoder_config_from
 from common.model.hf_export import load_recipe_ctc_weights
 from common.training.logs import get_logger
@@ -216,4 +216,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # its exit skips the last garbage collection (seconds): common.training.faults

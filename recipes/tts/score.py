@@ -51,7 +51,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 from common.training.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, load_config, parse_config
 from common.data.loading import load_audio
-from common.training.faults import UsageError
+from common.training.faults import UsageError, run_main
 from common.data.manifest import DataPolicy, prepare_manifest
 from tools.corpus import resolve_data_dir
 
@@ -198,4 +198,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # its exit skips the last garbage collection (seconds): common.training.faults

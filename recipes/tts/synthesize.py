@@ -29,7 +29,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from common.training.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, Positive, load_config, parse_config
-from common.training.faults import UsageError
+from common.training.faults import UsageError, run_main
 
 # recipe-local modules (this folder is on sys.path)
 from audio import make_vocoder
@@ -154,4 +154,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # its exit skips the last garbage collection (seconds): common.training.faults

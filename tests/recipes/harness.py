@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,13 @@ ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 # set per test by the `accelerate_launch` mark (tests/conftest.py). Every recipe keeps such tests for
 # each guarantee, in 1 and 2 processes.
 REAL_LAUNCH = [False]
+# KILL_LEG: which legs of a cut run go through the real launcher in those tests. A SIGKILL takes every
+# process of the tree at once, the launcher's too, so what a kill leaves on disk does not depend on
+# who started the processes; what a launcher could change is how a run starts from what is on disk.
+# So the leg that resumes and ends the run is the real launcher's, the killed leg too in each
+# recipe's 1-process test (the whole cut run under `accelerate launch`), and forked in the others.
+# A signal the launcher forwards (SIGTERM or Ctrl-C to its group) or the launcher killed alone keeps
+# it in the legs that receive them.
 # The other runs are forked from a server that has done the imports (tests/recipes/zygote.py): one
 # process as `python train.py`, several as cpu_ddp.yaml's DDP ranks. HARNESS_FORK=0 turns that off
 # (each run a fresh interpreter: `python train.py`, or `accelerate launch` for several processes).
@@ -224,17 +232,25 @@ def _server(env: dict) -> dict:
         import atexit
         import tempfile
 
-        path = os.path.join(tempfile.mkdtemp(prefix="zygote"), "socket")
+        folder = tempfile.mkdtemp(prefix="zygote")
+        atexit.register(shutil.rmtree, folder, True)  # after the kill below (atexit runs last-in first)
+        path = os.path.join(folder, "socket")
         proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "recipes" / "zygote.py"), path], cwd=ROOT,
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=open(path + ".log", "w"), start_new_session=True)
         atexit.register(proc.kill)
         server = {"proc": proc, "path": path, "env": env}
+        if os.environ.get("HARNESS_LAUNCH_LOG"):  # suite profiling: which environments cost a server
+            with open(os.environ["HARNESS_LAUNCH_LOG"], "a") as f:
+                ours = base_env()
+                f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "server": {
+                    k: env.get(k) for k in sorted(set(env) | set(ours)) if env.get(k) != ours.get(k) and not k.startswith("PYTEST_")}}) + "\n")
     _servers[key] = server
     while len(_servers) > MAX_SERVERS:
         oldest = _servers.pop(next(iter(_servers)))
         oldest["proc"].kill()
         oldest["proc"].wait()
+        shutil.rmtree(os.path.dirname(oldest["path"]), ignore_errors=True)
     return server
 
 

@@ -258,7 +258,7 @@ def test_interrupted_equals_continuous_2proc(tiny_corpus, tmp_path):
              "--speed_perturb", "0.1"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
     run("asr", 2, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
-    run("asr", 2, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=2)
+    run("asr", 2, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=2, launcher=False)  # harness.KILL_LEG
     run("asr", 2, args_for(tiny_corpus, cut, *extra))
 
     assert len(resumed_positions(tmp_path / "interrupted.log")) == 1

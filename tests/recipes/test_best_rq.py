@@ -196,8 +196,8 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     run("best_rq", nproc, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
 
     cut = tmp_path / "interrupted"
-    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k1)
-    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k2, launcher=False)  # forked: the first kill and the last resume are the real launcher's
+    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k1, launcher=nproc == 1)  # harness.KILL_LEG
+    run("best_rq", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k2, launcher=False)  # a middle leg: forked
     # The last leg reads its data in 2 worker processes (the others: none); batches, masks and noise
     # must not depend on that, nor on the workers' epoch copies of the sampler and collator.
     run("best_rq", nproc, args_for(tiny_corpus, cut, *extra, "--num_workers", "2"))

@@ -219,7 +219,7 @@ def test_streamed_2proc_killed_and_resumed_is_bit_identical_and_continues_on_1(s
     extra = ["--max_steps", "8", "--save_steps", "1", "--dump_batch_ids", "true"]
     cont, cut, one = tmp_path / "continuous", tmp_path / "interrupted", tmp_path / "on_one"
     run("asr", 2, args_for(source, cont, *extra), env=env, launcher=False)  # the reference: forked (the guarantee is the cut run's)
-    run("asr", 2, args_for(source, cut, *extra), env=env, kill_after_checkpoint=3)
+    run("asr", 2, args_for(source, cut, *extra), env=env, kill_after_checkpoint=3, launcher=False)  # harness.KILL_LEG
     run("asr", 2, args_for(source, cut, *extra), env=env)
     assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
     assert_same_weights(cont, cut)
@@ -252,7 +252,7 @@ def test_map_style_source_trains_resumes_and_decodes(source, tmp_path, env):
     extra = ["--max_steps", "4", "--save_steps", "1"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
     run("asr", 1, args_for(source, cont, *extra, streaming=False), env=env, launcher=False)  # the reference: forked (the guarantee is the cut run's)
-    run("asr", 1, args_for(source, cut, *extra, streaming=False), env=env, kill_after_checkpoint=2)
+    run("asr", 1, args_for(source, cut, *extra, streaming=False), env=env, kill_after_checkpoint=2, launcher=False)  # harness.KILL_LEG
     run("asr", 1, args_for(source, cut, *extra, streaming=False), env=env)
     assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
     assert_same_weights(cont, cut)

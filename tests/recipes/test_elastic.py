@@ -56,7 +56,7 @@ def test_best_rq_continues_on_another_number_of_processes(tiny_corpus, tmp_path,
              "--gradient_accumulation_steps", str(accum)]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
     run("best_rq", before, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
-    run("best_rq", before, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=4)
+    run("best_rq", before, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=4, launcher=False)  # harness.KILL_LEG
     log = run("best_rq", after, args_for(tiny_corpus, cut, *extra))
     assert f"checkpoint: {before} process(es) × accumulation {accum}; now: {after} × {accum * before // after}" in log
     [(step, epoch, batch)] = resumed_positions(tmp_path / "interrupted.log")

@@ -67,7 +67,7 @@ def test_preemption_saves_the_same_step_on_all_ranks_and_resumes_exactly(tiny_co
     assert not (out / "final").exists()
     rows = metrics(out)
     assert rows[-1]["step"] == stopped
-    run("best_rq", nproc, args_for(tiny_corpus, out, *STEPS))
+    run("best_rq", nproc, args_for(tiny_corpus, out, *STEPS), launcher=False)  # the resume: forked (the kill legs' resumes are the real launcher's)
     assert_same_weights(continuous(nproc), out)
     assert_same_losses(continuous(nproc), out)
 

@@ -298,8 +298,8 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     cont = tmp_path / "continuous"
     run("tts", nproc, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
     cut = tmp_path / "interrupted"
-    for i, k in enumerate(kills):  # the first kill and the last resume: the real launcher's
-        run("tts", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k, launcher=False if i else None)
+    for i, k in enumerate(kills):  # the first kill in 1 process (harness.KILL_LEG); the middle leg forked
+        run("tts", nproc, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k, launcher=i == 0 and nproc == 1)
     run("tts", nproc, args_for(tiny_corpus, cut, *extra))
 
     resumes = resumed_positions(tmp_path / "interrupted.log")
