@@ -415,6 +415,7 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
         with open(os.environ["HARNESS_LAUNCH_LOG"], "a") as f:
             f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "recipe": recipe,
                                 "nproc": nproc, "forked": isinstance(proc, (Forked, ForkedGroup)),
+                                "args": [a for a in args if a != str(out_dir)], "env": sorted(env or {}),
                                 "seconds": round(time.monotonic() - started, 2)}) + "\n")
     with open(log_path, errors="replace") as f:
         f.seek(start)

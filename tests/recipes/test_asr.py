@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -37,6 +38,16 @@ asr = recipe_modules("asr", "text", "ctc_decode", "data", "model", "scoring", "t
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
     return ["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra]
+
+
+SHORT_RUN = ["--max_steps", "30", "--learning_rate", "3e-3", "--eval_steps", "0", "--save_steps", "30"]
+
+
+def short_run(reference, corpus: Path, dest: Path) -> Path:
+    """A 30-step run on the tiny corpus, trained once per test run (the `reference` fixture) and
+    copied to `dest` for a test that writes beside its final/ (decode/, an LM)."""
+    shutil.copytree(reference("asr", 1, lambda out: args_for(corpus, out, *SHORT_RUN)), dest)
+    return dest
 
 
 def launch(script: str, nproc: int, args: list[str], log: Path, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -20,6 +20,7 @@ import pytest
 from common.config import parse_config
 from common.training.faults import UsageError
 from common.data.manifest import read_librispeech
+from tests.conftest import suite_dir
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, python, resumed_positions, run
 from tests.recipes.test_asr import TINY
@@ -52,9 +53,11 @@ def source(tiny_corpus, tmp_path_factory) -> Path:
     return write_source(tiny_corpus / "librispeech", tmp_path_factory.mktemp("source"))
 
 
-@pytest.fixture
-def env(tmp_path) -> dict:
-    return {**OFFLINE, "HF_DATASETS_CACHE": str(tmp_path / "hf_cache")}
+@pytest.fixture(scope="session")
+def env(tmp_path_factory) -> dict:
+    """One datasets cache for the test run, as a user has one: the runs of every test share it, and so
+    share a fork server too (`datasets` reads HF_DATASETS_CACHE on import; tests/recipes/harness.py)."""
+    return {**OFFLINE, "HF_DATASETS_CACHE": str(suite_dir(tmp_path_factory) / "hf_cache")}
 
 
 def args_for(source: Path, out: Path, *extra: str, streaming: bool = True) -> list[str]:

@@ -24,7 +24,7 @@ from common.model.hf_export import load_recipe_ctc_weights, save_feature_extract
 from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT, python, run
-from tests.recipes.test_asr import args_for
+from tests.recipes.test_asr import short_run
 from tests.recipes.test_tts import args_for as tts_args_for
 
 asr = recipe_modules("asr", "text", "model", "ctc_decode")
@@ -92,13 +92,11 @@ def test_best_rq_encoder_export_gives_the_recipe_hidden_states(tmp_path):
 
 
 @pytest.mark.slow
-def test_pipeline_agrees_with_the_recipe_on_the_test_split(tiny_corpus, tmp_path):
+def test_pipeline_agrees_with_the_recipe_on_the_test_split(tiny_corpus, tmp_path, reference):
     """A short training run; then transformers' pipeline on final/ and decode.py (greedy) on the test
     split give the same text for every utterance. decode.py writes beside final/, which stays as sealed;
     final/ carries its model card, covered by the COMPLETE digests."""
-    out = tmp_path / "asr"
-    run("asr", 1, args_for(tiny_corpus, out, "--max_steps", "30", "--learning_rate", "3e-3", "--eval_steps", "0",
-                           "--save_steps", "30"))
+    out = short_run(reference, tiny_corpus, tmp_path / "asr")
     sealed = tree_digest(out / "final")
     python([ROOT / "recipes" / "asr" / "decode.py", "--checkpoint", out, "--split", "test",
             "--data_dir", tiny_corpus / "librispeech"]).check_returncode()

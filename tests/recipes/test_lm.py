@@ -15,8 +15,7 @@ import soundfile as sf
 
 from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import run
-from tests.recipes.test_asr import args_for, launch
+from tests.recipes.test_asr import launch, short_run
 
 kenlm = pytest.importorskip("kenlm", reason="pip install -r requirements-lm.txt")
 asr = recipe_modules("asr", "lm", "ctc_decode", "text")
@@ -115,15 +114,14 @@ def test_bpe_pieces_decode_with_the_lm(tmp_path):
 
 
 @pytest.mark.slow
-def test_decode_and_pipeline_with_the_lm(tiny_corpus, tmp_path):
+def test_decode_and_pipeline_with_the_lm(tiny_corpus, tmp_path, reference):
     """A short training run → lm.py → decode.py --lm --tune_lm (tuned on the validation split; WER with
     and without the LM, the greedy side equal to decode.py greedy) → export.py --lm → transformers'
     pipeline decodes with pyctcdecode and the LM, the same text as decode.py for every test utterance."""
     from transformers import pipeline
 
     out, data = tmp_path / "asr", tiny_corpus / "librispeech"
-    run("asr", 1, args_for(tiny_corpus, out, "--max_steps", "30", "--learning_rate", "3e-3", "--eval_steps", "0",
-                           "--save_steps", "30"))
+    short_run(reference, tiny_corpus, out)
     proc = launch("lm.py", 1, ["--checkpoint", str(out), "--order", "3", "--output_dir", str(tmp_path / "lm")], tmp_path / "lm.log")
     assert proc.returncode == 0, proc.stdout
     assert kenlm.Model(str(tmp_path / "lm" / "lm.arpa")).order == 3
@@ -157,9 +155,8 @@ def test_decode_and_pipeline_with_the_lm(tiny_corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_lm_settings_that_cannot_work_are_refused(tiny_corpus, tmp_path):
-    out = tmp_path / "asr"
-    run("asr", 1, args_for(tiny_corpus, out, "--max_steps", "2", "--eval_steps", "0", "--save_steps", "2"))
+def test_lm_settings_that_cannot_work_are_refused(tiny_corpus, tmp_path, reference):
+    out = short_run(reference, tiny_corpus, tmp_path / "asr")
     common = ["--checkpoint", str(out), "--split", "test", "--data_dir", str(tiny_corpus / "librispeech")]
     (tmp_path / "empty").mkdir()
     for extra, says in ((["--tune_lm"], "give the LM with --lm DIR"),
