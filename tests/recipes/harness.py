@@ -146,7 +146,10 @@ class Forked:
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # ended and reaped by the server; its status is on its way
+                pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
