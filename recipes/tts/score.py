@@ -24,6 +24,10 @@ With --asr_checkpoint, the synthesized sentences are resampled to 16 kHz and wri
 LibriSpeech layout `<output>/librispeech/<split>/1/1/1-1-NNNN.flac` + `1-1.trans.txt` (uppercase),
 and the ASR recipe's evaluator is run on them as a subprocess; its WER/CER are reported (and, with
 --asr_recordings true (default), the same for the recordings in <output>/recordings/librispeech/).
+The judge must not have trained on the sentences it reads: those it did (its run's training
+manifests, words compared without case and punctuation) are named and left out of both ASR scores
+(`asr_judge` in the summary says which and how many were scored); a judge whose training sentences
+cannot be read is refused (`--asr_judge_check false` scores every sentence, unchecked).
 Writes <output>/<split>.json (summary), <output>/<split>.jsonl (per utterance), wavs/, and a
 spectrogram picture <output>/<first id>.png (synthesized above, recording below) and its
 alignment <output>/<first id>_alignment.png (soft above, hard below; symbols up, frames right).
@@ -34,6 +38,8 @@ alignment <output>/<first id>_alignment.png (soft above, hard below; symbols up,
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -79,6 +85,7 @@ class EvalConfig:
     asr_checkpoint: Annotated[str | None, ExistingPath] = None  # ASR recipe output_dir: also measure intelligibility (WER/CER)
     asr_sample_rate: Annotated[int, Count] = 16000  # Hz of the audio handed to the ASR evaluator
     asr_recordings: bool = True  # also score the held-out *recordings* (the ASR's ceiling on this voice)
+    asr_judge_check: bool = True  # leave out of the ASR scores the sentences the judge trained on (false: score all, unchecked)
 
 
 def envelope_correlation(a: np.ndarray, b: np.ndarray) -> float:
@@ -88,9 +95,31 @@ def envelope_correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ea, eb)[0, 1])
 
 
+def judge_heard(asr_checkpoint: str, texts: dict[str, str]) -> list[str]:
+    """The ids whose sentence the ASR judge trained on (the same words, case and punctuation aside):
+    an intelligibility figure must come from sentences the judge never heard, or it flatters the
+    synthesis (real prompt sets repeat sentences: 1-3 of each language's test prompts are also
+    training prompts). Read from the judge's run: the training manifests its data preparation wrote,
+    `<run>/data/train-*/manifest.jsonl` (all of them: a run resumed on changed data has several)."""
+    try:
+        folder = resolve_checkpoint(asr_checkpoint, "--asr_checkpoint")
+    except UsageError as e:
+        refuse(str(e))
+    run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
+    manifests = sorted(run_dir.glob("data/train-*/manifest.jsonl"))
+    if not manifests:
+        refuse(f"--asr_checkpoint {asr_checkpoint}: which sentences this judge trained on cannot be checked (no "
+               f"{run_dir}/data/train-*/manifest.jsonl: a run trained from a data folder keeps them, a `datasets` "
+               f"source or a copied final/ does not): judge with such a run, or pass --asr_judge_check false")
+    words = lambda text: " ".join(re.findall(r"\w+", text.casefold()))  # noqa: E731
+    heard = {words(json.loads(line)["text"]) for m in manifests for line in m.read_text().splitlines()}
+    return sorted(i for i, text in texts.items() if words(text) in heard)
+
+
 def run_asr(args: EvalConfig, wavs: dict[str, torch.Tensor], texts: dict[str, str], sample_rate: int,
             out: Path) -> dict:
     """Write `wavs` as a one-speaker LibriSpeech split under `out` and run the ASR evaluator on it."""
+    shutil.rmtree(out / "librispeech" / args.split, ignore_errors=True)  # a previous score's files are not this one's
     chapter = out / "librispeech" / args.split / "1" / "1"
     chapter.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -137,6 +166,16 @@ def main():
     manifest = split_manifest(prepare_manifest(out, "all", data_dir, policy, None), cfg.num_valid,
                               cfg.num_test)[args.split]
     dataset, collate = TTSDataset(manifest, cfg), Collator(cfg)
+    heard = []  # checked before any synthesis: a refusal costs nothing
+    if args.asr_checkpoint and args.asr_judge_check:
+        heard = judge_heard(args.asr_checkpoint, {m["id"]: m["text"] for m in manifest})
+        if len(heard) == len(manifest):
+            refuse(f"the ASR judge {args.asr_checkpoint} trained on every {args.split} sentence: judge with an ASR "
+                   f"model trained without them (the same voice's LibriSpeech layout holds the same ids out)")
+        if heard:
+            print(f"the ASR judge trained on the sentences of {len(heard)} of the {len(manifest)} {args.split} "
+                  f"utterances ({', '.join(heard[:5])}{' ...' if len(heard) > 5 else ''}): they are left out of "
+                  f"its scores", flush=True)
     if args.vocoder:
         vocoder = neural_vocoder(args.vocoder, cfg)
     else:
@@ -187,9 +226,11 @@ def main():
                "monotonic_ok": sum(r["monotonic_ok"] for r in rows),
                "seconds": round(time.monotonic() - start, 1)}
     if args.asr_checkpoint:
-        summary["asr"] = run_asr(args, wavs, texts, cfg.sample_rate, out)
+        unheard = [i for i in wavs if i not in heard]
+        summary["asr_judge"] = {"checked": args.asr_judge_check, "heard": heard, "scored": len(unheard)}
+        summary["asr"] = run_asr(args, {i: wavs[i] for i in unheard}, texts, cfg.sample_rate, out)
         if args.asr_recordings:
-            recordings = {m["id"]: load_audio(m["path"], cfg.sample_rate) for m in manifest}
+            recordings = {m["id"]: load_audio(m["path"], cfg.sample_rate) for m in manifest if m["id"] in unheard}
             summary["asr_recordings"] = run_asr(args, recordings, texts, cfg.sample_rate, out / "recordings")
     with open(out / f"{args.split}.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)

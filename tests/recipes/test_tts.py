@@ -18,6 +18,7 @@ from PIL import Image
 
 from common.data.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
+from tests.recipes.test_asr import short_run
 from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics, python,
                                    resumed_positions, run)
 
@@ -273,6 +274,39 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
     assert summary["utterances"] == 2 and summary["durations_sum_ok"] == 2 and summary["monotonic_ok"] == 2
     assert math.isfinite(summary["mcd"]) and summary["mcd"] > 0
     assert list((tmp_path / "eval").glob("*.png"))
+
+
+@slow
+def test_score_leaves_out_the_sentences_its_asr_judge_trained_on(tiny_corpus, tmp_path, reference):
+    """score.py --asr_checkpoint: a held-out sentence the judge trained on (its run's training
+    manifest; the same words in other case and punctuation) is named and left out of the ASR score;
+    a judge whose training sentences cannot be read is refused in one line, before any synthesis,
+    unless --asr_judge_check false."""
+    tts = reference("tts", 1, lambda o: args_for(tiny_corpus, o, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"))
+    judge = short_run(reference, tiny_corpus, tmp_path / "judge")  # an ASR run; only its manifests matter here
+    [manifest] = judge.glob("data/train-*/manifest.jsonl")
+    kept = manifest.read_text()
+    manifest.unlink()
+    score = lambda *extra: python([RECIPE / "score.py", "--checkpoint", tts, "--griffin_lim_iters", "2",  # noqa: E731
+                                   "--asr_checkpoint", judge, "--asr_recordings", "false", "--output", tmp_path / "eval", *extra])
+    refused = score()
+    assert refused.returncode == 2 and len([x for x in refused.stderr.splitlines() if x.startswith("error:")]) == 1
+    assert "which sentences this judge trained on cannot be checked" in refused.stderr and "--asr_judge_check false" in refused.stderr
+    assert not (tmp_path / "eval" / "wavs").exists()  # refused before any synthesis
+
+    score("--asr_judge_check", "false").check_returncode()
+    summary = json.loads((tmp_path / "eval" / "test.json").read_text())
+    assert summary["asr_judge"] == {"checked": False, "heard": [], "scored": 2} and 0 <= summary["asr"]["cer"]
+    first, second = [json.loads(line) for line in (tmp_path / "eval" / "test.jsonl").read_text().splitlines()]
+    planted = {"id": "9-9-9999", "text": first["text"].upper() + "!"}  # the judge heard this sentence
+    manifest.write_text(kept + json.dumps({**json.loads(kept.splitlines()[0]), **planted}) + "\n")
+    proc = score()
+    assert proc.returncode == 0, proc.stderr
+    assert f"the ASR judge trained on the sentences of 1 of the 2 test utterances ({first['id']})" in proc.stdout
+    summary = json.loads((tmp_path / "eval" / "test.json").read_text())
+    assert summary["asr_judge"] == {"checked": True, "heard": [first["id"]], "scored": 1}
+    trans = next((tmp_path / "eval" / "librispeech" / "test").rglob("*.trans.txt")).read_text()
+    assert trans.count("\n") == 1 and second["text"].upper() in trans  # the ASR read only the unheard one
 
 
 @slow
