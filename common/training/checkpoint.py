@@ -276,6 +276,12 @@ def resolve_checkpoint(path: str | Path, flag: str = "--checkpoint") -> Path:
                      f"{MARKER} marker): give a training output_dir, its final/, or a checkpoints/step_*/ folder")
 
 
+def run_dir_of(folder: Path) -> Path:
+    """The training output_dir a `resolve_checkpoint` folder belongs to: where tools write beside it
+    (never inside: final/ and checkpoints/step_X/ are sealed) and where the run's data lists are."""
+    return folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
+
+
 # What a folder that fails its seal needs: the run that wrote it can write it again.
 RE_EXPORT = ("re-run the training command that made it (same --output_dir: a finished run exports final/ "
              "again from its last checkpoint), or copy the whole folder again from where it was made")

@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.training.checkpoint import resolve_checkpoint
+from common.training.checkpoint import resolve_checkpoint, run_dir_of
 from common.config import ConfigError, Count, ExistingPath, NonNegative, Positive, load_config, parse_config
 from common.data.loading import make_loader
 from common.training.distributed import build_accelerator
@@ -198,9 +198,7 @@ def main():
                            lm_alpha=decoder._language_model.alpha,
                            lm_beta=decoder._language_model.beta, tuned_on=cfg.valid_split if args.tune_lm else None)
         summary.update(processes=world, decode_seconds=round(time.monotonic() - start, 2))
-        # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
-        run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
-        out = Path(args.output) if args.output else run_dir / "decode" / folder.name
+        out = Path(args.output) if args.output else run_dir_of(folder) / "decode" / folder.name  # beside, never inside
         out.mkdir(parents=True, exist_ok=True)
         name = f"{args.split.replace(',', '+')}-{decoding}"
         with open(out / f"{name}.jsonl", "w") as f:

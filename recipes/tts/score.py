@@ -54,7 +54,7 @@ import torchaudio
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.training.checkpoint import resolve_checkpoint
+from common.training.checkpoint import resolve_checkpoint, run_dir_of
 from common.config import ConfigError, Count, ExistingPath, load_config, parse_config
 from common.data.loading import load_audio
 from common.training.faults import UsageError, run_main
@@ -105,7 +105,7 @@ def judge_heard(asr_checkpoint: str, texts: dict[str, str]) -> list[str]:
         folder = resolve_checkpoint(asr_checkpoint, "--asr_checkpoint")
     except UsageError as e:
         refuse(str(e))
-    run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
+    run_dir = run_dir_of(folder)
     manifests = sorted(run_dir.glob("data/train-*/manifest.jsonl"))
     if not manifests:
         refuse(f"--asr_checkpoint {asr_checkpoint}: which sentences this judge trained on cannot be checked (no "
@@ -146,8 +146,7 @@ def main():
     except (UsageError, ConfigError) as e:
         refuse(str(e))
     # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
-    run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
-    out = Path(args.output) if args.output else run_dir / "eval" / (folder.name + ("+vocoder" if args.vocoder else ""))
+    out = Path(args.output) if args.output else run_dir_of(folder) / "eval" / (folder.name + ("+vocoder" if args.vocoder else ""))
     out.mkdir(parents=True, exist_ok=True)
     if args.data_dir is None and cfg.dataset_name:  # a source's run holds out no test utterances
         print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
@@ -226,9 +225,9 @@ def main():
                "monotonic_ok": sum(r["monotonic_ok"] for r in rows),
                "seconds": round(time.monotonic() - start, 1)}
     if args.asr_checkpoint:
-        unheard = [i for i in wavs if i not in heard]
+        unheard = {i: wav for i, wav in wavs.items() if i not in heard}
         summary["asr_judge"] = {"checked": args.asr_judge_check, "heard": heard, "scored": len(unheard)}
-        summary["asr"] = run_asr(args, {i: wavs[i] for i in unheard}, texts, cfg.sample_rate, out)
+        summary["asr"] = run_asr(args, unheard, texts, cfg.sample_rate, out)
         if args.asr_recordings:
             recordings = {m["id"]: load_audio(m["path"], cfg.sample_rate) for m in manifest if m["id"] in unheard}
             summary["asr_recordings"] = run_asr(args, recordings, texts, cfg.sample_rate, out / "recordings")
