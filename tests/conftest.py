@@ -1,5 +1,6 @@
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,20 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 # launcher. Launch as a terminal's foreground job does: exec resets a handled signal to its default.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """PYTEST_TIMELINE=<file>: one JSON line per test (worker, start, end; epoch seconds), to see
+    which tests overlap the suite's idle seconds (README, "Tests": profiling the suite)."""
+    start = time.time()
+    yield
+    if os.environ.get("PYTEST_TIMELINE"):
+        import json
+
+        with open(os.environ["PYTEST_TIMELINE"], "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "gw0"),
+                                "start": round(start, 2), "end": round(time.time(), 2)}) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):

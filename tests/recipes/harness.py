@@ -40,23 +40,28 @@ FORK = os.environ.get("HARNESS_FORK", "1") != "0"
 
 # Under pytest-xdist, the workers' runs share the machine's cores through CPU tokens (one lock file
 # per core in a folder all workers see, set by tests/conftest.py): a run of n processes holds n
-# tokens (at most all of them) while it runs. Without them, a two-process DDP run sharing the cores
-# with another worker's run waits in its collectives spinning, and the machine does more work, not
-# less (measured: README, "Tests"). Runs started while this process holds tokens (a run started from
-# another's callback) take none.
+# tokens (at most all of them) while it runs, and runs on those cores only (its CPU affinity), so a
+# recipe's automatic thread count (cores it may use ÷ its processes) gives it one thread per token.
+# Without tokens, a two-process DDP run sharing the cores with another worker's run waits in its
+# collectives spinning; without the affinity, every one-process run took 2 threads on its 1 token
+# and two of them at once ran 4 threads on 2 cores, spinning in OpenMP's barriers (measured: a
+# 60-step run 10x slower, README "Tests"). Runs started while this process holds tokens (a run
+# started from another's callback) take none, and keep the machine's cores.
 TOKENS_DIR = "HARNESS_CPU_TOKENS"
 _held = [0]
 
 
 @contextlib.contextmanager
 def cpu_tokens(n: int):
+    """Hold n tokens while the block runs; yields the cores they stand for (None: no tokens, any core)."""
     folder = os.environ.get(TOKENS_DIR)
     if not folder or _held[0]:
-        yield
+        yield None
         return
     import fcntl
 
-    files = [open(os.path.join(folder, f"core{i}"), "w") for i in range(os.cpu_count() or 1)]
+    cores = sorted(os.sched_getaffinity(0))  # token i is the i-th core this process may use
+    files = [open(os.path.join(folder, f"core{i}"), "w") for i in range(len(cores))]
     try:
         n, held = min(n, len(files)), []
         if n == len(files):  # all of them, in order: a holder of one never waits for a second
@@ -76,7 +81,7 @@ def cpu_tokens(n: int):
             else:
                 time.sleep(0.02)
         _held[0] = n
-        yield
+        yield sorted(cores[files.index(f)] for f in held)
     finally:
         _held[0] = 0
         for f in files:
@@ -257,7 +262,8 @@ def _server(env: dict) -> dict:
     return server
 
 
-def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = ROOT, hook: str | None = None) -> Forked:
+def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = ROOT, hook: str | None = None,
+              cpus: list[int] | None = None) -> Forked:
     deadline = time.monotonic() + 120
     while not os.path.exists(server["path"]):  # it is importing
         if server["proc"].poll() is not None or time.monotonic() > deadline:
@@ -265,7 +271,8 @@ def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = 
         time.sleep(0.02)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.connect(server["path"])
-    socket.send_fds(conn, [json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "sitecustomize": hook}).encode()], [f.fileno() for f in outs])
+    request = {"argv": argv, "cwd": str(cwd), "env": env, "sitecustomize": hook, "cpus": cpus}
+    socket.send_fds(conn, [json.dumps(request).encode()], [f.fileno() for f in outs])
     return Forked(json.loads(conn.recv(4096))["pid"], conn)
 
 
@@ -278,10 +285,11 @@ FORKABLE_HOOKS = ("SLOW_SAVE", "SLOW_EXPORT", "INJECT_FAULT", "ENOSPC_AT_SAVE")
 HOOKS = (*FORKABLE_HOOKS, "AUDIT_WRITES_DIR", "ENOSPC_AT_SAFETENSORS", "FORCE_FSDP_ON_CPU", "FORCE_DEEPSPEED_ON_CPU")
 
 
-def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT) -> Forked | ForkedGroup | None:
+def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT,
+         cpus: list[int] | None = None) -> Forked | ForkedGroup | None:
     """`python <argv>` (one process: a script or `-m module`) or its `nproc` DDP ranks (`env` plus
     `ddp_env`), forked by the fork server for `env`, writing to `log` (and `err` for stderr, if
-    given). A run with tests/recipes/support on its path gets its sitecustomize executed in the child
+    given), on the cores `cpus` (None: any). A run with tests/recipes/support on its path gets its sitecustomize executed in the child
     (as `site` does at an interpreter's start) when it only uses FORKABLE_HOOKS. None (start fresh
     interpreters) for any other change of the module path."""
     base = base_env()["PYTHONPATH"]
@@ -296,9 +304,15 @@ def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT
     server = _server({k: v for k, v in env.items() if k not in HOOKS} | {"PYTHONPATH": base})
     outs = [log] if err is None else [log, err]
     if nproc == 1:
-        return _fork_one(server, argv, env, outs, cwd, hook)
+        return _fork_one(server, argv, env, outs, cwd, hook, cpus)
     port = free_port()
-    return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, outs, cwd, hook) for r in range(nproc)])
+    return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, outs, cwd, hook, cpus)
+                        for r in range(nproc)])
+
+
+def on_cores(cpus: list[int] | None):
+    """Popen's preexec_fn that runs the new process (and whatever it starts) on the cores `cpus`."""
+    return None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
 
 
 def python(argv: list, *, nproc: int = 1, env: dict | None = None, cwd: Path = ROOT, timeout: float = 300,
@@ -312,12 +326,12 @@ def python(argv: list, *, nproc: int = 1, env: dict | None = None, cwd: Path = R
 
     argv, full_env = [str(a) for a in argv], base_env(env)
     with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err, \
-            cpu_tokens(nproc):
-        proc = fork(argv, nproc, full_env, out, None if stderr_to_stdout else err, cwd)
+            cpu_tokens(nproc) as cpus:
+        proc = fork(argv, nproc, full_env, out, None if stderr_to_stdout else err, cwd, cpus)
         if proc is None:
             cmd = [sys.executable, *argv] if nproc == 1 else command(argv[0], nproc, argv[1:])  # a script's ranks
-            proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out,
-                                    stderr=out if stderr_to_stdout else err, start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=out if stderr_to_stdout else err,
+                                    start_new_session=True, preexec_fn=on_cores(cpus))
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -392,14 +406,14 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     start = log_path.stat().st_size if log_path.exists() else 0
     real = REAL_LAUNCH[0] if launcher is None else launcher
     cmd = command(recipe, nproc, args, profile, launcher=real)
-    with cpu_tokens(nproc):
+    with cpu_tokens(nproc) as cpus:
         with open(log_path, "a") as log:
             proc = None
             if not real and (nproc == 1 or profile == "cpu_ddp.yaml"):
-                proc = fork(command(recipe, 1, args, launcher=False)[1:], nproc, full_env, log)
+                proc = fork(command(recipe, 1, args, launcher=False)[1:], nproc, full_env, log, cpus=cpus)
             if proc is None:
                 proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=on_cores(cpus))
         started = time.monotonic()
         deadline = started + timeout
         fired = False

@@ -27,7 +27,9 @@ def test_second_launch_into_a_busy_output_dir_is_refused(tiny_corpus, tmp_path):
     """A double-submitted job: the second launch stops at once, naming the first; the first is
     undisturbed. After the first is SIGKILLed, a re-launch takes its lock over at once."""
     out = tmp_path / "run"
-    first = subprocess.Popen(command("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "400")),
+    # --num_threads 1: started outside the harness's CPU tokens, it would take both cores' threads, and so
+    # would the re-launch that resumes its checkpoint (tests/recipes/harness.py, cpu_tokens).
+    first = subprocess.Popen(command("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "400", "--num_threads", "1")),
                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -220,7 +222,8 @@ def test_a_relaunch_right_after_ctrl_c_waits_for_the_save(tiny_corpus, tmp_path)
     saves (here a 20 s save). The same command, run at once, says so and waits for that save to
     end instead of refusing the folder, then resumes from it."""
     out = tmp_path / "run"
-    args = args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--save_steps", "100", "--max_steps", "60")
+    args = args_for(tiny_corpus, out, "--max_batch_seconds", "16", "--save_steps", "100", "--max_steps", "60",
+                    "--num_threads", "1")  # started outside the CPU tokens: see the test above
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "SLOW_SAVE": "20",
            "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(ROOT)])}
     with open(tmp_path / "first.log", "w") as log:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from safetensors.torch import load_file
 
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
-                                   metrics, resumed_positions, run, worker)
+                                   metrics, python, resumed_positions, run, worker)
 from tests.recipes.test_tts import args_for as tts_args_for
 
 slow = pytest.mark.slow
@@ -141,8 +140,8 @@ def test_preemption_saves_and_resumes_exactly(tiny_corpus, tmp_path, continuous)
 
 
 def synthesize(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "synthesize.py"), *args], cwd="/",
-                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    """synthesize.py from another working directory (forked: harness.python)."""
+    return python([ROOT / "recipes" / "tts" / "synthesize.py", *args], cwd=Path("/"))
 
 
 @slow
@@ -165,18 +164,16 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     audio, sr = sf.read(wav)
     assert sr == 22050 and len(audio) > 0 and abs(audio).max() > 0
 
-    scored = subprocess.run([sys.executable, str(ROOT / "recipes" / "vocoder" / "evaluate.py"), "--checkpoint", str(voc),
-                             "--num_test", "2", "--num_images", "1"], cwd="/", capture_output=True, text=True,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    scored = python([ROOT / "recipes" / "vocoder" / "evaluate.py", "--checkpoint", voc, "--num_test", "2",
+                     "--num_images", "1"], cwd=Path("/"))
     assert scored.returncode == 0, scored.stderr
     report = json.loads((voc / "eval_test.json").read_text())
     assert len(report["utterances"]) == 2 and set(report["mean"]) == {
         f"{v}_{m}" for v in ("griffin_lim", "vocoder") for m in ("pesq", "stoi", "mcd")}
     assert len(list(voc.glob("*.png"))) == 1 and "| vocoder |" in (voc / "eval_test.md").read_text()
 
-    chain = subprocess.run([sys.executable, str(ROOT / "recipes" / "tts" / "score.py"), "--checkpoint", str(tts),
-                            "--vocoder", str(voc), "--split", "validation"], cwd="/", capture_output=True, text=True,
-                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    chain = python([ROOT / "recipes" / "tts" / "score.py", "--checkpoint", tts, "--vocoder", voc, "--split", "validation"],
+                   cwd=Path("/"))
     assert chain.returncode == 0, chain.stderr
     summary = json.loads((tts / "eval" / "final+vocoder" / "validation.json").read_text())
     assert summary["vocoder"] == str(voc) and summary["utterances"] > 0 and summary["mcd_vocoder_floor"] > 0

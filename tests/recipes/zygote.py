@@ -23,7 +23,7 @@ It also stands for the tools' `python script.py ...` and `python -m module ...` 
 synthesize, export...): the same child, with stdout and stderr apart when the caller captures them.
 
 Protocol (AF_UNIX, SOCK_SEQPACKET, one connection per run): the harness sends one JSON message
-{"argv", "cwd", "env", "sitecustomize"} (argv: a script and its arguments, or "-m", a module and its arguments) with
+{"argv", "cwd", "env", "sitecustomize", "cpus"} (argv: a script and its arguments, or "-m", a module and its arguments) with
 one file descriptor attached (stdout and stderr: the run's log) or two (stdout, stderr); the server answers {"pid"} at once
 and {"returncode"} (Popen's convention: -N for signal N) once the child has been reaped.
 
@@ -70,6 +70,8 @@ def child(conn_fds: list[int], request: dict, out_fds: list[int]) -> None:
         os.dup2(out_fds[-1], 2)
         for fd in {devnull, *out_fds}:
             os.close(fd)
+        if request.get("cpus") is not None:  # the cores of the harness's CPU tokens, as taskset would
+            os.sched_setaffinity(0, request["cpus"])
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
