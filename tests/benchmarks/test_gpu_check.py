@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.recipes.harness import ROOT
+from tests.recipes.harness import ROOT, cpu_tokens, on_cores
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +26,10 @@ def test_gpu_check_smoke_path_on_cpu(tiny_corpus, tmp_path):
             "gpu_check: no CUDA GPU on this machine (torch.cuda.is_available() is False); run it on a machine "
             "with one, or `--device cpu --smoke` for the parts a CPU can run"]
 
-    proc = subprocess.run([*SCRIPT, "--device", "cpu", "--smoke", "--data_dir", str(tiny_corpus / "librispeech"),
-                           "--output_dir", str(tmp_path / "check")], capture_output=True, text=True, timeout=600, env=env)
+    with cpu_tokens(1) as cpus:  # it trains (in-process and 3 launches, one at a time): one core, one thread
+        proc = subprocess.run([*SCRIPT, "--device", "cpu", "--smoke", "--data_dir", str(tiny_corpus / "librispeech"),
+                               "--output_dir", str(tmp_path / "check")], capture_output=True, text=True, timeout=600,
+                              env=env, preexec_fn=on_cores(cpus))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {m[0]: (m[1], m[2]) for m in re.findall(r"^(\(\w\) [^\n]*?)\s{2,}(PASS|FAIL|SKIP|MEASURED)\s+(.*)$",
                                                     proc.stdout, re.M)}

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.recipes.harness import ROOT, free_port, kill_tree, metrics
+from tests.recipes.harness import ROOT, cpu_tokens, free_port, kill_tree, metrics, on_cores
 from tests.recipes.test_best_rq import TINY
 
 pytestmark = pytest.mark.slow
 
 
-def launch_node(rank: int, port: int, out: Path, cache: Path, log: Path) -> subprocess.Popen:
+def launch_node(rank: int, port: int, out: Path, cache: Path, log: Path, cpus) -> subprocess.Popen:
+    """Node `rank`'s launcher, on the core cpus[rank] of the test's CPU tokens (None: any core)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
            "--machine_rank", str(rank), "--num_processes", "2", "--main_process_ip", "127.0.0.1",
            "--main_process_port", str(port), "--rdzv_backend", "static", "--mixed_precision", "no",
@@ -29,7 +30,8 @@ def launch_node(rank: int, port: int, out: Path, cache: Path, log: Path) -> subp
            "--max_batch_seconds", "16", "--max_steps", "3"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as f:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=on_cores(cpus and [cpus[rank % len(cpus)]]))
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-cache", "node-local-cache"])
@@ -37,16 +39,17 @@ def test_two_nodes_prepare_the_corpus_once_per_cache(tmp_path, shared):
     port, out = free_port(), tmp_path / "run"
     caches = [tmp_path / "cache"] * 2 if shared else [tmp_path / "node0-cache", tmp_path / "node1-cache"]
     logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
-    nodes = [launch_node(0, port, out, caches[0], logs[0])]
-    time.sleep(4)  # the second node comes later
-    nodes.append(launch_node(1, port, out, caches[1], logs[1]))
-    try:
-        for node in nodes:
-            node.wait(timeout=300)
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                kill_tree(node)
+    with cpu_tokens(2) as cpus:
+        nodes = [launch_node(0, port, out, caches[0], logs[0], cpus)]
+        time.sleep(4)  # the second node comes later
+        nodes.append(launch_node(1, port, out, caches[1], logs[1], cpus))
+        try:
+            for node in nodes:
+                node.wait(timeout=300)
+        finally:
+            for node in nodes:
+                if node.poll() is None:
+                    kill_tree(node)
     texts = [log.read_text(errors="replace") for log in logs]
     assert [n.returncode for n in nodes] == [0, 0], texts[0][-3000:] + texts[1][-3000:]
     builds = [len(re.findall(r"preparing \S*espeak_corpus", t)) for t in texts]

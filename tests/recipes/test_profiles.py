@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -9,16 +10,19 @@ import subprocess
 import pytest
 import yaml
 
-from tests.recipes.harness import ACCELERATE, ROOT, free_port
+from tests.recipes.harness import ACCELERATE, ROOT, cpu_tokens, free_port, on_cores
 from tests.recipes.test_best_rq import args_for
 
 pytestmark = pytest.mark.slow
 
 
-def launch(launcher: list[str], args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([*ACCELERATE, *launcher, str(ROOT / "recipes" / "best_rq" / "train.py"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+def launch(launcher: list[str], args: list[str], tokens: int = 0) -> subprocess.CompletedProcess:
+    """`accelerate launch` the BEST-RQ recipe; with `tokens`, on that many of the harness's CPU tokens'
+    cores (a run that trains: one thread per token, tests/recipes/harness.py)."""
+    with cpu_tokens(tokens) if tokens else contextlib.nullcontext() as cpus:
+        return subprocess.run([*ACCELERATE, *launcher, str(ROOT / "recipes" / "best_rq" / "train.py"), *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=on_cores(cpus))
 
 
 def test_fsdp_profile_on_cpu_is_refused(tiny_corpus, tmp_path):
@@ -48,7 +52,7 @@ def test_deepspeed_profile_on_cpu_is_refused(tiny_corpus, tmp_path):
 def test_precision_comes_from_the_profile_unless_the_flag_says_otherwise(tiny_corpus, tmp_path):
     one = ["--num_processes", "1", "--num_machines", "1", "--dynamo_backend", "no"]
     args = args_for(tiny_corpus, tmp_path / "profile", "--max_steps", "2", "--max_batch_seconds", "16")
-    proc = launch([*one, "--mixed_precision", "bf16"], args)
+    proc = launch([*one, "--mixed_precision", "bf16"], args, tokens=1)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "run: single process, 1 process(es) on cpu" in proc.stderr and "precision bf16" in proc.stderr
     saved = yaml.safe_load((tmp_path / "profile" / "final" / "config.yaml").read_text())
@@ -56,7 +60,7 @@ def test_precision_comes_from_the_profile_unless_the_flag_says_otherwise(tiny_co
 
     args = args_for(tiny_corpus, tmp_path / "flag", "--max_steps", "2", "--max_batch_seconds", "16",
                     "--mixed_precision", "no")
-    proc = launch([*one, "--mixed_precision", "bf16"], args)
+    proc = launch([*one, "--mixed_precision", "bf16"], args, tokens=1)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--mixed_precision no overrides the launcher's profile (bf16)" in proc.stderr
     assert "precision no" in proc.stderr
