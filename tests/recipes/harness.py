@@ -406,7 +406,9 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     start = log_path.stat().st_size if log_path.exists() else 0
     real = REAL_LAUNCH[0] if launcher is None else launcher
     cmd = command(recipe, nproc, args, profile, launcher=real)
-    with cpu_tokens(nproc) as cpus:
+    # A run that asks for N threads per process (--num_threads) holds N tokens per process.
+    threads = int(args[args.index("--num_threads") + 1]) if "--num_threads" in args else 0
+    with cpu_tokens(nproc * max(1, threads)) as cpus:
         with open(log_path, "a") as log:
             proc = None
             if not real and (nproc == 1 or profile == "cpu_ddp.yaml"):

@@ -8,12 +8,17 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
+import yaml
 from PIL import Image
 
 from common.data.manifest import read_ljspeech
@@ -344,3 +349,39 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     assert_same_weights(cont, cut)
     assert_same_losses(cont, cut)
     assert [r["step"] for r in metrics(cut)] == list(range(1, max_steps + 1))
+
+
+@slow
+def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus, tmp_path):
+    """recipes/tts/transfer.sh: stage 1 (the base voice, en-us phonemes), stage 2 (the voice, another
+    language's phonemes, --init_from the base); run again, it skips stage 1 and stage 2's finished run
+    is left as it was. Tiny sizes through BASE_ARGS and the voice's arguments; `accelerate launch`
+    stands in as `python` (the script's launcher is not what is tested here)."""
+    from tests.recipes.harness import cpu_tokens, on_cores
+
+    shim = tmp_path / "accelerate"
+    shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    base, out, voice = tmp_path / "base", tmp_path / "voice", tiny_corpus / "ljspeech"
+    env = {**os.environ, "ACCELERATE": str(shim), "BASE": str(base), "OUT": str(out), "MAX_STEPS": "2",
+           "BASE_ARGS": " ".join([*TINY, "--data_dir", str(voice), "--max_steps", "2", "--report_to", "none"]),
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+    def transfer():
+        with cpu_tokens(1) as cpus:
+            return subprocess.run(["bash", str(RECIPE / "transfer.sh"), str(voice), "es", *TINY, "--save_steps", "2"],
+                                  env=env, capture_output=True, text=True, timeout=600, preexec_fn=on_cores(cpus))
+
+    first = transfer()
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "1/2 the built-in voice" in first.stdout and "2/2" in first.stdout
+    assert (base / "final" / "COMPLETE").is_file() and (out / "final" / "COMPLETE").is_file()
+    assert re.search(r"initialized from \S+: \d+ of \d+ symbols shared", first.stderr)
+    saved = yaml.safe_load((out / "final" / "config.yaml").read_text())
+    assert (saved["text_frontend"], saved["phonemizer_language"], saved["init_from"]) == ("phonemes", "es", str(base))
+    weights = (out / "final" / "model.safetensors").read_bytes()
+
+    again = transfer()
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "1/2" not in again.stdout and "2/2" in again.stdout
+    assert (out / "final" / "model.safetensors").read_bytes() == weights
