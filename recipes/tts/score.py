@@ -23,7 +23,9 @@ Per utterance: the model synthesizes the sentence from text alone (predicted dur
 With --asr_checkpoint, the synthesized sentences are resampled to 16 kHz and written as FLAC in a
 LibriSpeech layout `<output>/librispeech/<split>/1/1/1-1-NNNN.flac` + `1-1.trans.txt` (uppercase),
 and the ASR recipe's evaluator is run on them as a subprocess; its WER/CER are reported (and, with
---asr_recordings true (default), the same for the recordings in <output>/recordings/librispeech/).
+--asr_recordings true (default), the same for the recordings in <output>/recordings/librispeech/;
+with --asr_vocoder_floor true, for the vocoder applied to the recordings' own mel, in
+<output>/vocoder_floor/: what the vocoder alone costs the judge, `asr_vocoder_floor`).
 The judge must not have trained on the sentences it reads: those it did (its run's training
 manifests, words compared without case and punctuation) are named and left out of both ASR scores
 (`asr_judge` in the summary says which and how many were scored); a judge whose training sentences
@@ -86,6 +88,7 @@ class EvalConfig:
     asr_sample_rate: Annotated[int, Count] = 16000  # Hz of the audio handed to the ASR evaluator
     asr_recordings: bool = True  # also score the held-out *recordings* (the ASR's ceiling on this voice)
     asr_judge_check: bool = True  # leave out of the ASR scores the sentences the judge trained on (false: score all, unchecked)
+    asr_vocoder_floor: bool = False  # also score the vocoder applied to the *recordings'* mel: what the vocoder alone costs the judge
 
 
 def envelope_correlation(a: np.ndarray, b: np.ndarray) -> float:
@@ -183,7 +186,7 @@ def main():
     (out / "wavs").mkdir(exist_ok=True)
 
     start = time.monotonic()
-    rows, wavs, texts = [], {}, {}
+    rows, wavs, texts, floors = [], {}, {}, {}
     for i in range(len(dataset)):
         utt_id, tokens, ref = dataset[i]
         text = symbols.normalize(manifest[i]["text"])
@@ -191,7 +194,8 @@ def main():
         sf.write(out / "wavs" / f"{utt_id}.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
         wavs[utt_id], texts[utt_id] = wav, text
         revocoded = frontend(wav)
-        floor = frontend(vocoder(ref))
+        floors[utt_id] = vocoder(ref)  # the recording's own mel, vocoded
+        floor = frontend(floors[utt_id])
         batch = collate([dataset[i]])
         tf = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
         hard, soft = tf["hard"][0], tf["soft"][0]  # (T, N)
@@ -231,6 +235,9 @@ def main():
         if args.asr_recordings:
             recordings = {m["id"]: load_audio(m["path"], cfg.sample_rate) for m in manifest if m["id"] in unheard}
             summary["asr_recordings"] = run_asr(args, recordings, texts, cfg.sample_rate, out / "recordings")
+        if args.asr_vocoder_floor:
+            floors = {i: wav for i, wav in floors.items() if i in unheard}
+            summary["asr_vocoder_floor"] = run_asr(args, floors, texts, cfg.sample_rate, out / "vocoder_floor")
     with open(out / f"{args.split}.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     (out / f"{args.split}.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -284,7 +284,8 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
 @slow
 def test_score_leaves_out_the_sentences_its_asr_judge_trained_on(tiny_corpus, tmp_path, reference):
     """score.py --asr_checkpoint: a held-out sentence the judge trained on (its run's training
-    manifest; the same words in other case and punctuation) is named and left out of the ASR score;
+    manifest; the same words in other case and punctuation) is named and left out of the ASR scores
+    (of the synthesized sentences and, --asr_vocoder_floor, of the vocoder on the recordings' mel);
     a judge whose training sentences cannot be read is refused in one line, before any synthesis,
     unless --asr_judge_check false."""
     tts = reference("tts", 1, lambda o: args_for(tiny_corpus, o, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"))
@@ -305,13 +306,15 @@ def test_score_leaves_out_the_sentences_its_asr_judge_trained_on(tiny_corpus, tm
     first, second = [json.loads(line) for line in (tmp_path / "eval" / "test.jsonl").read_text().splitlines()]
     planted = {"id": "9-9-9999", "text": first["text"].upper() + "!"}  # the judge heard this sentence
     manifest.write_text(kept + json.dumps({**json.loads(kept.splitlines()[0]), **planted}) + "\n")
-    proc = score()
+    proc = score("--asr_vocoder_floor", "true")
     assert proc.returncode == 0, proc.stderr
     assert f"the ASR judge trained on the sentences of 1 of the 2 test utterances ({first['id']})" in proc.stdout
     summary = json.loads((tmp_path / "eval" / "test.json").read_text())
     assert summary["asr_judge"] == {"checked": True, "heard": [first["id"]], "scored": 1}
-    trans = next((tmp_path / "eval" / "librispeech" / "test").rglob("*.trans.txt")).read_text()
-    assert trans.count("\n") == 1 and second["text"].upper() in trans  # the ASR read only the unheard one
+    for part in ("", "vocoder_floor"):  # the synthesized sentence, and the vocoder on its recording's mel
+        trans = next((tmp_path / "eval" / part / "librispeech" / "test").rglob("*.trans.txt")).read_text()
+        assert trans.count("\n") == 1 and second["text"].upper() in trans  # the ASR read only the unheard one
+    assert 0 <= summary["asr_vocoder_floor"]["cer"] and "asr_recordings" not in summary
 
 
 @slow
