@@ -11,7 +11,7 @@
 # 1. the built-in voice (en-us phonemes, config.yaml's 1000 steps, ~5 min on 2 cores), once per BASE:
 #    a second voice starts from the same model;
 # 2. the voice (DATA_DIR in the LJSpeech layout, LANGUAGE an espeak-ng voice: fr, es, it, ru, de ...)
-#    from it, MAX_STEPS steps (2000: ~15 min on 2 cores), into OUT.
+#    from it, MAX_STEPS steps (2000: 20-27 min here, 1 thread, on a machine shared with other work), into OUT.
 # Then: python recipes/tts/synthesize.py --checkpoint OUT --text "..." --output out.wav
 #       python recipes/tts/score.py --checkpoint OUT --split test [--asr_checkpoint <an ASR run of the voice>]
 #
