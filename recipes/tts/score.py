@@ -194,8 +194,10 @@ def main():
         sf.write(out / "wavs" / f"{utt_id}.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
         wavs[utt_id], texts[utt_id] = wav, text
         revocoded = frontend(wav)
-        floors[utt_id] = vocoder(ref)  # the recording's own mel, vocoded
-        floor = frontend(floors[utt_id])
+        floor_wav = vocoder(ref)  # the recording's own mel, vocoded
+        if args.asr_vocoder_floor:  # kept only when the judge will read them
+            floors[utt_id] = floor_wav
+        floor = frontend(floor_wav)
         batch = collate([dataset[i]])
         tf = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
         hard, soft = tf["hard"][0], tf["soft"][0]  # (T, N)
