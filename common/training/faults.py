@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import errno
+import faulthandler
 import gc
 import os
 import signal
@@ -123,7 +124,11 @@ def run_main(main) -> None:
     without its last garbage collection: with transformers imported (it brings torch's compiler
     stack and sympy) that walk of every object took 2-7 s per process on a 2-core VM and freed
     nothing a dying process needs; `gc.freeze()` first cuts the exit to ~0.5 s.
+
+    A crash in native code (a segfault or abort in a kernel, a communication library or a decoder)
+    would end the process without a word; `faulthandler` prints every thread's Python stack first.
     """
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     try:
         main()
     except SystemExit:

@@ -15,6 +15,9 @@ def main():
         raise OSError(errno.ENOSPC, "No space left on device", "/data/cache/manifest.jsonl")
     if kind == "nonfinite":
         raise NonFiniteError("5 consecutive non-finite updates; stopping (last good checkpoint kept). Lower --learning_rate?")
+    if kind == "segfault":  # a crash in native code: no Python exception, no except clause runs
+        import ctypes
+        ctypes.string_at(0)
     raise ValueError("a bug")
 run_main(main)
 """
@@ -35,3 +38,11 @@ def test_failures_with_a_known_fix_are_one_line(kind, line):
 def test_a_bug_keeps_its_traceback():
     done = subprocess.run([sys.executable, "-c", MAIN, "bug"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 1 and "Traceback" in done.stderr and "FAILED with ValueError" in done.stderr
+
+
+def test_a_native_crash_prints_where_it_happened():
+    """A segfault (in a kernel, a communication library, a decoder) ends the process without an
+    exception: the Python stack of every thread is printed instead of nothing."""
+    done = subprocess.run([sys.executable, "-c", MAIN, "segfault"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == -11 and "Fatal Python error: Segmentation fault" in done.stderr
+    assert "in string_at" in done.stderr and "in main" in done.stderr, done.stderr

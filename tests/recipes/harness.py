@@ -172,8 +172,9 @@ class ForkedGroup:
 
     STOP_GRACE_S = 30.0  # the agent's wait between SIGTERM and SIGKILL
 
-    def __init__(self, ranks: list[Forked]):
+    def __init__(self, ranks: list[Forked], log=None):
         self.ranks, self.pid, self.returncode, self._stopping = ranks, ranks[0].pid, None, None
+        self._log = getattr(log, "name", None)  # the log's path: a rank that had to be SIGKILLed is named there
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -185,8 +186,14 @@ class ForkedGroup:
                 for r in self.ranks:
                     r.send_signal(signal.SIGTERM)
             elif self._stopping is not None and time.monotonic() - self._stopping > self.STOP_GRACE_S:
+                hung = [i for i, code in enumerate(codes) if code is None]
+                if isinstance(self._log, str):
+                    with open(self._log, "a") as log:
+                        log.write(f"[harness] rank(s) {hung} still running {self.STOP_GRACE_S:.0f} s after SIGTERM "
+                                  f"(exit statuses so far {codes}): SIGKILLed, as torch's elastic agent does\n")
                 for r in self.ranks:
                     r.send_signal(signal.SIGKILL)
+                self._stopping = float("inf")  # once
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -307,7 +314,7 @@ def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT
         return _fork_one(server, argv, env, outs, cwd, hook, cpus)
     port = free_port()
     return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, outs, cwd, hook, cpus)
-                        for r in range(nproc)])
+                        for r in range(nproc)], log)
 
 
 def on_cores(cpus: list[int] | None):

@@ -172,3 +172,30 @@ def test_cpu_tokens_a_run_of_every_core_waits_for_the_others_and_nested_runs_tak
         with harness.cpu_tokens(1):  # nested: would wait forever if it asked for one
             pass
     assert holder.wait(10) == 0
+
+
+def test_forked_ranks_stop_like_the_elastic_agent_and_a_hung_rank_is_named(tmp_path, monkeypatch):
+    """One rank fails: the others get SIGTERM; one still running after the grace gets SIGKILL, and the
+    log says which (a rank that hangs cannot say so itself)."""
+    class Rank:  # the part of Forked that ForkedGroup uses
+        def __init__(self, code):
+            self.returncode, self.signals, self.pid = code, [], 0
+
+        def poll(self):
+            return self.returncode
+
+        def send_signal(self, sig):
+            self.signals.append(sig)
+            if sig == signal.SIGKILL:
+                self.returncode = -9
+
+    monkeypatch.setattr(harness.ForkedGroup, "STOP_GRACE_S", 0.0)
+    log = tmp_path / "run.log"
+    ranks = [Rank(None), Rank(-9)]
+    with open(log, "a") as f:
+        group = harness.ForkedGroup(ranks, f)
+    assert group.poll() is None and ranks[0].signals == [signal.SIGTERM]  # the agent's SIGTERM
+    assert group.poll() is None and ranks[0].signals == [signal.SIGTERM, signal.SIGKILL]  # after the grace
+    assert group.poll() == 1
+    assert log.read_text() == ("[harness] rank(s) [0] still running 0 s after SIGTERM (exit statuses so far "
+                               "[None, -9]): SIGKILLed, as torch's elastic agent does\n")
