@@ -166,7 +166,8 @@ class Forked:
 class ForkedGroup:
     """Several forked ranks of one DDP run, with what torch's elastic agent (`accelerate launch
     --config_file accelerate_configs/cpu_ddp.yaml`) does around them: it reports 0 when every rank
-    ended with 0, else 1; once a rank has failed it SIGTERMs the others, and SIGKILLs them 30 s later.
+    ended with 0, else 1; once a rank has failed it SIGTERMs the others, and SIGKILLs them 30 s later
+    (here preceded by a SIGABRT, whose faulthandler stack dump shows in the log where a rank hung).
     It has no launcher to signal: a test about the launcher itself (SIGTERM or Ctrl-C to it, the
     launcher killed) is marked `accelerate_launch` and gets the real one."""
 
@@ -190,7 +191,13 @@ class ForkedGroup:
                 if isinstance(self._log, str):
                     with open(self._log, "a") as log:
                         log.write(f"[harness] rank(s) {hung} still running {self.STOP_GRACE_S:.0f} s after SIGTERM "
-                                  f"(exit statuses so far {codes}): SIGKILLed, as torch's elastic agent does\n")
+                                  f"(exit statuses so far {codes}): SIGABRT (the recipe's faulthandler prints each "
+                                  f"thread's stack), then SIGKILL, as torch's elastic agent does\n")
+                for i in hung:  # where it hangs, for the log: the agent itself sends SIGKILL only
+                    self.ranks[i].send_signal(signal.SIGABRT)
+                deadline = time.monotonic() + 5.0
+                while any(self.ranks[i].poll() is None for i in hung) and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 for r in self.ranks:
                     r.send_signal(signal.SIGKILL)
                 self._stopping = float("inf")  # once

@@ -175,8 +175,8 @@ def test_cpu_tokens_a_run_of_every_core_waits_for_the_others_and_nested_runs_tak
 
 
 def test_forked_ranks_stop_like_the_elastic_agent_and_a_hung_rank_is_named(tmp_path, monkeypatch):
-    """One rank fails: the others get SIGTERM; one still running after the grace gets SIGKILL, and the
-    log says which (a rank that hangs cannot say so itself)."""
+    """One rank fails: the others get SIGTERM; one still running after the grace gets SIGABRT (its
+    faulthandler prints where it hangs) then SIGKILL, and the log says which (it cannot say so itself)."""
     class Rank:  # the part of Forked that ForkedGroup uses
         def __init__(self, code):
             self.returncode, self.signals, self.pid = code, [], 0
@@ -186,8 +186,8 @@ def test_forked_ranks_stop_like_the_elastic_agent_and_a_hung_rank_is_named(tmp_p
 
         def send_signal(self, sig):
             self.signals.append(sig)
-            if sig == signal.SIGKILL:
-                self.returncode = -9
+            if sig in (signal.SIGABRT, signal.SIGKILL):
+                self.returncode = -sig
 
     monkeypatch.setattr(harness.ForkedGroup, "STOP_GRACE_S", 0.0)
     log = tmp_path / "run.log"
@@ -195,7 +195,8 @@ def test_forked_ranks_stop_like_the_elastic_agent_and_a_hung_rank_is_named(tmp_p
     with open(log, "a") as f:
         group = harness.ForkedGroup(ranks, f)
     assert group.poll() is None and ranks[0].signals == [signal.SIGTERM]  # the agent's SIGTERM
-    assert group.poll() is None and ranks[0].signals == [signal.SIGTERM, signal.SIGKILL]  # after the grace
+    assert group.poll() is None and ranks[0].signals == [signal.SIGTERM, signal.SIGABRT, signal.SIGKILL]  # the grace
     assert group.poll() == 1
     assert log.read_text() == ("[harness] rank(s) [0] still running 0 s after SIGTERM (exit statuses so far "
-                               "[None, -9]): SIGKILLed, as torch's elastic agent does\n")
+                               "[None, -9]): SIGABRT (the recipe's faulthandler prints each thread's stack), then "
+                               "SIGKILL, as torch's elastic agent does\n")
