@@ -8,7 +8,8 @@
 # Creates (both git-ignored):
 #   benchmarks/speechbrain/.venv/     speechbrain==1.1.2 + the torch/torchaudio pins of requirements.txt
 #   benchmarks/speechbrain/.sb_repo/  SpeechBrain's recipes/LibriSpeech/self-supervised-learning/BEST-RQ/
-#                                     at REF, and SOURCE.txt saying which commit it came from
+#                                     and recipes/LibriSpeech/ASR/CTC/ at REF, and SOURCE.txt saying
+#                                     which commit they came from
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,12 +19,13 @@ ref="v$sb_version"
 repo=""
 python="${PYTHON:-python3}"
 recipe="recipes/LibriSpeech/self-supervised-learning/BEST-RQ"
+ctc_recipe="recipes/LibriSpeech/ASR/CTC"  # benchmarks/peers/: their from-scratch Conformer-CTC
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --repo) repo="${2:?--repo needs a path}"; shift 2 ;;
     --ref) ref="${2:?--ref needs a tag or commit}"; shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$1' (use --repo PATH, --ref REF)" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +58,7 @@ commit="$(git --git-dir "$gitdir" rev-parse --verify --quiet "$ref^{commit}")" \
 git --git-dir "$gitdir" cat-file -e "$commit:$recipe/train.py" 2>/dev/null \
   || die "$ref has no $recipe/train.py; pass a --ref from SpeechBrain 1.1 or newer"
 # librispeech_prepare.py in the recipe folder is a symlink to ../../librispeech_prepare.py: export both.
-git --git-dir "$gitdir" archive "$commit" "$recipe" "recipes/LibriSpeech/librispeech_prepare.py" | tar -x -C "$tmp"
+git --git-dir "$gitdir" archive "$commit" "$recipe" "$ctc_recipe" "recipes/LibriSpeech/librispeech_prepare.py" | tar -x -C "$tmp"
 repo_version="$(git --git-dir "$gitdir" show "$commit:speechbrain/version.txt" 2>/dev/null || echo unknown)"
 {
   echo "ref: $ref"

@@ -1,0 +1,283 @@
+"""ASR from scratch at equal wall-clock budgets: our recipe against SpeechBrain's, same data, same
+test split, same scoring code. A results script (CI never runs it).
+
+    bash benchmarks/speechbrain/setup.sh [--repo PATH --ref REF]           # once: SpeechBrain 1.1.2 + its recipes
+    python benchmarks/peers/asr.py train --system ours --out runs/peers/ours
+    python benchmarks/peers/asr.py train --system speechbrain --variant cpu --out runs/peers/sb-cpu
+    python benchmarks/peers/asr.py report runs/peers/*/ --plot runs/peers/cer.png
+
+`train` starts the system's own training command at time T0 and keeps, for each budget point
+(--points, minutes of wall time since T0: start-up, data preparation, validation passes all count),
+the model as it was at that time; at the last point the run is ended. Each kept model then decodes
+the test split greedily with its own system's code, and every hypothesis file is scored here by the
+same code (recipes/asr/metrics: corpus-level CER and WER). Writes <out>/result.json.
+
+- ours: `accelerate launch recipes/asr/train.py`, default config (plus --data_dir when given),
+  `--save_steps 100 --save_total_limit 0`; the model at point p is the last checkpoint complete
+  before p (every ~15 s at ~7 steps/s: ours is measured up to ~15 s early), decoded by
+  recipes/asr/decode.py. At the last point SIGTERM: the recipe saves that step and exits.
+- speechbrain: their recipes/LibriSpeech/ASR/CTC/train.py with hparams/conformer_large.yaml (a
+  Conformer-CTC, 18 layers, d_model 256, characters) on our corpus through bridge.py's CSV files; the
+  model at point p is saved by peers/sb_hook/sitecustomize.py after the first batch that ends past p,
+  decoded by peers/sb_decode.py (their VALID-stage greedy decoding).
+  `--variant shipped`: the YAML as published, tuned for 8 GPUs: 850-s batches and a 7500-step warm-up,
+  i.e. a few optimizer steps in 30 CPU minutes, at a learning rate still ~1e-6.
+  `--variant cpu` (default): the same recipe and model with the two settings a user of one CPU
+  changes first: batches of our size (max_batch_length_train 20 s) and our warm-up (150 steps).
+`--threads normal`: each as normally run (ours: the recipe's own choice, one thread per core; theirs:
+torch's default threads and the YAML's 8 data-loading workers); `--threads N`: N torch threads
+(OMP/MKL_NUM_THREADS, ours --num_threads N) and no data-loading workers for theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SB = ROOT / "benchmarks" / "speechbrain"
+SB_PYTHON = SB / ".venv" / "bin" / "python"
+SB_RECIPE = SB / ".sb_repo" / "recipes" / "LibriSpeech" / "ASR" / "CTC"
+OUR_BATCH_SECONDS, OUR_WARMUP = 20.0, 150  # recipes/asr/config.yaml: max_batch_seconds, warmup_steps
+
+
+def refuse(msg: str) -> None:
+    sys.exit(f"asr.py: {msg}")
+
+
+def launch(cmd: list[str], cwd: Path, env: dict, log: Path) -> tuple[subprocess.Popen, float]:
+    t0 = time.time()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**env, "PEER_T0": repr(t0)}, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return proc, t0
+
+
+def end_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # data-loading workers left by a process that ended itself
+    except ProcessLookupError:
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def thread_env(threads: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH")}
+    if threads != "normal":
+        env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    return env
+
+
+# ---- ours -------------------------------------------------------------------------------------------
+
+def train_ours(args, data: Path | None, out: Path, points: list[float]) -> list[dict]:
+    run = out / "train"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "recipes/asr/train.py", "--output_dir", str(run),
+           "--max_steps", "1000000", "--save_steps", "100", "--save_total_limit", "0", "--report_to", "none"]
+    cmd += ["--data_dir", str(data)] if data else []
+    cmd += [] if args.threads == "normal" else ["--num_threads", args.threads]
+    env = thread_env(args.threads) | {"PYTHONPATH": str(ROOT)}
+    proc, t0 = launch(cmd, ROOT, env, out / "train.log")
+    deadline = t0 + 60 * points[-1]
+    while proc.poll() is None and time.time() < deadline:
+        time.sleep(1.0)
+    if proc.poll() is not None:
+        refuse(f"ours ended before the budget (exit {proc.returncode}); see {out / 'train.log'}")
+    # The preemption path, to the training process itself (the launcher may return before it has
+    # saved): it saves the step it is in and exits 75.
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait()
+    while time.time() < deadline + 300 and group_alive(proc.pid):
+        time.sleep(0.5)
+    end_session(proc)
+    ckpts = sorted((run / "checkpoints").glob("step_*/COMPLETE"))
+    done = [(c.parent, (c.stat().st_mtime - t0) / 60) for c in ckpts]
+    kept = []
+    for p in points:
+        before = [(d, m) for d, m in done if m <= p] if p != points[-1] else done[-1:]
+        if not before:
+            refuse(f"ours: no checkpoint complete within {p} min")
+        folder, minutes = before[-1]
+        kept.append({"point": p, "minutes": round(minutes, 3), "optimizer_steps": int(folder.name[5:]),
+                     "model": str(folder)})
+    for k in kept:
+        dec = subprocess.run([sys.executable, "recipes/asr/decode.py", "--checkpoint", k["model"], "--split", "test",
+                              "--output", str(out / "decode" / f"min{k['point']:g}")],
+                             cwd=ROOT, env=env, capture_output=True, text=True)
+        if dec.returncode != 0:
+            refuse(f"decoding {k['model']} failed: {dec.stderr.strip()[-500:]}")
+        k["hyps"] = str(out / "decode" / f"min{k['point']:g}" / "test-greedy.jsonl")
+    return kept
+
+
+# ---- SpeechBrain ------------------------------------------------------------------------------------
+
+def speechbrain_yaml(variant: str, out: Path) -> Path:
+    text = (SB_RECIPE / "hparams" / "conformer_large.yaml").read_text()
+    if variant == "cpu":
+        for old, new in ((f"max_batch_length_train: 850\n", f"max_batch_length_train: {OUR_BATCH_SECONDS:g}  # peers/asr.py: was 850\n"),
+                         ("    n_warmup_steps: 7500\n", f"    n_warmup_steps: {OUR_WARMUP}  # peers/asr.py: was 7500\n")):
+            if text.count(old) != 1:
+                refuse(f"conformer_large.yaml has no single '{old.strip()}' line; this script knows SpeechBrain "
+                       "1.1's YAML: re-run benchmarks/speechbrain/setup.sh with a 1.1 --ref")
+            text = text.replace(old, new)
+    path = out / f"conformer_large-{variant}.yaml"
+    path.write_text(text)
+    return path
+
+
+def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> list[dict]:
+    sys.path.insert(0, str(SB))
+    from bridge import write_speechbrain_csv
+
+    csvs = {s: out / "data" / f"{s}.csv" for s in ("train", "validation", "test")}
+    for split, path in csvs.items():
+        write_speechbrain_csv(data, split, path)
+    yaml = speechbrain_yaml(args.variant, out)
+    # Their YAML fixes 31 outputs (English letters, apostrophe, word boundary + 3 specials): another
+    # language needs its own count, as their SentencePiece character model makes it.
+    with open(csvs["train"], newline="", encoding="utf-8") as f:
+        alphabet = {c for row in csv.DictReader(f) for c in row["wrd"]} | {" "}
+    overrides = ["--output_neurons", str(len(alphabet) + 3), "--data_folder", str(data), "--output_folder", str(out / "sb"), "--skip_prep", "True",
+                 "--train_csv", str(csvs["train"]), "--valid_csv", str(csvs["validation"]),
+                 "--test_csv", f"[{csvs['test']}]"]
+    run_opts = ["--precision", "fp32", "--grad_accumulation_factor", "1"]  # what hparams.update(run_opts) imposes anyway
+    if args.threads != "normal":
+        overrides += ["--num_workers", "0"]
+    snapshots = out / "snapshots"
+    snapshots.mkdir()
+    env = thread_env(args.threads) | {"PYTHONPATH": str(HERE / "sb_hook"), "PEER_SNAPSHOTS": str(snapshots),
+                                      "PEER_POINTS": ",".join(f"{p:g}" for p in points)}
+    proc, t0 = launch([str(SB_PYTHON), "train.py", str(yaml), *overrides, *run_opts], SB_RECIPE, env, out / "train.log")
+    deadline = t0 + 60 * points[-1] + 600  # the last batch past the budget may take a while
+    while proc.poll() is None and time.time() < deadline:
+        time.sleep(1.0)
+    end_session(proc)
+    if proc.returncode != 0:
+        refuse(f"speechbrain ended with exit {proc.returncode} before the last point; see {out / 'train.log'}")
+    kept = [json.loads(line) for line in (snapshots / "snapshots.jsonl").read_text().splitlines()]
+    for k in kept:
+        k["model"] = str(snapshots / f"CKPT+min{k['point']:g}")
+        k["hyps"] = str(out / "decode" / f"min{k['point']:g}.jsonl")
+        Path(k["hyps"]).parent.mkdir(exist_ok=True)
+        dec = subprocess.run([str(SB_PYTHON), str(HERE / "sb_decode.py"), str(yaml), k["model"], k["hyps"], *overrides],
+                             cwd=SB_RECIPE, env=thread_env(args.threads), capture_output=True, text=True)
+        if dec.returncode != 0:
+            refuse(f"decoding {k['model']} failed: {dec.stderr.strip()[-800:]}")
+    return kept
+
+
+# ---- scoring and report -----------------------------------------------------------------------------
+
+def score(hyps: Path) -> dict:
+    sys.path.insert(0, str(ROOT / "recipes" / "asr"))
+    from scoring import Scorer
+
+    rows = [json.loads(line) for line in hyps.read_text().splitlines()]
+    return {"utterances": len(rows), **Scorer()([r["hyp"] for r in rows], [r["ref"] for r in rows])}
+
+
+def git_commit(path: Path) -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=path, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def train(args) -> None:
+    points = sorted(float(p) for p in args.points.split(","))
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        refuse(f"{out} is not empty; give a new --out")
+    if args.threads != "normal" and not args.threads.isdigit():
+        refuse(f"--threads {args.threads}: 'normal' or a number")
+    if args.system == "speechbrain" and not (SB_PYTHON.is_file() and (SB_RECIPE / "train.py").is_file()):
+        refuse("SpeechBrain's environment or CTC recipe is missing; run: bash benchmarks/speechbrain/setup.sh")
+    sys.path.insert(0, str(ROOT))
+    from tools.corpus import resolve_data_dir
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(resolve_data_dir(args.data_dir, None, "default", "librispeech")).resolve()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if args.system == "ours":
+        kept = train_ours(args, Path(args.data_dir).resolve() if args.data_dir else None, out, points)
+        version = f"this repository @ {git_commit(ROOT)}"
+    else:
+        kept = train_speechbrain(args, data, out, points)
+        version = f"speechbrain 1.1.2, recipe {(SB / '.sb_repo' / 'SOURCE.txt').read_text().splitlines()[1]}"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # training and decoding processes, as reaped
+    for k in kept:
+        k |= score(Path(k["hyps"]))
+        print(f"{args.system} {k['point']:g} min (model at {k['minutes']:.2f} min, {k['optimizer_steps']} steps): "
+              f"CER {100 * k['cer']:.1f} %, WER {100 * k['wer']:.1f} %", flush=True)
+    result = {"system": args.system, "variant": args.variant if args.system == "speechbrain" else "default",
+              "threads": args.threads, "data": str(data), "version": version, "command": " ".join(sys.argv),
+              "cpu_s_children": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime),
+              "points": kept}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def report(args) -> None:
+    results = [json.loads((Path(d) / "result.json").read_text()) for d in args.runs]
+    points = sorted({k["point"] for r in results for k in r["points"]})
+    print("| system | threads | " + " | ".join(f"CER / WER @ {p:g} min" for p in points) + " | version |")
+    print("|---|---|" + "---|" * len(points) + "---|")
+    for r in results:
+        at = {k["point"]: k for k in r["points"]}
+        cells = [f"{100 * at[p]['cer']:.1f} / {100 * at[p]['wer']:.1f} ({at[p]['optimizer_steps']} steps)"
+                 if p in at else "–" for p in points]
+        name = r["system"] + ("" if r["variant"] == "default" else f" ({r['variant']})")
+        print(f"| {name} | {r['threads']} | " + " | ".join(cells) + f" | {r['version']} |")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in results:
+            name = r["system"] + ("" if r["variant"] == "default" else f" ({r['variant']})")
+            ax.plot([k["point"] for k in r["points"]], [100 * k["cer"] for k in r["points"]], "o-",
+                    label=f"{name}, threads {r['threads']}")
+        ax.set(xlabel="wall-clock minutes (2-core VM)", ylabel="test CER % (greedy)", ylim=(0, 100))
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=100)
+        print(f"\nplot: {args.plot}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train one system for the budget, decode and score its kept models")
+    t.add_argument("--system", choices=["ours", "speechbrain"], required=True)
+    t.add_argument("--variant", choices=["cpu", "shipped"], default="cpu", help="speechbrain's YAML (see above)")
+    t.add_argument("--threads", default="normal", help="'normal' or a number of torch threads")
+    t.add_argument("--points", default="5,10,20,30", help="budget points, minutes since the launch")
+    t.add_argument("--data_dir", default=None, help="a LibriSpeech-layout root; default: the built-in corpus")
+    t.add_argument("--out", required=True, help="a new folder for this run")
+    r = sub.add_parser("report", help="markdown table (and a CER-vs-minutes plot) of finished runs")
+    r.add_argument("runs", nargs="+", help="--out folders of `train`")
+    r.add_argument("--plot", default=None, help="PNG to write")
+    args = parser.parse_args()
+    train(args) if args.command == "train" else report(args)
+
+
+if __name__ == "__main__":
+    main()
