@@ -24,6 +24,8 @@ same code (recipes/asr/metrics: corpus-level CER and WER). Writes <out>/result.j
   i.e. a few optimizer steps in 30 CPU minutes, at a learning rate still ~1e-6.
   `--variant cpu` (default): the same recipe and model with the two settings a user of one CPU
   changes first: batches of our size (max_batch_length_train 20 s) and our warm-up (150 steps).
+  `--variant small`: `cpu` with our encoder's size (d_model 144, 4 layers, 4 heads, FFN 576; their
+  convolutional front end and kernel 31 kept): separates their recipe from their model's size.
 `--threads normal`: each as normally run (ours: the recipe's own choice, one thread per core; theirs:
 torch's default threads and the YAML's 8 data-loading workers); `--threads N`: N torch threads
 (OMP/MKL_NUM_THREADS, ours --num_threads N) and no data-loading workers for theirs.
@@ -131,7 +133,7 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> list[
 
 def speechbrain_yaml(variant: str, out: Path) -> Path:
     text = (SB_RECIPE / "hparams" / "conformer_large.yaml").read_text()
-    if variant == "cpu":
+    if variant in ("cpu", "small"):
         for old, new in ((f"max_batch_length_train: 850\n", f"max_batch_length_train: {OUR_BATCH_SECONDS:g}  # peers/asr.py: was 850\n"),
                          ("    n_warmup_steps: 7500\n", f"    n_warmup_steps: {OUR_WARMUP}  # peers/asr.py: was 7500\n")):
             if text.count(old) != 1:
@@ -143,6 +145,20 @@ def speechbrain_yaml(variant: str, out: Path) -> Path:
     return path
 
 
+def normalize_csv(path: Path) -> None:
+    """Transcripts as our recipe trains on and scores them (recipes/asr/text.py: lowercase, punctuation
+    to spaces, digits kept): both systems learn, and are scored on, the same text."""
+    sys.path.insert(0, str(ROOT / "recipes" / "asr"))
+    from text import normalize_text
+
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**r, "wrd": normalize_text(r["wrd"])} for r in rows)
+
+
 def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> list[dict]:
     sys.path.insert(0, str(SB))
     from bridge import write_speechbrain_csv
@@ -150,6 +166,7 @@ def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> list[
     csvs = {s: out / "data" / f"{s}.csv" for s in ("train", "validation", "test")}
     for split, path in csvs.items():
         write_speechbrain_csv(data, split, path)
+        normalize_csv(path)
     yaml = speechbrain_yaml(args.variant, out)
     # Their YAML fixes 31 outputs (English letters, apostrophe, word boundary + 3 specials): another
     # language needs its own count, as their SentencePiece character model makes it.
@@ -159,6 +176,8 @@ def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> list[
                  "--train_csv", str(csvs["train"]), "--valid_csv", str(csvs["validation"]),
                  "--test_csv", f"[{csvs['test']}]"]
     run_opts = ["--precision", "fp32", "--grad_accumulation_factor", "1"]  # what hparams.update(run_opts) imposes anyway
+    if args.variant == "small":  # our encoder's size (recipes/asr/config.yaml); their front end and kernel
+        overrides += ["--d_model", "144", "--num_encoder_layers", "4", "--nhead", "4", "--d_ffn", "576"]
     if args.threads != "normal":
         overrides += ["--num_workers", "0"]
     snapshots = out / "snapshots"
@@ -190,8 +209,12 @@ def score(hyps: Path) -> dict:
     sys.path.insert(0, str(ROOT / "recipes" / "asr"))
     from scoring import Scorer
 
+    from text import normalize_text
+
     rows = [json.loads(line) for line in hyps.read_text().splitlines()]
-    return {"utterances": len(rows), **Scorer()([r["hyp"] for r in rows], [r["ref"] for r in rows])}
+    # One definition for every system (ours writes normalized text already: unchanged by this).
+    return {"utterances": len(rows), **Scorer()([normalize_text(r["hyp"]) for r in rows],
+                                                [normalize_text(r["ref"]) for r in rows])}
 
 
 def git_commit(path: Path) -> str:
@@ -267,7 +290,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train one system for the budget, decode and score its kept models")
     t.add_argument("--system", choices=["ours", "speechbrain"], required=True)
-    t.add_argument("--variant", choices=["cpu", "shipped"], default="cpu", help="speechbrain's YAML (see above)")
+    t.add_argument("--variant", choices=["cpu", "small", "shipped"], default="cpu", help="speechbrain's YAML (see above)")
     t.add_argument("--threads", default="normal", help="'normal' or a number of torch threads")
     t.add_argument("--points", default="5,10,20,30", help="budget points, minutes since the launch")
     t.add_argument("--data_dir", default=None, help="a LibriSpeech-layout root; default: the built-in corpus")
