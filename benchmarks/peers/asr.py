@@ -37,7 +37,6 @@ import argparse
 import csv
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -62,6 +61,38 @@ def launch(cmd: list[str], cwd: Path, env: dict, log: Path) -> tuple[subprocess.
         proc = subprocess.Popen(cmd, cwd=cwd, env={**env, "PEER_T0": repr(t0)}, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return proc, t0
+
+
+class CpuMeter:
+    """CPU seconds of a training's process tree (the launcher, the training process, its data-loading
+    workers), sampled every second: the last reading of each process counts (a process that ends
+    between two readings loses under a second). Needed because a process whose launcher returned
+    first is never reaped by us, so `RUSAGE_CHILDREN` would miss it."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.root, self.seen = psutil.Process(pid), {}
+
+    def sample(self) -> None:
+        import psutil
+
+        try:
+            for p in [self.root, *self.root.children(recursive=True)]:
+                t = p.cpu_times()
+                self.seen[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
+
+
+def wait_metered(proc: subprocess.Popen, deadline: float, meter: CpuMeter, until_group_ends: bool = False) -> None:
+    while (proc.poll() is None or until_group_ends and group_alive(proc.pid)) and time.time() < deadline:
+        meter.sample()
+        time.sleep(1.0)
 
 
 def end_session(proc: subprocess.Popen) -> None:
@@ -97,18 +128,16 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> list[
     cmd += [] if args.threads == "normal" else ["--num_threads", args.threads]
     env = thread_env(args.threads) | {"PYTHONPATH": str(ROOT)}
     proc, t0 = launch(cmd, ROOT, env, out / "train.log")
-    deadline = t0 + 60 * points[-1]
-    while proc.poll() is None and time.time() < deadline:
-        time.sleep(1.0)
+    deadline, meter = t0 + 60 * points[-1], CpuMeter(proc.pid)
+    wait_metered(proc, deadline, meter)
     if proc.poll() is not None:
         refuse(f"ours ended before the budget (exit {proc.returncode}); see {out / 'train.log'}")
     # The preemption path, to the training process itself (the launcher may return before it has
     # saved): it saves the step it is in and exits 75.
     os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait()
-    while time.time() < deadline + 300 and group_alive(proc.pid):
-        time.sleep(0.5)
+    wait_metered(proc, deadline + 300, meter, until_group_ends=True)
     end_session(proc)
+    args.train_cpu_s = meter.seconds
     ckpts = sorted((run / "checkpoints").glob("step_*/COMPLETE"))
     done = [(c.parent, (c.stat().st_mtime - t0) / 60) for c in ckpts]
     kept = []
@@ -134,7 +163,7 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> list[
 def speechbrain_yaml(variant: str, out: Path) -> Path:
     text = (SB_RECIPE / "hparams" / "conformer_large.yaml").read_text()
     if variant in ("cpu", "small"):
-        for old, new in ((f"max_batch_length_train: 850\n", f"max_batch_length_train: {OUR_BATCH_SECONDS:g}  # peers/asr.py: was 850\n"),
+        for old, new in (("max_batch_length_train: 850\n", f"max_batch_length_train: {OUR_BATCH_SECONDS:g}  # peers/asr.py: was 850\n"),
                          ("    n_warmup_steps: 7500\n", f"    n_warmup_steps: {OUR_WARMUP}  # peers/asr.py: was 7500\n")):
             if text.count(old) != 1:
                 refuse(f"conformer_large.yaml has no single '{old.strip()}' line; this script knows SpeechBrain "
@@ -185,10 +214,10 @@ def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> list[
     env = thread_env(args.threads) | {"PYTHONPATH": str(HERE / "sb_hook"), "PEER_SNAPSHOTS": str(snapshots),
                                       "PEER_POINTS": ",".join(f"{p:g}" for p in points)}
     proc, t0 = launch([str(SB_PYTHON), "train.py", str(yaml), *overrides, *run_opts], SB_RECIPE, env, out / "train.log")
-    deadline = t0 + 60 * points[-1] + 600  # the last batch past the budget may take a while
-    while proc.poll() is None and time.time() < deadline:
-        time.sleep(1.0)
+    deadline, meter = t0 + 60 * points[-1] + 600, CpuMeter(proc.pid)  # the last batch may take a while
+    wait_metered(proc, deadline, meter)
     end_session(proc)
+    args.train_cpu_s = meter.seconds
     if proc.returncode != 0:
         refuse(f"speechbrain ended with exit {proc.returncode} before the last point; see {out / 'train.log'}")
     kept = [json.loads(line) for line in (snapshots / "snapshots.jsonl").read_text().splitlines()]
@@ -236,21 +265,19 @@ def train(args) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     data = Path(resolve_data_dir(args.data_dir, None, "default", "librispeech")).resolve()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     if args.system == "ours":
         kept = train_ours(args, Path(args.data_dir).resolve() if args.data_dir else None, out, points)
         version = f"this repository @ {git_commit(ROOT)}"
     else:
         kept = train_speechbrain(args, data, out, points)
         version = f"speechbrain 1.1.2, recipe {(SB / '.sb_repo' / 'SOURCE.txt').read_text().splitlines()[1]}"
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # training and decoding processes, as reaped
     for k in kept:
         k |= score(Path(k["hyps"]))
         print(f"{args.system} {k['point']:g} min (model at {k['minutes']:.2f} min, {k['optimizer_steps']} steps): "
               f"CER {100 * k['cer']:.1f} %, WER {100 * k['wer']:.1f} %", flush=True)
     result = {"system": args.system, "variant": args.variant if args.system == "speechbrain" else "default",
               "threads": args.threads, "data": str(data), "version": version, "command": " ".join(sys.argv),
-              "cpu_s_children": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime),
+              "train_cpu_s": round(args.train_cpu_s),  # the training's process tree, decoding not included
               "points": kept}
     (out / "result.json").write_text(json.dumps(result, indent=1))
 
@@ -258,14 +285,15 @@ def train(args) -> None:
 def report(args) -> None:
     results = [json.loads((Path(d) / "result.json").read_text()) for d in args.runs]
     points = sorted({k["point"] for r in results for k in r["points"]})
-    print("| system | threads | " + " | ".join(f"CER / WER @ {p:g} min" for p in points) + " | version |")
-    print("|---|---|" + "---|" * len(points) + "---|")
+    print("| system | threads | " + " | ".join(f"CER / WER @ {p:g} min" for p in points) + " | training CPU-min | version |")
+    print("|---|---|" + "---|" * len(points) + "---|---|")
     for r in results:
         at = {k["point"]: k for k in r["points"]}
         cells = [f"{100 * at[p]['cer']:.1f} / {100 * at[p]['wer']:.1f} ({at[p]['optimizer_steps']} steps)"
                  if p in at else "–" for p in points]
         name = r["system"] + ("" if r["variant"] == "default" else f" ({r['variant']})")
-        print(f"| {name} | {r['threads']} | " + " | ".join(cells) + f" | {r['version']} |")
+        cpu = f"{r['train_cpu_s'] / 60:.0f}" if "train_cpu_s" in r else "–"
+        print(f"| {name} | {r['threads']} | " + " | ".join(cells) + f" | {cpu} | {r['version']} |")
     if args.plot:
         import matplotlib
 
