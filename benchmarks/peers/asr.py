@@ -14,7 +14,7 @@ same code (recipes/asr/metrics: corpus-level CER and WER). Writes <out>/result.j
 
 - ours: `accelerate launch recipes/asr/train.py`, default config (plus --data_dir when given),
   `--save_steps 100 --save_total_limit 0`; the model at point p is the last checkpoint complete
-  before p (every ~15 s at ~7 steps/s: ours is measured up to ~15 s early), decoded by
+  before p (one every 100 steps, 15-35 s here: ours is measured up to one interval early), decoded by
   recipes/asr/decode.py. At the last point SIGTERM: the recipe saves that step and exits.
 - speechbrain: their recipes/LibriSpeech/ASR/CTC/train.py with hparams/conformer_large.yaml (a
   Conformer-CTC, 18 layers, d_model 256, characters) on our corpus through bridge.py's CSV files; the
