@@ -37,6 +37,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -126,6 +127,7 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> list[
            "--max_steps", "1000000", "--save_steps", "100", "--save_total_limit", "0", "--report_to", "none"]
     cmd += ["--data_dir", str(data)] if data else []
     cmd += [] if args.threads == "normal" else ["--num_threads", args.threads]
+    cmd += shlex.split(args.ours_args)  # an ablation: flags of recipes/asr/train.py, last wins
     env = thread_env(args.threads) | {"PYTHONPATH": str(ROOT)}
     proc, t0 = launch(cmd, ROOT, env, out / "train.log")
     deadline, meter = t0 + 60 * points[-1], CpuMeter(proc.pid)
@@ -275,7 +277,8 @@ def train(args) -> None:
         k |= score(Path(k["hyps"]))
         print(f"{args.system} {k['point']:g} min (model at {k['minutes']:.2f} min, {k['optimizer_steps']} steps): "
               f"CER {100 * k['cer']:.1f} %, WER {100 * k['wer']:.1f} %", flush=True)
-    result = {"system": args.system, "variant": args.variant if args.system == "speechbrain" else "default",
+    variant = args.variant if args.system == "speechbrain" else args.ours_args or "default"
+    result = {"system": args.system, "variant": variant,
               "threads": args.threads, "data": str(data), "version": version, "command": " ".join(sys.argv),
               "train_cpu_s": round(args.train_cpu_s),  # the training's process tree, decoding not included
               "points": kept}
@@ -320,6 +323,7 @@ def main() -> None:
     t.add_argument("--system", choices=["ours", "speechbrain"], required=True)
     t.add_argument("--variant", choices=["cpu", "small", "shipped"], default="cpu", help="speechbrain's YAML (see above)")
     t.add_argument("--threads", default="normal", help="'normal' or a number of torch threads")
+    t.add_argument("--ours_args", default="", help="ours: more train.py flags, e.g. '--conv_kernel 31' (an ablation)")
     t.add_argument("--points", default="5,10,20,30", help="budget points, minutes since the launch")
     t.add_argument("--data_dir", default=None, help="a LibriSpeech-layout root; default: the built-in corpus")
     t.add_argument("--out", required=True, help="a new folder for this run")
