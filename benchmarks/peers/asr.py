@@ -120,7 +120,7 @@ def thread_env(threads: str) -> dict:
 
 # ---- ours -------------------------------------------------------------------------------------------
 
-def train_ours(args, data: Path | None, out: Path, points: list[float]) -> list[dict]:
+def train_ours(args, data: Path | None, out: Path, points: list[float]) -> tuple[list[dict], float]:
     run = out / "train"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "recipes/asr/train.py", "--output_dir", str(run),
@@ -139,7 +139,6 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> list[
     os.killpg(proc.pid, signal.SIGTERM)
     wait_metered(proc, deadline + 300, meter, until_group_ends=True)
     end_session(proc)
-    args.train_cpu_s = meter.seconds
     ckpts = sorted((run / "checkpoints").glob("step_*/COMPLETE"))
     done = [(c.parent, (c.stat().st_mtime - t0) / 60) for c in ckpts]
     kept = []
@@ -157,7 +156,7 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> list[
         if dec.returncode != 0:
             refuse(f"decoding {k['model']} failed: {dec.stderr.strip()[-500:]}")
         k["hyps"] = str(out / "decode" / f"min{k['point']:g}" / "test-greedy.jsonl")
-    return kept
+    return kept, meter.seconds
 
 
 # ---- SpeechBrain ------------------------------------------------------------------------------------
@@ -190,7 +189,7 @@ def normalize_csv(path: Path) -> None:
         writer.writerows({**r, "wrd": normalize_text(r["wrd"])} for r in rows)
 
 
-def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> list[dict]:
+def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> tuple[list[dict], float]:
     sys.path.insert(0, str(SB))
     from bridge import write_speechbrain_csv
 
@@ -219,7 +218,6 @@ def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> list[
     deadline, meter = t0 + 60 * points[-1] + 600, CpuMeter(proc.pid)  # the last batch may take a while
     wait_metered(proc, deadline, meter)
     end_session(proc)
-    args.train_cpu_s = meter.seconds
     if proc.returncode != 0:
         refuse(f"speechbrain ended with exit {proc.returncode} before the last point; see {out / 'train.log'}")
     kept = [json.loads(line) for line in (snapshots / "snapshots.jsonl").read_text().splitlines()]
@@ -231,7 +229,7 @@ def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> list[
                              cwd=SB_RECIPE, env=thread_env(args.threads), capture_output=True, text=True)
         if dec.returncode != 0:
             refuse(f"decoding {k['model']} failed: {dec.stderr.strip()[-800:]}")
-    return kept
+    return kept, meter.seconds
 
 
 # ---- scoring and report -----------------------------------------------------------------------------
@@ -268,10 +266,10 @@ def train(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = Path(resolve_data_dir(args.data_dir, None, "default", "librispeech")).resolve()
     if args.system == "ours":
-        kept = train_ours(args, Path(args.data_dir).resolve() if args.data_dir else None, out, points)
+        kept, train_cpu_s = train_ours(args, Path(args.data_dir).resolve() if args.data_dir else None, out, points)
         version = f"this repository @ {git_commit(ROOT)}"
     else:
-        kept = train_speechbrain(args, data, out, points)
+        kept, train_cpu_s = train_speechbrain(args, data, out, points)
         version = f"speechbrain 1.1.2, recipe {(SB / '.sb_repo' / 'SOURCE.txt').read_text().splitlines()[1]}"
     for k in kept:
         k |= score(Path(k["hyps"]))
@@ -280,7 +278,7 @@ def train(args) -> None:
     variant = args.variant if args.system == "speechbrain" else args.ours_args or "default"
     result = {"system": args.system, "variant": variant,
               "threads": args.threads, "data": str(data), "version": version, "command": " ".join(sys.argv),
-              "train_cpu_s": round(args.train_cpu_s),  # the training's process tree, decoding not included
+              "train_cpu_s": round(train_cpu_s),  # the training's process tree, decoding not included
               "points": kept}
     (out / "result.json").write_text(json.dumps(result, indent=1))
 
