@@ -34,7 +34,7 @@ def build(recipe: str, root: str | None = None):
     from benchmarks.recipe import load_recipe
     from common.training.checkpoint import TrainState
     from common.training.distributed import build_accelerator
-    from common.training.loop import inverse_sqrt_schedule
+    from common.training.loop import lr_schedule
 
     if root:  # that checkout's recipe too (its Config and model, as it was)
         import benchmarks.recipe
@@ -52,7 +52,7 @@ def build(recipe: str, root: str | None = None):
     accelerator = getattr(r, "accelerator", None) or build_accelerator()
     model = r.build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(10))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(10))
     model, optimizer = accelerator.prepare(model, optimizer)
     for p in model.parameters():  # fill the AdamW moments, as in a running job
         p.grad = torch.randn_like(p) * 1e-3

@@ -249,7 +249,8 @@ class RunConfig:
     stats_utterances: Annotated[int, Count] = 500  # training utterances used for the global mean/std of log-mels
     # --- optimization ---
     learning_rate: Annotated[float, Range(0, 1, lo_open=True)] = 2e-3  # peak LR after warm-up
-    warmup_steps: Annotated[int, Count] = 200  # optimizer steps of linear warm-up, then LR ∝ 1/sqrt(step)
+    warmup_steps: Annotated[int, Count] = 200  # optimizer steps of linear warm-up, then lr_scheduler_type
+    lr_scheduler_type: Literal["inverse_sqrt", "constant_with_warmup"] = "inverse_sqrt"  # after warm-up: LR ∝ 1/sqrt(step), or the peak LR throughout
     weight_decay: Annotated[float, NonNegative] = 0.01  # AdamW, on weight matrices only
     adam_beta1: Annotated[float, Range(0, 1, hi_open=True)] = 0.9
     adam_beta2: Annotated[float, Range(0, 1, hi_open=True)] = 0.98

@@ -319,13 +319,19 @@ def save_or_preempt(accelerator, output_dir: str | Path, state: TrainState, pree
         sys.exit(PREEMPTED_EXIT_CODE)
 
 
-def inverse_sqrt_schedule(warmup_steps: int):
-    """LR multiplier: linear warm-up to 1, then 1/sqrt decay (the Transformer/Conformer schedule).
+def lr_schedule(warmup_steps: int, kind: str = "inverse_sqrt"):
+    """LR multiplier: linear warm-up to 1, then 1/sqrt decay (kind "inverse_sqrt", the
+    Transformer/Conformer schedule) or 1 from then on ("constant_with_warmup").
 
-    It does not depend on max_steps, so extending a run on resume changes nothing before it."""
+    Neither depends on max_steps, so extending a run on resume changes nothing before it."""
+    if kind not in ("inverse_sqrt", "constant_with_warmup"):
+        raise ValueError(f"unknown LR schedule {kind!r}")
+
     def f(step: int) -> float:
         step = max(step, 1)
-        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+        if step < warmup_steps or kind == "constant_with_warmup":
+            return min(step / warmup_steps, 1.0)
+        return math.sqrt(warmup_steps / step)
     return f
 
 
@@ -338,9 +344,10 @@ def decay_groups(module: torch.nn.Module, weight_decay: float, **options) -> lis
 
 
 
-def adamw_inverse_sqrt(cfg, groups) -> tuple[dict, dict]:
-    """({"model": AdamW over `groups`}, {"model": its `inverse_sqrt_schedule`}): a one-model recipe's
-    `build_optimizers`, from the shared Config fields learning_rate, adam_beta1, adam_beta2 and
-    warmup_steps (the groups carry their weight decay: `decay_groups`)."""
+def adamw_scheduled(cfg, groups) -> tuple[dict, dict]:
+    """({"model": AdamW over `groups`}, {"model": its `lr_schedule`}): a one-model recipe's
+    `build_optimizers`, from the shared Config fields learning_rate, adam_beta1, adam_beta2,
+    warmup_steps and lr_scheduler_type (the groups carry their weight decay: `decay_groups`)."""
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2))
-    return {"model": optimizer}, {"model": torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_schedule(cfg.warmup_steps))}
+    schedule = lr_schedule(cfg.warmup_steps, cfg.lr_scheduler_type)
+    return {"model": optimizer}, {"model": torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)}

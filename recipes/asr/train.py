@@ -120,7 +120,7 @@ from common.training.faults import RunError, run_main  # noqa: E402
 from common.model.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.model.hf_export import write_model_card  # noqa: E402
 from common.training.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.training.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
+from common.training.loop import (adamw_scheduled, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.training.prepare import prepare_once  # noqa: E402
 from common.data.source import RecipeData, Source  # noqa: E402
@@ -217,7 +217,7 @@ def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
     for k, block in enumerate(blocks):
         lr = cfg.learning_rate * cfg.encoder_lr_scale * cfg.layer_decay ** (len(blocks) - 1 - k)
         groups += decay_groups(block, cfg.weight_decay, lr=lr)
-    return adamw_inverse_sqrt(cfg, groups)
+    return adamw_scheduled(cfg, groups)
 
 
 def encoder_blocks(encoder: torch.nn.Module) -> list[torch.nn.Module]:

@@ -110,7 +110,7 @@ from common.training.faults import RunError, run_main  # noqa: E402
 from common.model.features import feature_stats, set_feature_stats  # noqa: E402
 from common.model.hf_export import write_code, write_model_card  # noqa: E402
 from common.training.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
-from common.training.loop import (adamw_inverse_sqrt, decay_groups, no_sync_unless,  # noqa: E402
+from common.training.loop import (adamw_scheduled, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.training.run import start_logging, start_run  # noqa: E402
 from common.data.source import RecipeData, Source  # noqa: E402
@@ -168,7 +168,7 @@ def build_models(cfg: Config, data: RecipeData | None = None) -> dict:
 
 def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
     """AdamW (no decay on biases and norms) and its schedule, sized in optimizer steps."""
-    return adamw_inverse_sqrt(cfg, decay_groups(models["model"], cfg.weight_decay))
+    return adamw_scheduled(cfg, decay_groups(models["model"], cfg.weight_decay))
 
 
 def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dict, dict]:

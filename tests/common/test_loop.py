@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 
 from common.training.checkpoint import ContractError, TrainState
 from common.training.faults import RunError
-from common.training.loop import MicroBatch, accumulation_window, end_step, optimizer_update, train_batches
+from common.training.loop import (MicroBatch, accumulation_window, end_step, lr_schedule, optimizer_update,
+                                  train_batches)
 
 
 def test_accumulation_windows_with_a_short_last_window():
@@ -21,6 +22,16 @@ def test_accumulation_windows_with_a_short_last_window():
     assert [w.window_len for w in windows] == [3, 3, 3, 3, 3, 3, 1]
     assert [i for i, w in enumerate(windows) if w.sync] == [2, 5, 6]
     assert accumulation_window(0, 1, 4) == MicroBatch(window_len=1, sync=True)
+
+
+def test_lr_schedules_warm_up_then_decay_or_hold():
+    inv, const = lr_schedule(100), lr_schedule(100, "constant_with_warmup")
+    for f in (inv, const):  # the same linear warm-up, reaching the peak at warmup_steps
+        assert [f(s) for s in (0, 1, 50, 100)] == [0.01, 0.01, 0.5, 1.0]
+    assert inv(400) == 0.5 and inv(10_000) == pytest.approx(0.1)  # 1/sqrt: half the peak at 4× the warm-up, a tenth at 100×
+    assert const(400) == const(10_000) == 1.0
+    with pytest.raises(ValueError, match="unknown LR schedule 'cosine'"):
+        lr_schedule(100, "cosine")
 
 
 class Batches:
