@@ -7,8 +7,9 @@
 #
 # Uses the BEST-RQ run in $BEST_RQ (default outputs/best_rq; trained first with its default config
 # and $BRQ_ARGS if absent, ~6 min on 2 CPU cores). The fine-tuned run adds $FT_ARGS (default none,
-# as ssl_protocol.sh). Each ASR run is ~3 min on 2 CPU cores. Extra arguments go to both ASR runs
-# (e.g. --report_to none).
+# as ssl_protocol.sh). Both ASR runs use $ASR_CONFIG (default config_strong_reg.yaml, as
+# ssl_protocol.sh: the settings the README's figures were measured with). Each ASR run is ~3 min on 2
+# CPU cores. Extra arguments go to both ASR runs (e.g. --report_to none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ACCELERATE=${ACCELERATE:-accelerate}
@@ -18,13 +19,14 @@ STEPS=${STEPS:-1000}             # optimizer steps, both runs
 OUT=${OUT:-outputs/compare_pretraining}
 BRQ_ARGS=${BRQ_ARGS-""}
 FT_ARGS=${FT_ARGS-""}
+ASR_CONFIG=${ASR_CONFIG:-recipes/asr/config_strong_reg.yaml}
 
 if [ ! -f "$BEST_RQ/final/model.safetensors" ]; then
     # shellcheck disable=SC2086  # a list of flags
     "$ACCELERATE" launch recipes/best_rq/train.py --output_dir "$BEST_RQ" $BRQ_ARGS
 fi
-common=(--train_fraction "$FRACTION" --max_steps "$STEPS" --eval_steps 250 --save_steps 500 "$@")
-# From scratch: the default recipe (config.yaml), feature statistics from the labelled subset.
+common=(--config "$ASR_CONFIG" --train_fraction "$FRACTION" --max_steps "$STEPS" --eval_steps 250 --save_steps 500 "$@")
+# From scratch: feature statistics from the labelled subset.
 "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/scratch"
 # Fine-tuned: BEST-RQ's encoder and feature statistics, every weight trained from step 1 unless
 # FT_ARGS says otherwise (--freeze_encoder_steps, --encoder_lr_scale, --layer_decay).

@@ -14,7 +14,9 @@
 # Settings (environment): OUT (outputs/ssl_protocol), CORPUS (ssl10h), PRETRAIN_STEPS (12000),
 # FINETUNE_STEPS (2000), SUBSETS ("10min 1h", or files of utterance ids), FT_ARGS (what the BEST-RQ-initialized runs add),
 # PROBE_STEPS (pre-training checkpoints also fine-tuned on the first subset: the gain as a function
-# of pre-training steps; "" for none),
+# of pre-training steps; "" for none), ASR_CONFIG (every ASR run's config: config_strong_reg.yaml, the
+# settings the protocol's figures were measured with, pinned so that a change of the recipe's
+# defaults does not change the protocol),
 # ACCELERATE (accelerate). Extra arguments go to every training run. A stage whose output is
 # complete is not run again (re-running the script resumes); its time then reads "done before".
 set -euo pipefail
@@ -30,6 +32,7 @@ PROBE_STEPS=${PROBE_STEPS-"1000 3000 6000 8000"}  # must be multiples of the pre
 # Fine-tuning the pre-trained encoder: none of the options by default, every weight at the recipe's
 # learning rate from step 1 (recipes/asr/README.md: what freezing and a lower encoder LR did).
 FT_ARGS=${FT_ARGS-""}
+ASR_CONFIG=${ASR_CONFIG:-recipes/asr/config_strong_reg.yaml}
 mkdir -p "$OUT"
 TIMES="$OUT/times.tsv"
 : > "$TIMES"
@@ -71,7 +74,7 @@ done
 runs=()
 for subset_arg in $SUBSETS; do
     subset=$(basename "$subset_arg" .txt)  # 10min, 1h, or a subset file's name
-    common=(--builtin_corpus "$CORPUS" --train_subset "$subset_arg" --max_steps "$FINETUNE_STEPS" --save_steps 500 "$@")
+    common=(--config "$ASR_CONFIG" --builtin_corpus "$CORPUS" --train_subset "$subset_arg" --max_steps "$FINETUNE_STEPS" --save_steps 500 "$@")
     stage "ASR $subset, scratch" "$OUT/scratch_$subset/final/COMPLETE" \
         "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/scratch_$subset"
     # shellcheck disable=SC2086  # FT_ARGS is a list of flags
