@@ -48,12 +48,17 @@ FORK = os.environ.get("HARNESS_FORK", "1") != "0"
 # 60-step run 10x slower, README "Tests"). Runs started while this process holds tokens (a run
 # started from another's callback) take none, and keep the machine's cores.
 TOKENS_DIR = "HARNESS_CPU_TOKENS"
+# Runs of one thread a process may share a core, RUNS_PER_CORE of them (HARNESS_RUNS_PER_CORE): a
+# tiny run waits much of its time (its start-up's file reads, saves, a test's polling), and one
+# thread cannot spin in OpenMP barriers. A run of several threads a process takes whole cores.
+RUNS_PER_CORE = max(1, int(os.environ.get("HARNESS_RUNS_PER_CORE", "2")))
 _held = [0]
 
 
 @contextlib.contextmanager
-def cpu_tokens(n: int):
-    """Hold n tokens while the block runs; yields the cores they stand for (None: no tokens, any core)."""
+def cpu_tokens(n: int, whole_cores: bool = False):
+    """Hold a run slot on each of n cores while the block runs (every slot of them with `whole_cores`,
+    for runs of several threads a process); yields the cores (None: no tokens, any core)."""
     folder = os.environ.get(TOKENS_DIR)
     if not folder or _held[0]:
         yield None
@@ -61,30 +66,44 @@ def cpu_tokens(n: int):
     import fcntl
 
     cores = sorted(os.sched_getaffinity(0))  # token i is the i-th core this process may use
-    files = [open(os.path.join(folder, f"core{i}"), "w") for i in range(len(cores))]
+    n = min(n, len(cores))
+    # slot[i][s]: a lock file per run slot of core i, `core{i}`, then `core{i}.{s}` for its other slots.
+    slot = [[open(os.path.join(folder, f"core{i}" + (f".{s}" if s else "")), "w") for s in range(RUNS_PER_CORE)]
+            for i in range(len(cores))]
+
+    def take(files: list, block: bool = False) -> bool:  # all of them, or none
+        for k, f in enumerate(files):
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+            except BlockingIOError:
+                for g in files[:k]:
+                    fcntl.flock(g, fcntl.LOCK_UN)
+                return False
+        return True
+
     try:
-        n, held = min(n, len(files)), []
-        if n == len(files):  # all of them, in order: a holder of one never waits for a second
-            for f in files:
-                fcntl.flock(f, fcntl.LOCK_EX)
-            held = files
-        while len(held) < n:
-            for f in files:
-                if f in held:
-                    continue
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held.append(f)
+        if whole_cores and n == len(cores):  # every slot, in order: a holder of one never waits for a second
+            take([f for core in slot for f in core], block=True)
+            held = list(range(len(cores)))
+        else:  # n cores at once or none (holding some while waiting for more could deadlock)
+            while True:
+                held, files = [], []
+                # slot 0 of every core first: runs share a core only when every core has one
+                for s, i in ((s, i) for s in range(RUNS_PER_CORE) for i in range(len(cores))):
+                    if len(held) < n and i not in held and not (whole_cores and s) and \
+                            take(slot[i] if whole_cores else [slot[i][s]]):
+                        held.append(i)
+                        files += slot[i] if whole_cores else [slot[i][s]]
+                if len(held) == n:
                     break
-                except BlockingIOError:
-                    pass
-            else:
+                for f in files:
+                    fcntl.flock(f, fcntl.LOCK_UN)
                 time.sleep(0.02)
         _held[0] = n
-        yield sorted(cores[files.index(f)] for f in held)
+        yield sorted(cores[i] for i in held)
     finally:
         _held[0] = 0
-        for f in files:
+        for f in (f for core in slot for f in core):
             f.close()  # releases its lock
 
 
@@ -422,7 +441,7 @@ def run(recipe: str, nproc: int, args: list[str], *, env: dict | None = None, ti
     cmd = command(recipe, nproc, args, profile, launcher=real)
     # A run that asks for N threads per process (--num_threads) holds N tokens per process.
     threads = int(args[args.index("--num_threads") + 1]) if "--num_threads" in args else 0
-    with cpu_tokens(nproc * max(1, threads)) as cpus:
+    with cpu_tokens(nproc * max(1, threads), whole_cores=threads > 1) as cpus:
         with open(log_path, "a") as log:
             proc = None
             if not real and (nproc == 1 or profile == "cpu_ddp.yaml"):

@@ -152,25 +152,61 @@ def test_a_forked_tool_gives_what_a_fresh_interpreter_gives(tmp_path, how, monke
         assert last(forked.stderr) == last(fresh.stderr) and "{" not in forked.stderr
 
 
-def test_cpu_tokens_a_run_of_every_core_waits_for_the_others_and_nested_runs_take_none(tmp_path, monkeypatch):
-    """pytest-xdist workers share the cores: a run holding all the tokens starts only once another
-    worker's run has given its token back; a run started from inside a run takes none (no deadlock)."""
+def _hold(files: list, seconds: float) -> subprocess.Popen:
+    """Another worker's runs: a process holding the lock files `files` for `seconds`."""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, time
+        held = [open(name, "w") for name in {[str(f) for f in files]!r}]
+        for f in held:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        print("held", flush=True)
+        time.sleep({seconds})
+        print("giving them back", flush=True)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+@pytest.mark.parametrize("held", ["core0", "core0.1"])
+def test_cpu_tokens_a_run_of_every_whole_core_waits_for_the_others_and_nested_runs_take_none(tmp_path, monkeypatch,
+                                                                                             held):
+    """pytest-xdist workers share the cores: a run of several threads on every core starts only once
+    another worker's run has given its slot back (the first, `core0`, or the second, `core0.1`); a
+    run started from inside a run takes none (no deadlock)."""
     import select
 
     monkeypatch.setenv(harness.TOKENS_DIR, str(tmp_path))
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import fcntl, time
-        f = open({str(tmp_path / "core0")!r}, "w")
-        fcntl.flock(f, fcntl.LOCK_EX)
-        print("held", flush=True)
-        time.sleep(1.0)
-        print("giving it back", flush=True)
-    """)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline() == "held\n"
-    with harness.cpu_tokens(os.cpu_count()):
+    monkeypatch.setattr(harness, "RUNS_PER_CORE", 2)
+    holder = _hold([tmp_path / held], 1.0)
+    with harness.cpu_tokens(os.cpu_count(), whole_cores=True):
         assert select.select([holder.stdout], [], [], 0)[0], "all tokens taken while another run held one"
         with harness.cpu_tokens(1):  # nested: would wait forever if it asked for one
             pass
+    assert holder.wait(10) == 0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_cpu_tokens_one_thread_runs_share_a_core_only_when_every_core_is_busy(tmp_path, monkeypatch):
+    """A one-process run takes a free core first; with every core busy it shares one (its second slot)
+    at once, as the ranks of a DDP run (one thread each) share every core, and with RUNS_PER_CORE 1
+    a run waits for a core to be given back."""
+    import select
+
+    cores = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv(harness.TOKENS_DIR, str(tmp_path))
+    monkeypatch.setattr(harness, "RUNS_PER_CORE", 2)
+    holder = _hold([tmp_path / "core0"], 30.0)
+    with harness.cpu_tokens(1) as cpus:
+        assert cpus == [cores[1]]
+    holder.kill()
+    holder = _hold([tmp_path / f"core{i}" for i in range(len(cores))], 1.0)
+    with harness.cpu_tokens(1) as cpus:
+        assert cpus == [cores[0]] and not select.select([holder.stdout], [], [], 0)[0], "waited for a core"
+    with harness.cpu_tokens(len(cores)) as cpus:
+        assert cpus == cores and not select.select([holder.stdout], [], [], 0)[0], "waited for the cores"
+    monkeypatch.setattr(harness, "RUNS_PER_CORE", 1)
+    with harness.cpu_tokens(1) as cpus:
+        assert select.select([holder.stdout], [], [], 0)[0], "two runs on a core with RUNS_PER_CORE 1"
     assert holder.wait(10) == 0
 
 
