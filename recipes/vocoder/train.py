@@ -28,6 +28,7 @@ Outputs: <output_dir>/final/{model.safetensors (the generator), config.yaml, voc
 from __future__ import annotations
 
 import functools
+import json
 import math
 import sys
 from collections import defaultdict
@@ -37,7 +38,7 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, ResumeSafe,
+from common.config import (Count, DatasetConfig, ExistingPath, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
 
@@ -81,6 +82,9 @@ class Config(DatasetConfig):
     period_channels: list[Annotated[int, Count]] = field(default_factory=lambda: [16, 64, 128, 128])  # its conv channels (HiFi-GAN: 32 128 512 1024 1024)
     resolutions: list[Annotated[int, Range(4)]] = field(default_factory=lambda: [512, 1024, 2048])  # multi-resolution STFT discriminator: n_fft each (hop n_fft / 4)
     resolution_channels: Annotated[int, Count] = 16  # its conv channels (Vocos: 32)
+    # a vocoder output_dir, final/ or checkpoints/step_*/ to start from (another voice): its generator,
+    # and its discriminators from a checkpoint (README, "Transfer")
+    init_from: Annotated[str | None, ExistingPath] = None
     # --- losses and schedule ---
     lr_decay: Annotated[float, Range(0, 1, lo_open=True)] = 0.99995  # LR × this per optimizer step, both schedules
     mel_loss_weight: Annotated[float, NonNegative] = 45.0  # HiFi-GAN's, on its scale (L1 of log10 mel amplitude)
@@ -106,9 +110,11 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
-from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import (TrainState, export_final, resolve_checkpoint,  # noqa: E402
+                                        resume_from_checkpoint)
 from common.config import save_config  # noqa: E402
 from common.training.faults import RunError, run_main  # noqa: E402
 from common.model.features import mel_frontend  # noqa: E402
@@ -122,7 +128,7 @@ from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from data import SegmentCollator, Waveforms, collate_whole, split_manifest  # noqa: E402
-from model import (adversarial_loss, build_discriminators, build_generator, discriminator_loss,  # noqa: E402
+from model import (MEL_KEYS, adversarial_loss, build_discriminators, build_generator, discriminator_loss,  # noqa: E402
                    feature_matching_loss)
 
 logger = get_logger(__name__)
@@ -177,6 +183,37 @@ def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dic
     losses["generator"], stats = generator_loss(critic, loss_frontend(cfg, mels.device), real, fake, mels, cfg,
                                                 adversarial)
     return losses, {"d_loss": d_loss, **stats}
+
+
+def transfer_from(models: dict, folder: Path, cfg: Config) -> str:
+    """Initialize the models from another vocoder run (another voice; `folder` verified by
+    `resolve_checkpoint`): the generator, and the discriminators when `folder` is a checkpoint (an
+    export holds the generator only; they then start fresh). Refuses another mel or another shape.
+    Returns a summary line."""
+    from safetensors.torch import load_file
+
+    theirs = yaml.safe_load((folder / "config.yaml").read_text())
+    differ = [f"{k} {theirs.get(k)} vs {getattr(cfg, k)}" for k in MEL_KEYS if theirs.get(k) != getattr(cfg, k)]
+    if differ:
+        raise ValueError(f"--init_from {folder}: it was trained on another mel ({', '.join(differ)}): set these to "
+                         f"its config.yaml's, or train from scratch")
+    # a checkpoint: one file per prepared model, in prepare order (train_state.json names them)
+    names = (json.loads((folder / "train_state.json").read_text())["models"]
+             if (folder / "train_state.json").is_file() else ["generator"])
+    taken = []
+    for i, name in enumerate(names):
+        own = models[name].state_dict()
+        state = load_file(folder / ("model.safetensors" if i == 0 else f"model_{i}.safetensors"))
+        wrong = [f"{k} {tuple(state[k].shape) if k in state else 'missing'} != {tuple(v.shape)}"
+                 for k, v in own.items() if k not in state or state[k].shape != v.shape]
+        if wrong or len(state) != len(own):
+            raise ValueError(f"--init_from {folder}: its {name} has another shape ({'; '.join(wrong[:3]) or 'other keys'}): "
+                             f"set the model fields (dim, hidden_dim, layers, periods, ...) to its config.yaml's")
+        models[name].load_state_dict(state)
+        taken.append(name)
+    return (f"initialized from {folder}: {' and '.join(taken)}"
+            + ("" if "discriminator" in taken else " (the discriminators start fresh: an export holds the generator "
+               "only; give one of its checkpoints/step_*/ folders to take them too)"))
 
 
 def loss_frontend(cfg: Config, device):
@@ -267,6 +304,11 @@ def main(cfg: Config) -> None:
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
     models = build_models(cfg, data)
     generator, discriminator = models["generator"], models["discriminator"]
+    if cfg.init_from:  # every rank; a resume then loads its checkpoint over it
+        try:
+            logger.info(transfer_from(models, resolve_checkpoint(cfg.init_from, "--init_from"), cfg))
+        except ValueError as e:
+            raise RunError(str(e)) from None
     logger.info(f"generator {sum(p.numel() for p in generator.parameters()) / 1e6:.2f} M parameters, "
                 f"discriminators {sum(p.numel() for p in discriminator.parameters()) / 1e6:.2f} M")
     optimizers, schedulers = build_optimizers(cfg, models)

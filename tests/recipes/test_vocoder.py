@@ -7,6 +7,7 @@ evaluate.py on 2 utterances, and the refusal of a vocoder trained on another mel
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
+from common.config import load_config
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
                                    metrics, python, resumed_positions, run, worker)
@@ -83,11 +85,15 @@ def continuous(tiny_corpus, reference):
     return lambda nproc: reference("vocoder", nproc, lambda out: args_for(tiny_corpus, out, *STEPS))
 
 
+def model_file(ckpt: Path, name: str) -> Path:
+    """A model's weights in a checkpoint: accelerate's files in prepare order, named by train_state.json."""
+    i = json.loads((ckpt / "train_state.json").read_text())["models"].index(name)
+    return ckpt / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
+
+
 def assert_same_discriminators(a: Path, b: Path) -> None:
-    ka, kb = (p / "checkpoints" / "step_00000008" / "discriminator" for p in (a, b))
-    for f in sorted(ka.glob("*.safetensors")):
-        wa, wb = load_file(f), load_file(kb / f.name)
-        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f.name
+    wa, wb = (load_file(model_file(p / "checkpoints" / "step_00000008", "discriminator")) for p in (a, b))
+    assert wa and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 @pytest.mark.accelerate_launch
@@ -183,3 +189,35 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     refused = synthesize("--checkpoint", str(tts), "--vocoder", str(other), "--text", "a cat", "--output", str(wav))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "trained on another mel than this TTS model (hop_length 128 vs 256)" in refused.stderr
+
+
+@slow
+def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_discriminators(tiny_corpus, tmp_path,
+                                                                                             continuous):
+    """--init_from: from a checkpoint both models (a launched run whose first update is ~0: its
+    step-1 weights are the source's), from an export the generator alone; another mel or another
+    shape refused with what to set."""
+    base = continuous(1)
+    ckpt = base / "checkpoints" / "step_00000008"
+    out = tmp_path / "voice"
+    log = run("vocoder", 1, args_for(tiny_corpus, out, "--max_steps", "1", "--save_steps", "1", "--init_from", str(ckpt),
+                                     "--warmup_steps", "1000000000"))  # LR 5e-13 at step 1: the weights stay the source's
+    assert f"initialized from {ckpt}: generator and discriminator\n" in log
+    for name in ("generator", "discriminator"):
+        mine, theirs = (load_file(model_file(c, name)) for c in (out / "checkpoints" / "step_00000001", ckpt))
+        assert mine.keys() == theirs.keys() and all(torch.allclose(mine[k], theirs[k], atol=1e-8) for k in mine), name
+
+    train = recipe_modules("vocoder", "train").train
+    cfg = load_config(base / "final", train.Config)
+    models = {"generator": train.build_generator(cfg), "discriminator": train.build_discriminators(cfg)}
+    fresh_d = {k: v.clone() for k, v in models["discriminator"].state_dict().items()}
+    line = train.transfer_from(models, base / "final", cfg)
+    assert "generator (the discriminators start fresh" in line
+    final = load_file(base / "final" / "model.safetensors")
+    assert all(torch.equal(v, final[k]) for k, v in models["generator"].state_dict().items())
+    assert all(torch.equal(v, fresh_d[k]) for k, v in models["discriminator"].state_dict().items())
+    for change, match in (({"hop_length": 128}, r"trained on another mel \(hop_length 256 vs 128\)"),
+                          ({"dim": 24}, "its generator has another shape")):
+        other = dataclasses.replace(cfg, **change)
+        with pytest.raises(ValueError, match=match):
+            train.transfer_from({"generator": train.build_generator(other)}, base / "final", other)
