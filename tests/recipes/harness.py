@@ -67,43 +67,47 @@ def cpu_tokens(n: int, whole_cores: bool = False):
 
     cores = sorted(os.sched_getaffinity(0))  # token i is the i-th core this process may use
     n = min(n, len(cores))
-    # slot[i][s]: a lock file per run slot of core i, `core{i}`, then `core{i}.{s}` for its other slots.
+    # slot[i][s]: a lock file per run slot of core i, `core{i}`, then `core{i}.{s}` for its other slots;
+    # claim[i]: held by the one run waiting for core i, so that one-slot runs leave its next free slot to it.
     slot = [[open(os.path.join(folder, f"core{i}" + (f".{s}" if s else "")), "w") for s in range(RUNS_PER_CORE)]
             for i in range(len(cores))]
+    claim = [open(os.path.join(folder, f"core{i}.claim"), "w") for i in range(len(cores))]
 
-    def take(files: list, block: bool = False) -> bool:  # all of them, or none
-        for k, f in enumerate(files):
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-            except BlockingIOError:
-                for g in files[:k]:
-                    fcntl.flock(g, fcntl.LOCK_UN)
-                return False
-        return True
+    def take(f, block: bool = False) -> bool:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+            return True
+        except BlockingIOError:
+            return False
+
+    def claimed(i: int) -> bool:
+        if not take(claim[i]):
+            return True
+        fcntl.flock(claim[i], fcntl.LOCK_UN)
+        return False
 
     try:
-        if whole_cores and n == len(cores):  # every slot, in order: a holder of one never waits for a second
-            take([f for core in slot for f in core], block=True)
-            held = list(range(len(cores)))
-        else:  # n cores at once or none (holding some while waiting for more could deadlock)
-            while True:
-                held, files = [], []
-                # slot 0 of every core first: runs share a core only when every core has one
-                for s, i in ((s, i) for s in range(RUNS_PER_CORE) for i in range(len(cores))):
-                    if len(held) < n and i not in held and not (whole_cores and s) and \
-                            take(slot[i] if whole_cores else [slot[i][s]]):
-                        held.append(i)
-                        files += slot[i] if whole_cores else [slot[i][s]]
-                if len(held) == n:
-                    break
-                for f in files:
-                    fcntl.flock(f, fcntl.LOCK_UN)
+        if n == 1 and not whole_cores:  # one slot: slot 0 of every core first, so runs share a core only when all do
+            order = [(s, i) for s in range(RUNS_PER_CORE) for i in range(len(cores))]
+            while not (held := next(([i] for s, i in order if not claimed(i) and take(slot[i][s])), None)):
                 time.sleep(0.02)
+        else:  # cores 0..n-1 in order: a run holding core i waits only for cores above it (no deadlock)
+            held = []
+            for i in range(n):
+                take(claim[i], block=True)  # one claimant a core at a time
+                if whole_cores:  # every slot of it, in order
+                    for f in slot[i]:
+                        take(f, block=True)
+                else:  # any one of its slots
+                    while not any(take(f) for f in slot[i]):
+                        time.sleep(0.02)
+                fcntl.flock(claim[i], fcntl.LOCK_UN)
+                held.append(i)
         _held[0] = n
-        yield sorted(cores[i] for i in held)
+        yield [cores[i] for i in held]
     finally:
         _held[0] = 0
-        for f in (f for core in slot for f in core):
+        for f in (*claim, *(f for core in slot for f in core)):
             f.close()  # releases its lock
 
 

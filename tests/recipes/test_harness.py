@@ -189,7 +189,8 @@ def test_cpu_tokens_a_run_of_every_whole_core_waits_for_the_others_and_nested_ru
 def test_cpu_tokens_one_thread_runs_share_a_core_only_when_every_core_is_busy(tmp_path, monkeypatch):
     """A one-process run takes a free core first; with every core busy it shares one (its second slot)
     at once, as the ranks of a DDP run (one thread each) share every core, and with RUNS_PER_CORE 1
-    a run waits for a core to be given back."""
+    a run waits for a core to be given back; a core that a run of several processes waits for is
+    left to it."""
     import select
 
     cores = sorted(os.sched_getaffinity(0))
@@ -208,6 +209,12 @@ def test_cpu_tokens_one_thread_runs_share_a_core_only_when_every_core_is_busy(tm
     with harness.cpu_tokens(1) as cpus:
         assert select.select([holder.stdout], [], [], 0)[0], "two runs on a core with RUNS_PER_CORE 1"
     assert holder.wait(10) == 0
+    # a run of several processes waiting for core 1 (its claim) gets its next free slot: one-slot runs go elsewhere
+    monkeypatch.setattr(harness, "RUNS_PER_CORE", 2)
+    holder = _hold([tmp_path / "core0", tmp_path / "core1.claim"], 30.0)
+    with harness.cpu_tokens(1) as cpus:
+        assert cpus == [cores[0]], "took a slot of the core another run waits for"
+    holder.kill()
 
 
 def test_forked_ranks_stop_like_the_elastic_agent_and_a_hung_rank_is_named(tmp_path, monkeypatch):
