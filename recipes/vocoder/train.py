@@ -200,6 +200,9 @@ def transfer_from(models: dict, folder: Path, cfg: Config) -> str:
     # a checkpoint: one file per prepared model, in prepare order (train_state.json names them)
     names = (json.loads((folder / "train_state.json").read_text())["models"]
              if (folder / "train_state.json").is_file() else ["generator"])
+    if not set(names) <= set(models):
+        raise ValueError(f"--init_from {folder}: not a vocoder run (its models: {', '.join(names)}): give a vocoder "
+                         f"output_dir, its final/ or one of its checkpoints/step_*/ folders")
     taken = []
     for i, name in enumerate(names):
         own = models[name].state_dict()

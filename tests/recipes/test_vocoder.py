@@ -216,6 +216,12 @@ def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_d
     final = load_file(base / "final" / "model.safetensors")
     assert all(torch.equal(v, final[k]) for k, v in models["generator"].state_dict().items())
     assert all(torch.equal(v, fresh_d[k]) for k, v in models["discriminator"].state_dict().items())
+    tts_ckpt = tmp_path / "tts_step"  # another recipe's checkpoint (its one model is "model"), as the vocoder reads it
+    tts_ckpt.mkdir()
+    (tts_ckpt / "config.yaml").write_text((base / "final" / "config.yaml").read_text())
+    (tts_ckpt / "train_state.json").write_text(json.dumps({"models": ["model"]}))
+    with pytest.raises(ValueError, match=r"not a vocoder run \(its models: model\)"):
+        train.transfer_from(models, tts_ckpt, cfg)
     for change, match in (({"hop_length": 128}, r"trained on another mel \(hop_length 256 vs 128\)"),
                           ({"dim": 24}, "its generator has another shape")):
         other = dataclasses.replace(cfg, **change)
