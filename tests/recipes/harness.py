@@ -38,10 +38,11 @@ REAL_LAUNCH = [False]
 FORK = os.environ.get("HARNESS_FORK", "1") != "0"
 
 
-# Under pytest-xdist, the workers' runs share the machine's cores through CPU tokens (one lock file
-# per core in a folder all workers see, set by tests/conftest.py): a run of n processes holds n
-# tokens (at most all of them) while it runs, and runs on those cores only (its CPU affinity), so a
-# recipe's automatic thread count (cores it may use ÷ its processes) gives it one thread per token.
+# Under pytest-xdist, the workers' runs share the machine's cores through CPU tokens (lock files,
+# RUNS_PER_CORE run slots per core, in a folder all workers see, set by tests/conftest.py): a run of
+# n processes holds a slot on n cores (at most all of them) while it runs, and runs on those cores
+# only (its CPU affinity), so a recipe's automatic thread count (cores it may use ÷ its processes)
+# gives it one thread per core.
 # Without tokens, a two-process DDP run sharing the cores with another worker's run waits in its
 # collectives spinning; without the affinity, every one-process run took 2 threads on its 1 token
 # and two of them at once ran 4 threads on 2 cores, spinning in OpenMP's barriers (measured: a
