@@ -820,6 +820,15 @@ def _unplain_state(accelerator) -> str | None:
     return None
 
 
+def model_weights_files(ckpt: Path) -> dict[str, Path]:
+    """Each prepared model's weights file in a checkpoint, by the name `train_state.json` gives it
+    (its "models": the recipe's names in prepare order). accelerate names the files by prepare order
+    only: model.safetensors, model_1.safetensors, ... Raises OSError/ValueError if the checkpoint
+    has no readable train_state.json."""
+    names = json.loads((ckpt / "train_state.json").read_text()).get("models") or []
+    return {name: ckpt / ("model.safetensors" if i == 0 else f"model_{i}.safetensors") for i, name in enumerate(names)}
+
+
 def _nonfinite_weights(ckpt: Path) -> str | None:
     """None if every floating-point tensor in the checkpoint's safetensors files is finite, else the
     file and tensor that is not. `save_checkpoint` never writes non-finite weights, so such a file
@@ -828,11 +837,10 @@ def _nonfinite_weights(ckpt: Path) -> str | None:
     weights are not in safetensors files: not checked, see the module docstring.)"""
     from safetensors import safe_open
 
-    try:  # accelerate names the files by prepare order: model.safetensors, model_1.safetensors, ...
-        names = json.loads((ckpt / "train_state.json").read_text()).get("models") or []
-    except (OSError, ValueError, AttributeError):
-        names = []
-    files = {("model.safetensors" if i == 0 else f"model_{i}.safetensors"): n for i, n in enumerate(names)}
+    try:
+        files = {path.name: name for name, path in model_weights_files(ckpt).items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        files = {}
     for path in sorted(ckpt.rglob("*.safetensors")):
         try:
             with safe_open(str(path), framework="pt") as f:

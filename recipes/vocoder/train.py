@@ -28,7 +28,6 @@ Outputs: <output_dir>/final/{model.safetensors (the generator), config.yaml, voc
 from __future__ import annotations
 
 import functools
-import json
 import math
 import sys
 from collections import defaultdict
@@ -113,7 +112,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
-from common.training.checkpoint import (TrainState, export_final, resolve_checkpoint,  # noqa: E402
+from common.training.checkpoint import (TrainState, export_final, model_weights_files, resolve_checkpoint,  # noqa: E402
                                         resume_from_checkpoint)
 from common.config import save_config  # noqa: E402
 from common.training.faults import RunError, run_main  # noqa: E402
@@ -197,16 +196,16 @@ def transfer_from(models: dict, folder: Path, cfg: Config) -> str:
     if differ:
         raise ValueError(f"--init_from {folder}: it was trained on another mel ({', '.join(differ)}): set these to "
                          f"its config.yaml's, or train from scratch")
-    # a checkpoint: one file per prepared model, in prepare order (train_state.json names them)
-    names = (json.loads((folder / "train_state.json").read_text())["models"]
-             if (folder / "train_state.json").is_file() else ["generator"])
-    if not set(names) <= set(models):
-        raise ValueError(f"--init_from {folder}: not a vocoder run (its models: {', '.join(names)}): give a vocoder "
+    # a checkpoint: one file per prepared model (train_state.json names them); an export: the generator
+    files = (model_weights_files(folder) if (folder / "train_state.json").is_file()
+             else {"generator": folder / "model.safetensors"})
+    if not set(files) <= set(models):
+        raise ValueError(f"--init_from {folder}: not a vocoder run (its models: {', '.join(files)}): give a vocoder "
                          f"output_dir, its final/ or one of its checkpoints/step_*/ folders")
     taken = []
-    for i, name in enumerate(names):
+    for name, path in files.items():
         own = models[name].state_dict()
-        state = load_file(folder / ("model.safetensors" if i == 0 else f"model_{i}.safetensors"))
+        state = load_file(path)
         wrong = [f"{k} {tuple(state[k].shape) if k in state else 'missing'} != {tuple(v.shape)}"
                  for k, v in own.items() if k not in state or state[k].shape != v.shape]
         if wrong or len(state) != len(own):

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from common.config import load_config
+from common.training.checkpoint import model_weights_files
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
                                    metrics, python, resumed_positions, run, worker)
@@ -85,14 +86,8 @@ def continuous(tiny_corpus, reference):
     return lambda nproc: reference("vocoder", nproc, lambda out: args_for(tiny_corpus, out, *STEPS))
 
 
-def model_file(ckpt: Path, name: str) -> Path:
-    """A model's weights in a checkpoint: accelerate's files in prepare order, named by train_state.json."""
-    i = json.loads((ckpt / "train_state.json").read_text())["models"].index(name)
-    return ckpt / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
-
-
 def assert_same_discriminators(a: Path, b: Path) -> None:
-    wa, wb = (load_file(model_file(p / "checkpoints" / "step_00000008", "discriminator")) for p in (a, b))
+    wa, wb = (load_file(model_weights_files(p / "checkpoints" / "step_00000008")["discriminator"]) for p in (a, b))
     assert wa and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -204,7 +199,7 @@ def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_d
                                      "--warmup_steps", "1000000000"))  # LR 5e-13 at step 1: the weights stay the source's
     assert f"initialized from {ckpt}: generator and discriminator\n" in log
     for name in ("generator", "discriminator"):
-        mine, theirs = (load_file(model_file(c, name)) for c in (out / "checkpoints" / "step_00000001", ckpt))
+        mine, theirs = (load_file(model_weights_files(c)[name]) for c in (out / "checkpoints" / "step_00000001", ckpt))
         assert mine.keys() == theirs.keys() and all(torch.allclose(mine[k], theirs[k], atol=1e-8) for k in mine), name
 
     train = recipe_modules("vocoder", "train").train
