@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # A new voice from 20-60 minutes of its transcribed recordings, the way that works on a small voice:
-# start the encoder from one that has heard much more speech. Trained from scratch, 0.3 h of one
-# voice leaves the model guessing (French prompts: 35.5 % test CER after 30 minutes); started from
-# BEST-RQ pre-trained on the built-in `ssl10h` audio (10.7 h of 216 synthetic English voices,
-# transcripts unused), the same 30 minutes read it far better (README, "A new voice from a BEST-RQ
-# encoder").
+# start the encoder from one that has heard much more speech. Held-out test CER after 30 minutes of
+# the voice's training, from scratch -> from BEST-RQ pre-trained on the built-in `ssl10h` audio (10.7 h
+# of 216 synthetic English voices, transcripts unused): French prompts 35.5 -> 27.7 %, Spanish
+# 19.9 -> 15.3 %, Italian 22.1 -> 17.4 % (README, "A new voice from a BEST-RQ encoder").
 #
 #   bash recipes/asr/transfer.sh DATA_DIR [train.py arguments for the voice ...]
 #   bash recipes/asr/transfer.sh data/prompts_fr/librispeech
