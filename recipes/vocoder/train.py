@@ -199,8 +199,8 @@ def transfer_from(models: dict, folder: Path, cfg: Config) -> str:
     # a checkpoint: one file per prepared model (train_state.json names them); an export: the generator
     files = (model_weights_files(folder) if (folder / "train_state.json").is_file()
              else {"generator": folder / "model.safetensors"})
-    if not set(files) <= set(models):
-        raise ValueError(f"--init_from {folder}: not a vocoder run (its models: {', '.join(files)}): give a vocoder "
+    if not files or not set(files) <= set(models):
+        raise ValueError(f"--init_from {folder}: not a vocoder run (its models: {', '.join(files) or 'none named'}): give a vocoder "
                          f"output_dir, its final/ or one of its checkpoints/step_*/ folders")
     taken = []
     for name, path in files.items():
