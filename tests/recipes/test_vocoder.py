@@ -217,6 +217,9 @@ def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_d
     (tts_ckpt / "train_state.json").write_text(json.dumps({"models": ["model"]}))
     with pytest.raises(ValueError, match=r"not a vocoder run \(its models: model\)"):
         train.transfer_from(models, tts_ckpt, cfg)
+    (tts_ckpt / "train_state.json").write_text("{}")  # names no models: refused, not taken as nothing to load
+    with pytest.raises(ValueError, match=r"not a vocoder run \(its models: none named\)"):
+        train.transfer_from(models, tts_ckpt, cfg)
     for change, match in (({"hop_length": 128}, r"trained on another mel \(hop_length 256 vs 128\)"),
                           ({"dim": 24}, "its generator has another shape")):
         other = dataclasses.replace(cfg, **change)
