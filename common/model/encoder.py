@@ -97,6 +97,10 @@ class StackedLogMelEncoder(nn.Module):
         L = T // self.stack
         out_lens = feat_lens // self.stack
         valid = torch.arange(L, device=x.device)[None, :] < out_lens[:, None]
+        # The features are fp32 (log-mel and statistics buffers). Under FSDP2 with bf16 the weights
+        # themselves are bf16 (MixedPrecisionPolicy.param_dtype) and no autocast casts the input:
+        # give the encoder its weights' dtype (a no-op in fp32 and under DDP's autocast).
+        x = x.to(self.encoder.feature_projection.layer_norm.weight.dtype)
         hidden = self.encoder(input_features=x.reshape(B, L, self.stack * D),
                               attention_mask=valid.long()).last_hidden_state
         return hidden, out_lens

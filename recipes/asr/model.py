@@ -42,7 +42,8 @@ def ctc_loss(log_probs, out_lens, targets, target_lens):
     """CTC loss summed over the batch and divided by its target tokens: nats per output token.
 
     `zero_infinity`: an utterance too short for its transcript (e.g. sped up) contributes nothing."""
-    loss = F.ctc_loss(log_probs.transpose(0, 1), targets, out_lens, target_lens, blank=BLANK,
+    # fp32 whatever the compute dtype: FSDP2 with bf16 casts the model's outputs to bf16 (output_dtype)
+    loss = F.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lens, target_lens, blank=BLANK,
                       reduction="sum", zero_infinity=True)
     return loss / target_lens.sum().clamp_min(1)
 

@@ -178,8 +178,11 @@ class Aligner(nn.Module):
     def forward(self, mel, text_emb, text_pad, log_prior):
         """mel (B, T, n_mels) normalized; text_emb (B, N, dim); text_pad (B, N); log_prior (B, T, N).
         Returns (soft (B, T, N) probabilities, logprob (B, T, N) = log-softmax score + log prior)."""
-        q = self.query(mel.transpose(1, 2)).transpose(1, 2)  # (B, T, att)
-        k = self.key(text_emb.transpose(1, 2)).transpose(1, 2)  # (B, N, att)
+        # Convolutions in the weights' dtype (bf16 under FSDP2, which casts no input), the distances
+        # and softmaxes in fp32: the alignment search and the forward-sum loss need the precision.
+        dtype = self.query[0].weight.dtype
+        q = self.query(mel.to(dtype).transpose(1, 2)).transpose(1, 2).float()  # (B, T, att)
+        k = self.key(text_emb.to(dtype).transpose(1, 2)).transpose(1, 2).float()  # (B, N, att)
         dist = (q * q).sum(-1, keepdim=True) - 2 * q @ k.transpose(1, 2) + (k * k).sum(-1)[:, None, :]
         score = (-self.temperature * dist).masked_fill(text_pad[:, None, :], NEG)
         logprob = (score.log_softmax(-1) + log_prior).masked_fill(text_pad[:, None, :], NEG)
@@ -205,7 +208,7 @@ class AlignedFastSpeech(nn.Module):
     def encode(self, tokens, text_lens):
         pad = lengths_to_padding(text_lens, tokens.shape[1])
         emb = self.embed(tokens)  # (B, N, dim)
-        x = emb + sinusoids(tokens.shape[1], emb.shape[-1], emb.device)
+        x = emb + sinusoids(tokens.shape[1], emb.shape[-1], emb.device).to(emb.dtype)
         for block in self.encoder:
             x = block(x, pad)
         return x, emb, pad
@@ -213,7 +216,7 @@ class AlignedFastSpeech(nn.Module):
     def decode(self, enc, durations):
         x, lens = length_regulate(enc, durations)  # (B, T, dim)
         pad = lengths_to_padding(lens, x.shape[1])
-        x = x + sinusoids(x.shape[1], x.shape[-1], x.device)
+        x = x + sinusoids(x.shape[1], x.shape[-1], x.device).to(x.dtype)
         for block in self.decoder:
             x = block(x, pad)
         return self.mel_out(x), lens  # normalized log-mel
@@ -225,17 +228,20 @@ class AlignedFastSpeech(nn.Module):
         soft, logprob = self.aligner(target, emb, text_pad, log_prior)
         hard = mas_batch(soft.clamp_min(1e-12).log(), text_lens, mel_lens)  # (B, T, N) 0/1
         durations = hard.sum(1).long()  # (B, N), Σ = mel_lens
-        pred, _ = self.decode(enc, durations)
-        frames = (~lengths_to_padding(mel_lens, mel.shape[1]))[..., None].to(mel.dtype)
+        # Losses in fp32 whatever the compute dtype (FSDP2's bf16 outputs are cast up here; counts of
+        # frames and symbols are not exact in bf16 above 256).
+        pred = self.decode(enc, durations)[0].float()
+        target = target.float()
+        frames = (~lengths_to_padding(mel_lens, mel.shape[1]))[..., None].float()
         mel_loss = (((pred - target) ** 2) * frames).sum() / (frames.sum() * mel.shape[-1])
-        log_dur = self.duration_predictor(enc.detach(), text_pad)
-        sym = (~text_pad).to(mel.dtype)
-        dur_loss = (((log_dur - torch.log1p(durations.to(mel.dtype))) ** 2) * sym).sum() / sym.sum()
+        log_dur = self.duration_predictor(enc.detach(), text_pad).float()
+        sym = (~text_pad).float()
+        dur_loss = (((log_dur - torch.log1p(durations.float())) ** 2) * sym).sum() / sym.sum()
         # The per-symbol loss fits E[log(1 + d)], and exp of a mean log is below the mean: on a real
         # voice, whose durations vary a lot, speech synthesized from it came out ~17 % short. This
         # utterance-level term fits the total length (log frames) that inference will produce.
         total = (torch.expm1(log_dur) * sym).sum(1)  # (B,) predicted frames, before rounding
-        len_loss = ((torch.log1p(total.clamp_min(0)) - torch.log1p(mel_lens.to(mel.dtype))) ** 2).mean()
+        len_loss = ((torch.log1p(total.clamp_min(0)) - torch.log1p(mel_lens.float())) ** 2).mean()
         align_loss = forward_sum_loss(logprob, text_lens, mel_lens, self.blank_logprob)
         bin_loss = -(soft.clamp_min(1e-12).log() * hard).sum() / hard.sum()
         return dict(mel_loss=mel_loss, dur_loss=dur_loss, len_loss=len_loss, align_loss=align_loss, bin_loss=bin_loss,
@@ -245,9 +251,10 @@ class AlignedFastSpeech(nn.Module):
     def infer(self, tokens, text_lens, pace: float = 1.0):
         """Predicted durations → raw log-mel (B, T, n_mels), lengths (B,), durations (B, N)."""
         enc, _, text_pad = self.encode(tokens, text_lens)
-        frames = torch.expm1(self.duration_predictor(enc, text_pad)) / pace
+        frames = torch.expm1(self.duration_predictor(enc, text_pad).float()) / pace
         durations = frames.round().clamp_min(1).long().masked_fill(text_pad, 0)
         pred, lens = self.decode(enc, durations)
+        pred = pred.float()
         return pred * self.feat_std + self.feat_mean, lens, durations
 
 

@@ -9,24 +9,28 @@ is accelerate's and torch's code: prepare → fully_shard, clip_grad_norm_ on DT
 save_state/load_state through torch.distributed.checkpoint, the gathered state dict for the export.
 Without the hook the profile is refused on CPU (test_profiles.py).
 
-Precision: fp32 (`--mixed_precision no` overrides the profile's bf16). With bf16, FSDP casts the
-weights to bf16 (MixedPrecisionPolicy.param_dtype) while CPU autocast leaves LayerNorm's input in
-fp32, and CPU's layer_norm refuses that mix ("mixed dtype (CPU): expect parameter to have scalar type
-of Float"); CUDA autocast runs LayerNorm in fp32 with fp32 weights. bf16 + FSDP is a GPU check
-(benchmarks/gpu_check.py).
+Precision: fp32 for the exactness test (`--mixed_precision no` overrides the profile's bf16).
+bf16 is the profile's own setting and is checked separately: accelerate's FSDP2 path uses no
+autocast, only MixedPrecisionPolicy (weights bf16 inside the step, every shard unit's inputs and
+outputs cast to bf16), so a model that feeds an fp32 tensor (features normalized by fp32 buffers,
+sinusoid tables) into a bf16 layer, or a bf16 output into CTC, fails. Found on an H200
+(benchmarks/gpu_check.py (b): "expected scalar type Float but found BFloat16" in the encoder's
+input LayerNorm); CPU/gloo fails the same way, so the ASR and TTS steps run here in bf16 too.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
+from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
                                    resumed_positions, run)
+from tests.recipes import test_asr, test_tts
 from tests.recipes.test_best_rq import args_for, best_rq, train_durations
 
 pytestmark = pytest.mark.slow
@@ -89,6 +93,26 @@ def test_fsdp_interrupted_equals_continuous_sharded_checkpoints_full_export(tiny
     encoder = Wav2Vec2BertModel.from_pretrained(cut / "final" / "encoder")
     for k, v in encoder.state_dict().items():
         assert torch.equal(v, weights[f"encoder.{k}"]), k
+
+
+@pytest.mark.parametrize("recipe", ["asr", "tts"])
+def test_fsdp_bf16_steps_train_asr_and_tts(recipe, tiny_corpus, tmp_path):
+    """The profile as it is (bf16): 3 steps, an evaluation and the gathered export, finite throughout."""
+    out = tmp_path / recipe
+    module = {"asr": test_asr, "tts": test_tts}[recipe]
+    profile = ROOT / "accelerate_configs" / "fsdp.yaml"
+    if recipe == "tts":  # the profile's shard unit is the Conformer block; the TTS's is FFTBlock (README)
+        profile = tmp_path / "fsdp_tts.yaml"
+        text = (ROOT / "accelerate_configs" / "fsdp.yaml").read_text()
+        assert "cls_to_wrap: Wav2Vec2BertEncoderLayer" in text
+        profile.write_text(text.replace("cls_to_wrap: Wav2Vec2BertEncoderLayer", "cls_to_wrap: FFTBlock"))
+    args = module.args_for(tiny_corpus, out, "--max_steps", "3", "--save_steps", "3", "--eval_steps", "3")
+    log = run(recipe, 2, args, profile=str(profile), env=FSDP)
+    assert "run: FSDP2, 2 process(es) on cpu" in log and "precision bf16" in log
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in rows)
+    weights = load_file(out / "final" / "model.safetensors")
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in weights.values())  # fp32 masters
 
 
 def _encoder_config():
