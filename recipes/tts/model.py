@@ -230,8 +230,7 @@ class AlignedFastSpeech(nn.Module):
         durations = hard.sum(1).long()  # (B, N), Σ = mel_lens
         # Losses in fp32 whatever the compute dtype (FSDP2's bf16 outputs are cast up here; counts of
         # frames and symbols are not exact in bf16 above 256).
-        pred = self.decode(enc, durations)[0].float()
-        target = target.float()
+        pred = self.decode(enc, durations)[0].float()  # target: fp32 already (fp32 statistics buffers)
         frames = (~lengths_to_padding(mel_lens, mel.shape[1]))[..., None].float()
         mel_loss = (((pred - target) ** 2) * frames).sum() / (frames.sum() * mel.shape[-1])
         log_dur = self.duration_predictor(enc.detach(), text_pad).float()
