@@ -284,7 +284,8 @@ def train(args) -> None:
 
 
 def report(args) -> None:
-    results = [json.loads((Path(d) / "result.json").read_text()) for d in args.runs]
+    # a `train --out` folder, or a result file kept in benchmarks/peers/results/
+    results = [json.loads((Path(d) if d.endswith(".json") else Path(d) / "result.json").read_text()) for d in args.runs]
     points = sorted({k["point"] for r in results for k in r["points"]})
     print("| system | threads | " + " | ".join(f"CER / WER @ {p:g} min" for p in points) + " | training CPU-min | version |")
     print("|---|---|" + "---|" * len(points) + "---|---|")
@@ -326,7 +327,7 @@ def main() -> None:
     t.add_argument("--data_dir", default=None, help="a LibriSpeech-layout root; default: the built-in corpus")
     t.add_argument("--out", required=True, help="a new folder for this run")
     r = sub.add_parser("report", help="markdown table (and a CER-vs-minutes plot) of finished runs")
-    r.add_argument("runs", nargs="+", help="--out folders of `train`")
+    r.add_argument("runs", nargs="+", help="--out folders of `train`, or their result.json files")
     r.add_argument("--plot", default=None, help="PNG to write")
     args = parser.parse_args()
     train(args) if args.command == "train" else report(args)
