@@ -3,7 +3,7 @@
 # start from a model that has heard much more speech. Held-out test CER after 30 minutes of the
 # voice's training, from scratch -> from the recipe's default run on the built-in corpus (0.82 h of
 # 40 synthetic English voices, with transcripts): French prompts 35.5 -> 24.5 %, Spanish 19.9 -> 13.1 %,
-# Italian 22.1 -> 14.8 %, Russian 21.2 -> RU % (README, "A new voice: transfer.sh").
+# Italian 22.1 -> 14.8 %, Russian 21.2 -> 16.2 % (README, "A new voice: transfer.sh").
 #
 #   bash recipes/asr/transfer.sh DATA_DIR [train.py arguments for the voice ...]
 #   bash recipes/asr/transfer.sh data/prompts_fr/librispeech
