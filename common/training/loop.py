@@ -49,6 +49,7 @@ import contextlib
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -255,8 +256,13 @@ def end_step(state: TrainState, *schedulers) -> None:
         where = {"window": "inside an accumulation window (micro.sync is False)",
                  "boundary": "twice for one window"}.get(state.stage, "outside the loop")
         raise ContractError(f"end_step at step {state.step + 1}: {where}; call it once, at a window's end")
-    for scheduler in schedulers:
-        scheduler.step()
+    with warnings.catch_warnings():
+        # A skipped (non-finite) first update still advances the schedule, so that the LR stays a
+        # function of the step: torch's "lr_scheduler.step() before optimizer.step()" warning is
+        # then by design (the order itself is enforced above: ContractError).
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        for scheduler in schedulers:
+            scheduler.step()
     if not state.skipped_in_step:
         state.nonfinite_streak = 0
     state.skipped_in_step = False
