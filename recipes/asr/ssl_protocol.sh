@@ -18,7 +18,8 @@
 # settings the protocol's figures were measured with, pinned so that a change of the recipe's
 # defaults does not change the protocol),
 # ACCELERATE (accelerate). Extra arguments go to every training run. A stage whose output is
-# complete is not run again (re-running the script resumes); its time then reads "done before".
+# complete is not run again (re-running the script resumes) and keeps the wall time recorded when it
+# ran ("done before" if none was); a stage cut and resumed counts its last leg only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ACCELERATE=${ACCELERATE:-accelerate}
@@ -34,14 +35,14 @@ PROBE_STEPS=${PROBE_STEPS-"1000 3000 6000 8000"}  # must be multiples of the pre
 FT_ARGS=${FT_ARGS-""}
 ASR_CONFIG=${ASR_CONFIG:-recipes/asr/config_strong_reg.yaml}
 mkdir -p "$OUT"
-TIMES="$OUT/times.tsv"
-: > "$TIMES"
+TIMES="$OUT/times.tsv"  # stage<TAB>seconds, appended; the report reads each stage's last line
+touch "$TIMES"
 
 stage() {  # stage NAME DONE_FILE COMMAND...: run COMMAND unless DONE_FILE exists; record its wall time
     local name=$1 done_file=$2 start
     shift 2
     if [ -e "$done_file" ]; then
-        printf '%s\tdone before\n' "$name" >> "$TIMES"
+        awk -F '\t' -v n="$name" '$1 == n {found = 1} END {exit !found}' "$TIMES" || printf '%s\tdone before\n' "$name" >> "$TIMES"
         return
     fi
     start=$(date +%s)
@@ -143,7 +144,10 @@ for run in runs:
               f"{100 * (1 - cers[run] / cers['scratch_' + subset]):.1f} %"
               + (f"; with the LM: {100 * (1 - lm_cers[run] / lm_cers['scratch_' + subset]):.1f} %" if with_lm else ""), end="")
 print("\n\n| stage | wall time |\n|---|---|")
+times = {}  # stage -> its last recorded time, in the order the stages first ran
 for line in (out / "times.tsv").read_text().splitlines():
     name, seconds = line.split("\t")
+    times[name] = seconds
+for name, seconds in times.items():
     print(f"| {name} | {seconds if not seconds.isdigit() else f'{int(seconds) // 60} min {int(seconds) % 60} s'} |")
 PY
