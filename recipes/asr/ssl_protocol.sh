@@ -6,7 +6,7 @@
 # heard, none of its sentences in any training split) greedily and, when decode.py has --lm, with a
 # word n-gram LM; print a markdown table with the wall time of every stage.
 #
-#   bash recipes/asr/ssl_protocol.sh                                   # the full protocol, ~2.5 h on 2 cores
+#   JOBS=2 bash recipes/asr/ssl_protocol.sh --num_threads 1 --report_to none   # the full protocol on 2 cores
 #   python -m tools.corpus --profile ssltiny --subset 10 > /tmp/10s.txt         # a smoke run, ~20 min:
 #   CORPUS=ssltiny SUBSETS=/tmp/10s.txt PRETRAIN_STEPS=20 FINETUNE_STEPS=20 PROBE_STEPS=10 OUT=/tmp/ssl_smoke \
 #       bash recipes/asr/ssl_protocol.sh --report_to none --save_steps 10
@@ -17,7 +17,9 @@
 # of pre-training steps; "" for none), ASR_CONFIG (every ASR run's config: config_strong_reg.yaml, the
 # settings the protocol's figures were measured with, pinned so that a change of the recipe's
 # defaults does not change the protocol),
-# ACCELERATE (accelerate). Extra arguments go to every training run. A stage whose output is
+# ACCELERATE (accelerate), JOBS (1: how many fine-tunings, then test decodes, run at once after the
+# pre-training, each logging to $OUT/logs/; 2 on a 2-core machine with --num_threads 1; the figures
+# do not depend on it, only the wall times do). Extra arguments go to every training run. A stage whose output is
 # complete is not run again (re-running the script resumes) and keeps the wall time recorded when it
 # ran ("done before" if none was); a stage cut and resumed counts its last leg only.
 set -euo pipefail
@@ -46,8 +48,35 @@ stage() {  # stage NAME DONE_FILE COMMAND...: run COMMAND unless DONE_FILE exist
         return
     fi
     start=$(date +%s)
-    "$@"
+    "$@" &  # in the background, so that an interrupt reaches the trap below at once, not at the stage's end
+    wait $!
     printf '%s\t%s\n' "$name" "$(( $(date +%s) - start ))" >> "$TIMES"
+}
+
+JOBS=${JOBS:-1}
+spawned=()  # DONE_FILE|NAME|LOG of each stage spawned since the last join
+kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
+trap 'for pid in $(jobs -pr); do kill_tree "$pid"; done' EXIT  # a failure or an interrupt stops the stages in flight
+trap 'exit 130' INT TERM
+spawn() {  # spawn NAME DONE_FILE COMMAND...: `stage` in the background, at most JOBS at once
+    local log
+    if [ "$JOBS" -le 1 ]; then stage "$@"; return; fi
+    while [ "$(jobs -pr | wc -l)" -ge "$JOBS" ]; do wait -n || true; done  # failures: join checks the outputs
+    mkdir -p "$OUT/logs"
+    log="$OUT/logs/$(tr -c 'A-Za-z0-9_.-' _ <<< "$1" | sed 's/_*$//').log"
+    [ -e "$2" ] || echo "started: $1 (log: $log)"
+    spawned+=("$2|$1|$log")
+    stage "$@" > "$log" 2>&1 &
+}
+join() {  # wait for every spawned stage; stop if one did not write its output
+    local entry failed=0
+    wait
+    for entry in "${spawned[@]}"; do
+        IFS='|' read -r done_file name log <<< "$entry"
+        [ -e "$done_file" ] || { echo "ssl_protocol.sh: stage failed: $name (its log: $log)" >&2; failed=1; }
+    done
+    spawned=()
+    [ "$failed" = 0 ] || exit 1
 }
 
 stage "corpus $CORPUS (generated once per machine)" /nonexistent \
@@ -76,10 +105,10 @@ runs=()
 for subset_arg in $SUBSETS; do
     subset=$(basename "$subset_arg" .txt)  # 10min, 1h, or a subset file's name
     common=(--config "$ASR_CONFIG" --builtin_corpus "$CORPUS" --train_subset "$subset_arg" --max_steps "$FINETUNE_STEPS" --save_steps 500 "$@")
-    stage "ASR $subset, scratch" "$OUT/scratch_$subset/final/COMPLETE" \
+    spawn "ASR $subset, scratch" "$OUT/scratch_$subset/final/COMPLETE" \
         "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/scratch_$subset"
     # shellcheck disable=SC2086  # FT_ARGS is a list of flags
-    stage "ASR $subset, BEST-RQ init" "$OUT/best_rq_$subset/final/COMPLETE" \
+    spawn "ASR $subset, BEST-RQ init" "$OUT/best_rq_$subset/final/COMPLETE" \
         "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/best_rq_$subset" \
         --init_from "$OUT/best_rq" $FT_ARGS
     runs+=("scratch_$subset" "best_rq_$subset")
@@ -87,13 +116,15 @@ for subset_arg in $SUBSETS; do
         for step in $PROBE_STEPS; do
             [ "$step" -lt "$PRETRAIN_STEPS" ] || continue
             # shellcheck disable=SC2086
-            stage "ASR $subset, BEST-RQ step $step init" "$OUT/best_rq-step${step}_$subset/final/COMPLETE" \
+            spawn "ASR $subset, BEST-RQ step $step init" "$OUT/best_rq-step${step}_$subset/final/COMPLETE" \
                 "$ACCELERATE" launch recipes/asr/train.py "${common[@]}" --output_dir "$OUT/best_rq-step${step}_$subset" \
                 --init_from "$(printf '%s/best_rq/checkpoints/step_%08d' "$OUT" "$step")" $FT_ARGS
             runs+=("best_rq-step${step}_$subset")
         done
     fi
 done
+
+join
 
 # A word n-gram LM (lm.py: from a run's training transcripts: data_dir and train_split, i.e. every
 # $CORPUS training sentence, none of the test's), when this checkout's decode.py has --lm.
@@ -103,14 +134,15 @@ if "$PYTHON" recipes/asr/decode.py --help 2>/dev/null | grep -q -- "--lm "; then
     stage "word 3-gram LM" "$OUT/lm" "$PYTHON" recipes/asr/lm.py --checkpoint "$OUT/${runs[0]}" --output_dir "$OUT/lm"
 fi
 for run in "${runs[@]}"; do
-    stage "decode $run, greedy" "$OUT/$run/decode/final/test-greedy.json" \
+    spawn "decode $run, greedy" "$OUT/$run/decode/final/test-greedy.json" \
         "$ACCELERATE" launch recipes/asr/decode.py --checkpoint "$OUT/$run" --split test
     if [ -n "$with_lm" ]; then
-        stage "decode $run, LM (alpha, beta tuned on validation)" "$OUT/$run/decode_lm/test-lm.json" \
+        spawn "decode $run, LM (alpha, beta tuned on validation)" "$OUT/$run/decode_lm/test-lm.json" \
             "$ACCELERATE" launch recipes/asr/decode.py --checkpoint "$OUT/$run" --split test --lm "$OUT/lm" \
             --tune_lm --output "$OUT/$run/decode_lm"
     fi
 done
+join
 
 "$PYTHON" - "$OUT" "$CORPUS" "$PRETRAIN_STEPS" "$FINETUNE_STEPS" "${runs[@]}" <<'PY'
 import json, sys

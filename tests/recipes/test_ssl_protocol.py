@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from tests.recipe_import import recipe_modules
@@ -91,3 +97,83 @@ def test_train_subset_trains_on_exactly_its_ids(ssltiny_corpus, tmp_path):
     log = run("asr", 1, ["--data_dir", str(ssltiny_corpus / "librispeech"), "--output_dir", str(tmp_path / "named"),
                          *TINY, "--train_subset", "10min", "--max_steps", "1"], expect_rc=1)
     assert "--train_subset 10min: " in log and "utterance ids are missing" in log and "ssl10h" in log
+
+
+# Stand-ins for `accelerate` and `python` (ssl_protocol.sh's ACCELERATE and PYTHON): each "run"
+# writes the output its stage waits for, after SLEEP seconds; a training run whose output_dir
+# contains $FAIL fails. The report (python -) is the real interpreter.
+_FAKE_LAUNCHER = r"""#!/usr/bin/env bash
+shift; script=$1; shift; out=""; ckpt=""; output=""
+while [ $# -gt 0 ]; do case $1 in --output_dir) out=$2; shift;; --checkpoint) ckpt=$2; shift;; --output) output=$2; shift;; esac; shift; done
+echo "$script ${out}${ckpt}${output:+ lm}" >> "$RUNS_LOG"
+sleep "${SLEEP:-0}"
+case $script in
+  */train.py) if [ -n "${FAIL:-}" ] && [[ $out == *"$FAIL" ]]; then exit 1; fi
+              mkdir -p "$out/final"; printf 'max_batch_seconds: 60\nseed: 42\n' > "$out/final/config.yaml"; touch "$out/final/COMPLETE";;
+  */decode.py) if [ -n "$output" ]; then mkdir -p "$output"; echo '{"cer": 0.1, "wer": 0.3}' > "$output/test-lm.json"
+               else mkdir -p "$ckpt/decode/final"; echo '{"cer": 0.2, "wer": 0.5}' > "$ckpt/decode/final/test-greedy.json"; fi;;
+esac
+"""
+_FAKE_PYTHON = r"""#!/usr/bin/env bash
+case $1 in
+  -m) exit 0;;  # tools.corpus
+  recipes/asr/lm.py) mkdir -p "$OUT/lm";;
+  recipes/asr/decode.py) echo "  --lm DIR";;  # --help
+  *) exec "$REAL_PYTHON" "$@";;
+esac
+"""
+
+
+def _protocol(tmp_path, **env):
+    for name, text in (("accelerate", _FAKE_LAUNCHER), ("python", _FAKE_PYTHON)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    full = {**os.environ, "ACCELERATE": str(tmp_path / "accelerate"), "PYTHON": str(tmp_path / "python"),
+            "REAL_PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "RUNS_LOG": str(tmp_path / "runs.log"),
+            "SUBSETS": "10min", "PROBE_STEPS": "1000", **env}
+    return subprocess.Popen(["bash", str(ROOT / "recipes/asr/ssl_protocol.sh")], env=full, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_protocol_script_runs_stages_in_parallel_stops_on_failure_and_resumes(tmp_path):
+    """JOBS=2: the fine-tunings run two at a time; one that fails stops the script after the others
+    end, naming the stage and its log; re-running runs only what is missing and reports the wall
+    times of the stages done before (not "done before")."""
+    out, runs_log = tmp_path / "out", tmp_path / "runs.log"
+    first = _protocol(tmp_path, JOBS="2", FAIL="best_rq_10min", SLEEP="1")
+    text, _ = first.communicate(timeout=120)
+    assert first.returncode == 1, text
+    assert "stage failed: ASR 10min, BEST-RQ init (its log: " in text
+    assert (out / "logs" / "ASR_10min__BEST-RQ_init.log").is_file()
+    ran = runs_log.read_text().splitlines()
+    assert len(ran) == 4 and not any("decode.py" in line for line in ran)  # pre-training + 3 fine-tunings
+    times = dict(line.split("\t") for line in (out / "times.tsv").read_text().splitlines())
+    assert times["ASR 10min, scratch"].isdigit() and "ASR 10min, BEST-RQ init" not in times
+
+    runs_log.unlink()
+    second = _protocol(tmp_path, JOBS="2")
+    text, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, text
+    ran = runs_log.read_text().splitlines()
+    assert [line for line in ran if "train.py" in line] == [f"recipes/asr/train.py {out}/best_rq_10min"]
+    assert len([line for line in ran if "decode.py" in line]) == 6  # 3 runs, greedy and LM
+    table = text.split("| stage | wall time |")[1]
+    assert "done before" not in table and re.search(r"\| BEST-RQ pre-training, 12000 steps \| 0 min \d+ s \|", table)
+    assert "| 10min | scratch | 20.0 | 50.0 | 10.0 | 30.0 |" in text
+
+
+def test_protocol_script_interrupted_stops_its_runs(tmp_path):
+    """A TERM to the script reaches the trap at once (a stage runs in the background, the script
+    waits) and ends every run in flight: no training outlives the script."""
+    proc = _protocol(tmp_path, JOBS="2", SLEEP="30")
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "runs.log").is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (tmp_path / "runs.log").is_file()
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert any("sleep" in " ".join(c.cmdline()) for c in children if c.is_running())
+    proc.terminate()
+    proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [c.cmdline() for c in alive]
