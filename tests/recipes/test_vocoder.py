@@ -225,3 +225,47 @@ def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_d
         other = dataclasses.replace(cfg, **change)
         with pytest.raises(ValueError, match=match):
             train.transfer_from({"generator": train.build_generator(other)}, base / "final", other)
+
+
+@slow
+def test_transfer_script_trains_the_base_once_then_the_voice_from_its_last_checkpoint(tiny_corpus, tmp_path):
+    """recipes/vocoder/transfer.sh: stage 1 (the base, here the tiny corpus standing in for the
+    built-in voice), stage 2 (the voice, --init_from the base's last checkpoint: generator and
+    discriminators); run again, it skips stage 1 and leaves stage 2's finished run as it was.
+    `accelerate launch` stands in as `python` (the launcher is not what is tested here)."""
+    import os
+    import sys
+
+    from tests.recipes.harness import cpu_tokens, on_cores
+
+    shim = tmp_path / "accelerate"
+    shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    base, out, voice = tmp_path / "base", tmp_path / "voice", tiny_corpus / "ljspeech"
+    env = {**os.environ, "ACCELERATE": str(shim), "BASE": str(base), "OUT": str(out), "BASE_STEPS": "3",
+           "MAX_STEPS": "2", "BASE_ARGS": " ".join([*TINY, "--data_dir", str(voice), "--save_steps", "2"]),
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+    def transfer():
+        with cpu_tokens(1) as cpus:
+            return subprocess.run(["bash", str(ROOT / "recipes/vocoder/transfer.sh"), str(voice), *TINY, "--save_steps", "2"],
+                                  env=env, capture_output=True, text=True, timeout=600, preexec_fn=on_cores(cpus))
+
+    first = transfer()
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "1/2 the built-in voice" in first.stdout
+    last = base / "checkpoints" / "step_00000003"  # the base's last step, not its export: D comes too
+    assert f"2/2 {voice} from {last}" in first.stdout
+    assert f"initialized from {last}: generator and discriminator\n" in first.stderr
+    saved = load_config(out / "final", recipe_modules("vocoder", "train").train.Config)
+    assert (saved.init_from, saved.max_seconds, saved.max_steps) == (str(last), 30.0, 2)
+    weights = (out / "final" / "model.safetensors").read_bytes()
+
+    again = transfer()
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "1/2" not in again.stdout and "2/2" in again.stdout
+    assert (out / "final" / "model.safetensors").read_bytes() == weights
+
+    missing = subprocess.run(["bash", str(ROOT / "recipes/vocoder/transfer.sh"), str(tmp_path / "nowhere")],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "is not a folder" in missing.stderr
