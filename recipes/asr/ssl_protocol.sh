@@ -6,7 +6,7 @@
 # heard, none of its sentences in any training split) greedily and, when decode.py has --lm, with a
 # word n-gram LM; print a markdown table with the wall time of every stage.
 #
-#   JOBS=2 bash recipes/asr/ssl_protocol.sh --num_threads 1 --report_to none   # the full protocol on 2 cores, ~1 h 41 min (README)
+#   JOBS=2 bash recipes/asr/ssl_protocol.sh --num_threads 1 --report_to none   # the full protocol on 2 cores (2 h 16 min here: README)
 #   python -m tools.corpus --profile ssltiny --subset 10 > /tmp/10s.txt         # a smoke run, ~20 min:
 #   CORPUS=ssltiny SUBSETS=/tmp/10s.txt PRETRAIN_STEPS=20 FINETUNE_STEPS=20 PROBE_STEPS=10 OUT=/tmp/ssl_smoke \
 #       bash recipes/asr/ssl_protocol.sh --report_to none --save_steps 10
