@@ -166,12 +166,21 @@ def test_protocol_script_interrupted_stops_its_runs(tmp_path):
     """A TERM to the script reaches the trap at once (a stage runs in the background, the script
     waits) and ends every run in flight: no training outlives the script."""
     proc = _protocol(tmp_path, JOBS="2", SLEEP="30")
-    deadline = time.monotonic() + 20
-    while not (tmp_path / "runs.log").is_file() and time.monotonic() < deadline:
+    def sleeping(children):
+        names = []
+        for child in children:
+            try:
+                names.append(" ".join(child.cmdline()))
+            except psutil.Error:  # gone meanwhile
+                pass
+        return any(name.startswith("sleep") for name in names)
+
+    deadline = time.monotonic() + 20  # until the first stand-in run is in its sleep
+    children = []
+    while not sleeping(children) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert (tmp_path / "runs.log").is_file()
-    children = psutil.Process(proc.pid).children(recursive=True)
-    assert any("sleep" in " ".join(c.cmdline()) for c in children if c.is_running())
+        children = psutil.Process(proc.pid).children(recursive=True)
+    assert sleeping(children)
     proc.terminate()
     proc.communicate(timeout=20)
     assert proc.returncode == 130
