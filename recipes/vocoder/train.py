@@ -87,6 +87,10 @@ class Config(DatasetConfig):
     # --- losses and schedule ---
     lr_decay: Annotated[float, Range(0, 1, lo_open=True)] = 0.99995  # LR × this per optimizer step, both schedules
     mel_loss_weight: Annotated[float, NonNegative] = 45.0  # HiFi-GAN's, on its scale (L1 of log10 mel amplitude)
+    # More mel L1 terms at other window lengths (samples; hop window / 4, n_mels scaled with the window, so
+    # 2048 → 160 bins of ~19 Hz at 200 Hz): the L1 is then the mean over the input mel and these (DAC's
+    # multi-scale mel loss). A longer window resolves the voice's fundamental and first harmonics.
+    mel_resolutions: list[Annotated[int, Range(64)]] = field(default_factory=list)
     fm_loss_weight: Annotated[float, NonNegative] = 2.0  # feature matching (HiFi-GAN's)
     gan_start_steps: Annotated[int, NonNegative] = 0  # optimizer steps of generator-only training on the mel loss first
     # --- logging ---
@@ -95,7 +99,7 @@ class Config(DatasetConfig):
     def validate(self) -> None:
         super().validate()
         segment = self.segment_frames * self.hop_length  # samples each training step discriminates
-        for name in ("periods", "resolutions"):
+        for name in ("periods", "resolutions", "mel_resolutions"):
             too_long = [v for v in getattr(self, name) if v > segment]
             if too_long:
                 raise ValueError(f"--{name}: {too_long[0]} is longer than a training segment ({segment} samples = "
@@ -233,6 +237,12 @@ def mel_l1(frontend, wav: torch.Tensor, target_mel: torch.Tensor) -> torch.Tenso
     return HIFIGAN_MEL_SCALE * torch.mean(torch.abs(frontend.differentiable(wav) - target_mel))
 
 
+def extra_mel_frontends(cfg: Config, device) -> list:
+    """The --mel_resolutions mels: window w samples, hop w / 4, n_mels × w / win_length bins."""
+    return [_frontends(cfg.sample_rate, max(8, cfg.n_mels * w // cfg.win_length), w, w // 4, torch.device(device))
+            for w in cfg.mel_resolutions]
+
+
 def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
     outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
@@ -247,6 +257,9 @@ def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mel
     and fm_loss_weight · feature-matching losses through `critic` (the discriminators outside DDP:
     this backward reaches the generator only)."""
     mel = mel_l1(frontend, fake, mels)
+    if cfg.mel_resolutions:  # the mean over the input mel and each --mel_resolutions mel of the real segment
+        extra = [mel_l1(f, fake, f(real)) for f in extra_mel_frontends(cfg, fake.device)]
+        mel = (mel + sum(extra)) / (1 + len(extra))
     adv = fm = torch.zeros(())
     if adversarial:
         with torch.no_grad():
