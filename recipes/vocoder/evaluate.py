@@ -8,7 +8,9 @@ The utterances: the last --num_test ids (sorted) of the corpus, the ones trainin
 recipe holds out the same with the same --num_test). Writes, into the run's output_dir (for a
 checkpoints/step_X/ folder: <output_dir>/eval/step_X/; never into the sealed final/ or step folder),
 eval_test.json (per utterance and means), eval_test.md (the table) and <id>.png for the first
---num_images utterances (log-mels top to bottom: recording, Griffin-Lim, vocoder).
+--num_images utterances (log-mels top to bottom: recording, Griffin-Lim, vocoder). --per_band true adds
+STOI per one-third-octave band (`stoi_per_band`: pystoi's computation, not averaged over its 15 bands,
+150 Hz to 3.8 kHz), mean over the utterances, to both files: where in frequency a vocoder loses STOI.
 """
 
 from __future__ import annotations
@@ -33,6 +35,36 @@ class EvalConfig:
     num_test: Annotated[int | None, Count] = None  # the last num_test ids; None = the training run's --num_test
     griffin_lim_iters: Annotated[int, Count] = 60
     num_images: Annotated[int, NonNegative] = 2  # mel pictures of the first utterances
+    per_band: bool = False  # also STOI per one-third-octave band (mean over utterances)
+
+
+def stoi_per_band(ref, out, sample_rate: int):
+    """STOI (Taal et al. 2011) of `out` against `ref` (1-D float arrays, same length) kept per
+    one-third-octave band: (15,), pystoi's steps (10 kHz, silent frames removed, 384 ms segments, the
+    −15 dB clip) with the correlations averaged over segments only; their mean over bands is
+    pystoi.stoi(ref, out, sample_rate). None where fewer than 30 frames of speech remain (pystoi then
+    returns 1e-5)."""
+    import importlib
+
+    import numpy as np
+    from pystoi import utils
+
+    S = importlib.import_module("pystoi.stoi")  # the module (the package's `stoi` attribute is the function)
+
+    if sample_rate != S.FS:
+        ref, out = utils.resample_oct(ref, S.FS, sample_rate), utils.resample_oct(out, S.FS, sample_rate)
+    ref, out = utils.remove_silent_frames(ref, out, S.DYN_RANGE, S.N_FRAME, S.N_FRAME // 2)
+    # (bands, frames) one-third-octave magnitudes
+    x, y = (np.sqrt(S.OBM @ np.abs(utils.stft(v, S.N_FRAME, S.NFFT, overlap=2).T) ** 2) for v in (ref, out))
+    if x.shape[1] < S.N:
+        return None
+    # (segments, bands, N frames)
+    xs, ys = (np.stack([v[:, m - S.N:m] for m in range(S.N, v.shape[1] + 1)]) for v in (x, y))
+    ys = ys * np.linalg.norm(xs, axis=2, keepdims=True) / (np.linalg.norm(ys, axis=2, keepdims=True) + utils.EPS)
+    ys = np.minimum(ys, xs * (1 + 10 ** (-S.BETA / 20)))
+    xs, ys = (v - v.mean(axis=2, keepdims=True) for v in (xs, ys))
+    xs, ys = (v / (np.linalg.norm(v, axis=2, keepdims=True) + utils.EPS) for v in (xs, ys))
+    return (xs * ys).sum(axis=2).mean(axis=0)
 
 
 def main() -> None:
@@ -88,13 +120,19 @@ def main() -> None:
                 "stoi": float(stoi(ref[:n].numpy(), out[:n].numpy(), cfg.sample_rate, extended=False)),
                 "mcd": mcd_dtw(frontend(out).numpy(), ref_mel.numpy())}
 
-    rows = []
+    rows, bands = [], {"griffin_lim": [], "vocoder": []}
     for i, row in enumerate(test):
         wav = load_audio(row["path"], cfg.sample_rate)
         mel = frontend(wav)
         outs = {"griffin_lim": griffin_lim(mel), "vocoder": vocode(generator, mel)}
         rows.append({"id": row["id"], **{f"{k}_{m}": v for k, out in outs.items() for m, v in scores(wav, out, mel).items()}})
         print(json.dumps(rows[-1]), flush=True)
+        if args.per_band:
+            for name, out in outs.items():
+                n = min(len(wav), len(out))
+                per_band = stoi_per_band(wav[:n].double().numpy(), out[:n].double().numpy(), cfg.sample_rate)
+                if per_band is not None:
+                    bands[name].append(per_band)
         if i < args.num_images:
             mels = [mel, frontend(outs["griffin_lim"]), frontend(outs["vocoder"])]
             lo, hi = float(mel.min()), float(mel.max())
@@ -102,10 +140,19 @@ def main() -> None:
                                     for m in mels])
             Image.fromarray(image).save(folder / f"{row['id']}.png")
     means = {k: float(np.mean([r[k] for r in rows])) for k in rows[0] if k != "id"}
-    (folder / "eval_test.json").write_text(json.dumps({"utterances": rows, "mean": means}, indent=1) + "\n")
+    report = {"utterances": rows, "mean": means}
     table = ["| | PESQ (wb) ↑ | STOI ↑ | MCD (dB) ↓ |", "|---|---|---|---|"]
     for name in ("griffin_lim", "vocoder"):
         table.append(f"| {name} | {means[f'{name}_pesq']:.3f} | {means[f'{name}_stoi']:.3f} | {means[f'{name}_mcd']:.2f} |")
+    if args.per_band:
+        from pystoi.stoi import CF
+
+        report["stoi_bands"] = {"centre_hz": [float(c) for c in CF], "utterances": len(bands["vocoder"]),
+                                **{k: np.mean(v, axis=0).tolist() for k, v in bands.items()}}
+        table += ["", f"STOI per one-third-octave band ({len(bands['vocoder'])} utterances)", "",
+                  "| band centre (Hz) | " + " | ".join(f"{c:.0f}" for c in CF) + " |", "|---" * (len(CF) + 1) + "|"]
+        table += [f"| {k} | " + " | ".join(f"{v:.3f}" for v in report["stoi_bands"][k]) + " |" for k in bands]
+    (folder / "eval_test.json").write_text(json.dumps(report, indent=1) + "\n")
     (folder / "eval_test.md").write_text(f"{len(rows)} held-out utterances of {data_dir}\n\n" + "\n".join(table) + "\n")
     print("\n".join(table))
 

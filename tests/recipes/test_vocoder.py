@@ -34,7 +34,7 @@ TINY = ["--dim", "16", "--hidden_dim", "32", "--layers", "1", "--periods", "2,3"
         "--report_to", "none", "--gan_start_steps", "2"]
 STEPS = ["--max_steps", "8", "--save_steps", "1", "--save_total_limit", "3", "--gradient_accumulation_steps", "2"]
 
-vocoder = recipe_modules("vocoder", "model", "data")
+vocoder = recipe_modules("vocoder", "model", "data", "evaluate")
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
@@ -73,6 +73,38 @@ def test_mel_mismatch_names_what_differs():
     b = type("B", (), dict(sample_rate=22050, n_mels=80, win_length=1024, hop_length=128))
     assert vocoder.model.mel_mismatch(a, a) is None
     assert vocoder.model.mel_mismatch(a, b) == "hop_length 256 vs 128"
+
+
+def test_stoi_per_band_averages_to_pystoi_and_shows_where_a_band_is_lost():
+    import numpy as np
+    from pystoi import stoi
+
+    rng = np.random.default_rng(0)
+    t = np.arange(2 * 22050) / 22050
+    # 2 s of noise under a 4 Hz syllabic envelope (speech-like modulations in every band)
+    ref = rng.standard_normal(len(t)) * (0.55 + 0.45 * np.sin(2 * np.pi * 4 * t))
+    spectrum = np.fft.rfft(ref + 0.3 * rng.standard_normal(len(t)))
+    low = np.fft.rfftfreq(len(t), 1 / 22050) < 400  # the output loses the envelope below 400 Hz:
+    spectrum[low] = np.fft.rfft(rng.standard_normal(len(t)))[low]  # unmodulated noise there instead
+    out = np.fft.irfft(spectrum, len(t))
+    bands = vocoder.evaluate.stoi_per_band(ref, out, 22050)
+    assert bands.shape == (15,) and abs(bands.mean() - stoi(ref, out, 22050)) < 1e-12
+    assert bands[:3].max() < bands[6:].min()  # 150, 189, 238 Hz below every band from 600 Hz up
+    assert vocoder.evaluate.stoi_per_band(ref[:3000], out[:3000], 22050) is None  # under 30 frames
+
+
+def test_mel_resolutions_average_more_mel_terms_and_refuse_a_window_longer_than_a_segment():
+    train = recipe_modules("vocoder", "train").train
+    cfg = train.Config(mel_resolutions=[512, 2048])
+    real, fake = torch.randn(2, 8192) * 0.1, torch.randn(2, 8192) * 0.1
+    main = train.loss_frontend(cfg, "cpu")
+    extra = train.extra_mel_frontends(cfg, "cpu")
+    assert [(f.mel.n_fft, f.mel.hop_length, f.mel.n_mels) for f in extra] == [(512, 128, 40), (2048, 512, 160)]
+    _, stats = train.generator_loss(None, main, real, fake, main(real), cfg, adversarial=False)
+    parts = [train.mel_l1(main, fake, main(real))] + [train.mel_l1(f, fake, f(real)) for f in extra]
+    assert torch.allclose(stats["mel_loss"], sum(parts) / 3)
+    with pytest.raises(ValueError, match="--mel_resolutions: 16384 is longer than a training segment"):
+        train.Config(mel_resolutions=[16384]).validate()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,12 +198,15 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     assert sr == 22050 and len(audio) > 0 and abs(audio).max() > 0
 
     scored = python([ROOT / "recipes" / "vocoder" / "evaluate.py", "--checkpoint", voc, "--num_test", "2",
-                     "--num_images", "1"], cwd=Path("/"))
+                     "--num_images", "1", "--per_band", "true"], cwd=Path("/"))
     assert scored.returncode == 0, scored.stderr
     report = json.loads((voc / "eval_test.json").read_text())
     assert len(report["utterances"]) == 2 and set(report["mean"]) == {
         f"{v}_{m}" for v in ("griffin_lim", "vocoder") for m in ("pesq", "stoi", "mcd")}
     assert len(list(voc.glob("*.png"))) == 1 and "| vocoder |" in (voc / "eval_test.md").read_text()
+    bands = report["stoi_bands"]  # --per_band: 15 bands per vocoder, the mean over bands is the STOI
+    assert bands["utterances"] == 2 and len(bands["centre_hz"]) == len(bands["vocoder"]) == 15
+    assert abs(sum(bands["vocoder"]) / 15 - report["mean"]["vocoder_stoi"]) < 1e-9
 
     chain = python([ROOT / "recipes" / "tts" / "score.py", "--checkpoint", tts, "--vocoder", voc, "--split", "validation"],
                    cwd=Path("/"))
