@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
+from common.training.averaging import checkpoint_weights
 from common.training.checkpoint import resolve_checkpoint
 
 # Settings that must equal the pre-training run's for its encoder and features to mean anything.
@@ -138,7 +139,7 @@ def load_pretrained_encoder(model: StackedLogMelEncoder, path: str | Path, cfg: 
                          + "\nSet these keys to the pre-trained run's values (see its config.yaml).")
     stats = None  # a feature extractor exported beside the weights holds the statistics
     if (folder / "model.safetensors").is_file():
-        weights = load_file(folder / "model.safetensors")
+        weights = checkpoint_weights(folder)  # a checkpoint's weight average (--ema_decay) when its run kept one
         if any(k.startswith(ASR_EXPORT_PREFIX) for k in weights):
             # An ASR run's final/ (transformers Wav2Vec2BertForCTC): its encoder, without the CTC
             # head, whose vocabulary is the other run's. Transfer from a well-trained ASR model.

@@ -108,12 +108,13 @@ def save_hf_ctc(folder: str | Path, weights: dict[str, torch.Tensor], encoder_co
 
 
 def load_recipe_ctc_weights(folder: str | Path) -> dict[str, torch.Tensor]:
-    """The recipe's state dict from a folder in either form: a checkpoint (recipe names) or an
-    exported `final/` (Wav2Vec2BertForCTC names + statistics in `preprocessor_config.json`)."""
-    from safetensors.torch import load_file
+    """The recipe's state dict from a folder in either form: a checkpoint (recipe names; its weight
+    average in place of the trained parameters when its run kept one, `--ema_decay`) or an exported
+    `final/` (Wav2Vec2BertForCTC names + statistics in `preprocessor_config.json`)."""
+    from common.training.averaging import checkpoint_weights
 
     folder = Path(folder)
-    weights = load_file(folder / "model.safetensors")
+    weights = checkpoint_weights(folder)
     if "lm_head.weight" not in weights:
         return weights
     fe = json.loads((folder / "preprocessor_config.json").read_text())

@@ -83,6 +83,10 @@ class Config(DatasetConfig):
     encoder_lr_scale: Annotated[float, NonNegative] = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
     freeze_encoder_steps: Annotated[int, NonNegative] = 0  # optimizer steps during which the encoder is not updated
     layer_decay: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # encoder block k of N (0 = input projection) learns at encoder LR × this^(N-k)
+    # --- weight average (common/training/averaging.py) ---
+    # > 0: validation, final/ and decode.py of a checkpoint use an exponential moving average of the
+    # weights, decay min(ema_decay, (1 + n) / (10 + n)) after n optimizer steps (0 = the trained weights)
+    ema_decay: Annotated[float, Range(0, 1, hi_open=True)] = 0.0
 
     def validate(self) -> None:
         super().validate()  # (the data source's rules: DatasetConfig.validate_changes)
@@ -112,6 +116,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from common.training.averaging import WeightAverage, swapped_in  # noqa: E402
 from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
@@ -260,6 +265,13 @@ def main(cfg: Config) -> None:
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
+    average = None  # --ema_decay: the weights validation scores and final/ exports (registered: resumed with the run)
+    if cfg.ema_decay:
+        if accelerator.distributed_type.value in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+            raise RunError(f"--ema_decay averages whole parameters, and under {accelerator.distributed_type.value} "
+                           f"each process holds a shard of them: train with DDP or one process, or set --ema_decay 0")
+        average = WeightAverage(accelerator.unwrap_model(model), cfg.ema_decay)
+        accelerator.register_for_checkpointing(average)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --
     # What the run is made of: a resume refuses another config (but for the fields that may change on
@@ -299,11 +311,14 @@ def main(cfg: Config) -> None:
         grad_norm = optimizer_update(accelerator, model, optimizer, state, max_grad_norm=cfg.max_grad_norm,
                                      max_nonfinite_updates=cfg.max_nonfinite_updates)
         end_step(state, scheduler)
+        if average is not None:
+            average.update(accelerator.unwrap_model(model))
         bar.update(1)
 
         row = {}
         if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
-            row, decoded = evaluate(model, valid_loader, accelerator, tokenizer, scorer)  # collective
+            with swapped_in(average, model):
+                row, decoded = evaluate(model, valid_loader, accelerator, tokenizer, scorer)  # collective
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()))
             if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):  # hypotheses beside references
                 accelerator.get_tracker("tensorboard", unwrap=True).add_text("eval/decoded", "\n\n".join(
@@ -331,7 +346,8 @@ def main(cfg: Config) -> None:
             asr({"raw": samples, "sampling_rate": 16000})["text"]  # config.yaml: sample_rate
             ```""")
 
-    export_final(accelerator, model, out, write_extras)  # collective
+    with swapped_in(average, model):  # final/ holds the average
+        export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()
 
 if __name__ == "__main__":

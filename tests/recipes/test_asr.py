@@ -236,7 +236,8 @@ def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     with data workers."""
     e0, e1 = epoch_lengths(read_librispeech(tiny_corpus / "librispeech", "train")["duration"], 16.0, 1, 2)
     k, max_steps = e0 + 2, e0 + e1
-    extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--eval_steps", "4", "--speed_perturb", "0.1"]
+    extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--eval_steps", "4", "--speed_perturb", "0.1",
+             "--ema_decay", "0.99"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
     run("asr", 1, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
     run("asr", 1, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=k)
@@ -255,8 +256,14 @@ def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     assert all(0 <= r["eval_cer"] <= 1.5 and "loss" in r for r in evals)
     # final/ holds everything needed to transcribe
     assert {p.name for p in (cont / "final").iterdir()} >= {"model.safetensors", "config.yaml", "tokenizer"}
-    # global normalization statistics from an evenly spaced subset of the training set, in buffers
+    # --ema_decay: final/ (and a tool reading the last checkpoint) has the weight average, not the
+    # trained weights the checkpoint resumes from
     weights = load_recipe_ctc_weights(cont / "final")
+    last = cont / "checkpoints" / f"step_{max_steps:08d}"
+    averaged, trained = load_recipe_ctc_weights(last), load_file(last / "model.safetensors")
+    assert all(torch.equal(weights[k], averaged[k]) for k in averaged)
+    assert not torch.equal(averaged["head.weight"], trained["head.weight"])
+    # global normalization statistics from an evenly spaced subset of the training set, in buffers
     train = read_librispeech(tiny_corpus / "librispeech", "train")
     stride = max(1, len(train) // 20)  # an evenly spaced subset of stats_utterances
     mean, std = feature_stats([(r["id"], LogMel(16000, 80)(load_audio(r["path"], 16000))) for r in train.select(range(0, len(train), stride))])
@@ -269,7 +276,7 @@ def test_interrupted_equals_continuous_2proc(tiny_corpus, tmp_path):
     """2 DDP processes, BPE tokens, accumulation 2, encoder frozen for the first 3 steps; cut at step 2."""
     extra = ["--max_steps", "6", "--save_steps", "1", "--eval_steps", "0", "--token_type", "bpe",
              "--bpe_vocab_size", "60", "--gradient_accumulation_steps", "2", "--freeze_encoder_steps", "3",
-             "--speed_perturb", "0.1"]
+             "--speed_perturb", "0.1", "--ema_decay", "0.99"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
     run("asr", 2, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
     run("asr", 2, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=2, launcher=False)  # harness.KILL_LEG
