@@ -37,7 +37,7 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, NonNegative, Positive, Range, ResumeSafe,
+from common.config import (Count, DatasetConfig, ExistingPath, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
 
@@ -90,7 +90,7 @@ class Config(DatasetConfig):
     # More mel L1 terms at other window lengths (samples; hop window / 4, n_mels scaled with the window, so
     # 2048 → 160 bins of ~19 Hz at 200 Hz): the L1 is then the mean over the input mel and these (DAC's
     # multi-scale mel loss). A longer window resolves the voice's fundamental and first harmonics.
-    mel_resolutions: list[Annotated[int, Range(64)]] = field(default_factory=list)
+    mel_resolutions: Annotated[list[Annotated[int, Range(64)]], MayBeEmpty] = field(default_factory=list)  # empty: none
     fm_loss_weight: Annotated[float, NonNegative] = 2.0  # feature matching (HiFi-GAN's)
     gan_start_steps: Annotated[int, NonNegative] = 0  # optimizer steps of generator-only training on the mel loss first
     # --- logging ---
