@@ -227,7 +227,7 @@ def loss_frontend(cfg: Config, device):
     return _frontends(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length, torch.device(device))
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=16)  # the input mel, --mel_resolutions', on each device: never rebuilt per step
 def _frontends(sample_rate: int, n_mels: int, win_length: int, hop_length: int, device):
     return mel_frontend(sample_rate, n_mels, win_length, hop_length).to(device)
 
