@@ -45,9 +45,18 @@ class Generator(nn.Module):
     of n_fft, the mel's own hop) turns them into samples. Nothing runs at the sample rate, which is
     why it costs a fraction of HiFi-GAN's upsampling stack per audio second."""
 
-    def __init__(self, n_mels: int, n_fft: int, hop_length: int, dim: int, hidden: int, layers: int):
+    def __init__(self, n_mels: int, n_fft: int, hop_length: int, dim: int, hidden: int, layers: int,
+                 magnitude_prior_rate: int | None = None):
         super().__init__()
         self.n_fft, self.hop = n_fft, hop_length
+        # With a sample rate: the head predicts the log magnitude as a correction to the mel's least-squares
+        # inverse (FreeV, Lv et al. 2024: the magnitude Griffin-Lim starts from), so every bin's envelope
+        # over time comes from the mel itself. (n_fft/2 + 1, n_mels); not in the state dict: a formula.
+        inverse = None
+        if magnitude_prior_rate is not None:
+            basis = htk_mel_filterbank(n_fft // 2 + 1, n_mels, magnitude_prior_rate)  # (bins, n_mels)
+            inverse = torch.linalg.pinv(basis.T.double()).float()
+        self.register_buffer("mel_inverse", inverse, persistent=False)
         self.embed = nn.Conv1d(n_mels, dim, 7, padding=3)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.blocks = nn.ModuleList(ConvNeXtBlock(dim, hidden, 1.0 / layers) for _ in range(layers))
@@ -55,15 +64,23 @@ class Generator(nn.Module):
         self.head = nn.Linear(dim, n_fft + 2)  # log magnitude and phase, n_fft/2 + 1 bins each
         self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
 
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+    def spectrum(self, mel: torch.Tensor) -> torch.Tensor:
+        """(B, frames, n_mels) log-mel → (B, n_fft/2 + 1, frames) complex STFT."""
         x = self.norm(self.embed(mel.transpose(1, 2)).transpose(1, 2)).transpose(1, 2)  # (B, dim, T)
         for block in self.blocks:
             x = block(x)
         log_mag, phase = self.head(self.final_norm(x.transpose(1, 2))).transpose(1, 2).chunk(2, dim=1)
-        mag = torch.exp(log_mag).clamp(max=1e2)  # (B, n_fft/2 + 1, T); the clamp keeps early steps finite
-        spec = torch.complex(mag * torch.cos(phase), mag * torch.sin(phase))
+        if self.mel_inverse is not None:  # + ½ log of the least-squares power spectrum, floored as the mel is
+            power = (torch.exp(mel.float()) @ self.mel_inverse.T).clamp_min(1e-6)  # (B, T, bins)
+            log_mag = log_mag + 0.5 * torch.log(power).transpose(1, 2)
+        # The clamp keeps early steps finite. 1e3, not Vocos' 1e2: a loud voice's harmonics pass 100 (the
+        # Italian prompts' in a third of their utterances, at n_fft 1024), and a capped bin gets no gradient.
+        mag = torch.exp(log_mag).clamp(max=1e3)
+        return torch.complex(mag * torch.cos(phase), mag * torch.sin(phase))
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
         samples = (mel.shape[1] - 1) * self.hop  # the centred mel of these samples has mel.shape[1] frames
-        return torch.istft(spec, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
+        return torch.istft(self.spectrum(mel), self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,8 +184,22 @@ def n_fft_for(win_length: int) -> int:
     return 1 << (win_length - 1).bit_length()  # as the mel's STFT: next power of two ≥ the window
 
 
+def htk_mel_filterbank(n_bins: int, n_mels: int, sample_rate: int) -> torch.Tensor:
+    """(n_bins, n_mels) triangular filters, HTK mel scale from 0 Hz to Nyquist, no norm: the mel of
+    `mel_frontend` (torchaudio's melscale_fbanks with those settings; a test holds them equal)."""
+    to_mel = lambda hz: 2595.0 * torch.log10(1.0 + hz / 700.0)  # noqa: E731
+    bins = torch.linspace(0, sample_rate / 2, n_bins, dtype=torch.float64)
+    edges = 700.0 * (10 ** (torch.linspace(0, float(to_mel(torch.tensor(sample_rate / 2.0))), n_mels + 2,
+                                           dtype=torch.float64) / 2595.0) - 1.0)  # (n_mels + 2,) Hz
+    rise = (bins[:, None] - edges[None, :-2]) / (edges[1:-1] - edges[:-2])  # (n_bins, n_mels)
+    fall = (edges[None, 2:] - bins[:, None]) / (edges[2:] - edges[1:-1])
+    return torch.minimum(rise, fall).clamp_min(0).float()
+
+
 def build_generator(cfg) -> Generator:
-    return Generator(cfg.n_mels, n_fft_for(cfg.win_length), cfg.hop_length, cfg.dim, cfg.hidden_dim, cfg.layers)
+    prior = getattr(cfg, "magnitude_prior", False)  # exports older than the field have none
+    return Generator(cfg.n_mels, n_fft_for(cfg.win_length), cfg.hop_length, cfg.dim, cfg.hidden_dim, cfg.layers,
+                     cfg.sample_rate if prior else None)
 
 
 def build_discriminators(cfg) -> Discriminators:

@@ -41,6 +41,9 @@ from common.config import (Count, DatasetConfig, ExistingPath, MayBeEmpty, NonNe
                            exit_on_signals_during_start_up, parse_config)
 
 
+SC_RESOLUTIONS = (1024, 2048)  # n_fft of --sc_loss_weight's STFTs, hop n_fft / 4
+
+
 @dataclass
 class Config(DatasetConfig):
     """Vocoder training. Every field can be set in the YAML (--config) or as --key value; the shared
@@ -74,6 +77,9 @@ class Config(DatasetConfig):
     dim: Annotated[int, Count] = 256  # ConvNeXt width
     hidden_dim: Annotated[int, Count] = 768  # ConvNeXt pointwise MLP width
     layers: Annotated[int, Count] = 6  # ConvNeXt blocks
+    # The head predicts a correction to the mel's least-squares inverse magnitude (what Griffin-Lim starts
+    # from; FreeV) instead of the whole log magnitude: README, "The magnitude prior"
+    magnitude_prior: bool = False
     # --- discriminators ---
     # Each list needs at least one value (an empty one would silently drop a discriminator; to train
     # the generator alone, raise --gan_start_steps); periods and n_fft are at most a training segment.
@@ -91,6 +97,10 @@ class Config(DatasetConfig):
     # 2048 → 160 bins of ~19 Hz at 200 Hz): the L1 is then the mean over the input mel and these (DAC's
     # multi-scale mel loss). A longer window resolves the voice's fundamental and first harmonics.
     mel_resolutions: Annotated[list[Annotated[int, Range(64)]], MayBeEmpty] = field(default_factory=list)  # empty: none
+    # Spectral convergence ‖|S| − |Ŝ|‖ / ‖|S|‖ of the linear STFT magnitude, mean over n_fft 1024 and 2048
+    # (Parallel WaveGAN's multi-resolution STFT loss, its SC half): unlike the log-mel L1, it weights the
+    # strong bins (the fundamental's and first harmonics') most. 0 = off.
+    sc_loss_weight: Annotated[float, NonNegative] = 0.0
     fm_loss_weight: Annotated[float, NonNegative] = 2.0  # feature matching (HiFi-GAN's)
     gan_start_steps: Annotated[int, NonNegative] = 0  # optimizer steps of generator-only training on the mel loss first
     # --- logging ---
@@ -105,6 +115,9 @@ class Config(DatasetConfig):
                 raise ValueError(f"--{name}: {too_long[0]} is longer than a training segment ({segment} samples = "
                                  f"--segment_frames {self.segment_frames} × --hop_length {self.hop_length}): lower it "
                                  f"or raise --segment_frames")
+        if self.sc_loss_weight and max(SC_RESOLUTIONS) > segment:
+            raise ValueError(f"--sc_loss_weight: its {max(SC_RESOLUTIONS)}-sample STFT is longer than a training segment "
+                             f"({segment} samples): raise --segment_frames or set --sc_loss_weight 0")
 
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
@@ -200,6 +213,9 @@ def transfer_from(models: dict, folder: Path, cfg: Config) -> str:
     if differ:
         raise ValueError(f"--init_from {folder}: it was trained on another mel ({', '.join(differ)}): set these to "
                          f"its config.yaml's, or train from scratch")
+    if theirs.get("magnitude_prior", False) != cfg.magnitude_prior:  # same shapes, another meaning of the head
+        raise ValueError(f"--init_from {folder}: its generator has magnitude_prior {theirs.get('magnitude_prior', False)}, "
+                         f"this run {cfg.magnitude_prior}: set --magnitude_prior to its value")
     # a checkpoint: one file per prepared model (train_state.json names them); an export: the generator
     files = (model_weights_files(folder) if (folder / "train_state.json").is_file()
              else {"generator": folder / "model.safetensors"})
@@ -243,6 +259,21 @@ def extra_mel_frontends(cfg: Config, device) -> list:
             for w in cfg.mel_resolutions]
 
 
+@functools.lru_cache(maxsize=8)
+def _hann(n_fft: int, device) -> torch.Tensor:
+    return torch.hann_window(n_fft, device=device)
+
+
+def spectral_convergence(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    """Mean over SC_RESOLUTIONS of ‖|STFT(real)| − |STFT(fake)|‖_F / ‖|STFT(real)|‖_F (whole batch)."""
+    total = 0.0
+    for n_fft in SC_RESOLUTIONS:
+        spec = lambda x: torch.stft(x, n_fft, n_fft // 4, window=_hann(n_fft, x.device), return_complex=True).abs()  # noqa: E731
+        S = spec(real)
+        total = total + torch.linalg.vector_norm(S - spec(fake)) / torch.linalg.vector_norm(S).clamp_min(1e-7)
+    return total / len(SC_RESOLUTIONS)
+
+
 def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
     outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
@@ -260,14 +291,17 @@ def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mel
     if cfg.mel_resolutions:  # the mean over the input mel and each --mel_resolutions mel of the real segment
         extra = [mel_l1(f, fake, f(real)) for f in extra_mel_frontends(cfg, fake.device)]
         mel = (mel + sum(extra)) / (1 + len(extra))
-    adv = fm = torch.zeros(())
+    adv = fm = sc = torch.zeros(())
+    if cfg.sc_loss_weight:
+        sc = spectral_convergence(real, fake)
     if adversarial:
         with torch.no_grad():
             real_outs = critic(real)
         fake_outs = critic(fake)
         adv, fm = adversarial_loss(fake_outs), feature_matching_loss(real_outs, fake_outs)
-    loss = cfg.mel_loss_weight * mel + adv + cfg.fm_loss_weight * fm
-    return loss, {"g_loss": loss, "adv_loss": adv, "fm_loss": fm, "mel_loss": mel}
+    loss = cfg.mel_loss_weight * mel + cfg.sc_loss_weight * sc + adv + cfg.fm_loss_weight * fm
+    return loss, {"g_loss": loss, "adv_loss": adv, "fm_loss": fm, "mel_loss": mel,
+                  **({"sc_loss": sc} if cfg.sc_loss_weight else {})}
 
 
 @torch.no_grad()

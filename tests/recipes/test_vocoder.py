@@ -107,6 +107,45 @@ def test_mel_resolutions_average_more_mel_terms_and_refuse_a_window_longer_than_
         train.Config(mel_resolutions=[16384]).validate()
 
 
+def test_the_magnitude_prior_is_griffin_lims_starting_magnitude_and_the_head_corrects_it():
+    from common.model.features import mel_frontend
+    from common.model.vocoding import GriffinLim
+
+    frontend = mel_frontend(22050, 80, 1024, 256)
+    model = vocoder.model
+    # the model file's own filterbank (it imports nothing of this repository) is the frontend's mel
+    assert torch.allclose(model.htk_mel_filterbank(513, 80, 22050), frontend.mel.mel_scale.fb, atol=1e-5)
+    cfg = type("C", (), dict(n_mels=80, win_length=1024, hop_length=256, dim=16, hidden_dim=32, layers=1,
+                             sample_rate=22050, magnitude_prior=True))
+    generator = model.build_generator(cfg)
+    assert "mel_inverse" not in generator.state_dict()  # a formula, not weights: exports keep their keys
+    mel = frontend(torch.randn(8 * 256) * 0.1)  # (9, 80)
+    least_squares = GriffinLim(frontend).inverse_mel(torch.exp(mel).T)  # (513, 9), ≥ 0: what Griffin-Lim starts from
+    ours = (torch.exp(mel) @ generator.mel_inverse.T).T.clamp_min(0)
+    assert torch.allclose(ours, least_squares, rtol=1e-3, atol=1e-3 * float(least_squares.max()))
+    # a head that predicts nothing gives that magnitude (floored where the least squares go under 1e-6)
+    torch.nn.init.zeros_(generator.head.weight), torch.nn.init.zeros_(generator.head.bias)
+    assert torch.allclose(generator.spectrum(mel[None])[0].abs(), ours.clamp_min(1e-6).sqrt(), rtol=1e-4)
+    generator.mel_inverse = None  # the same weights without the prior: magnitude 1, phase 0 everywhere
+    assert torch.equal(generator.spectrum(mel[None])[0], torch.ones(513, 9, dtype=torch.complex64))
+
+
+def test_spectral_convergence_is_the_relative_linear_magnitude_error_and_refuses_a_short_segment():
+    train = recipe_modules("vocoder", "train").train
+    real = torch.randn(2, 8192) * 0.1
+    assert train.spectral_convergence(real, real) == 0
+    assert torch.isclose(train.spectral_convergence(real, torch.zeros_like(real)), torch.tensor(1.0))
+    assert torch.isclose(train.spectral_convergence(real, 1.5 * real), torch.tensor(0.5))  # |S| scales: ‖0.5 S‖ / ‖S‖
+    cfg = train.Config(sc_loss_weight=10.0)
+    main = train.loss_frontend(cfg, "cpu")
+    fake = torch.randn(2, 8192) * 0.1
+    loss, stats = train.generator_loss(None, main, real, fake, main(real), cfg, adversarial=False)
+    assert torch.isclose(loss, 45.0 * stats["mel_loss"] + 10.0 * train.spectral_convergence(real, fake))
+    assert "sc_loss" not in train.generator_loss(None, main, real, fake, main(real), train.Config(), False)[1]
+    with pytest.raises(ValueError, match="--sc_loss_weight: its 2048-sample STFT is longer than a training segment"):
+        train.Config(sc_loss_weight=1.0, segment_frames=4, resolutions=[512]).validate()
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +295,8 @@ def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_d
     with pytest.raises(ValueError, match=r"not a vocoder run \(its models: none named\)"):
         train.transfer_from(models, tts_ckpt, cfg)
     for change, match in (({"hop_length": 128}, r"trained on another mel \(hop_length 256 vs 128\)"),
-                          ({"dim": 24}, "its generator has another shape")):
+                          ({"dim": 24}, "its generator has another shape"),
+                          ({"magnitude_prior": True}, "its generator has magnitude_prior False, this run True")):
         other = dataclasses.replace(cfg, **change)
         with pytest.raises(ValueError, match=match):
             train.transfer_from({"generator": train.build_generator(other)}, base / "final", other)
