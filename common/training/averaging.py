@@ -8,8 +8,7 @@ keeps a running average); the average follows that point as training goes. The d
 after n updates it is min(ema_decay, (1 + n) / (10 + n)), so the average spans about n / 9 updates
 (the first updates' weights are soon forgotten) and at most about 1 / (1 - ema_decay).
 
-    average = WeightAverage(accelerator.unwrap_model(model), cfg.ema_decay)
-    accelerator.register_for_checkpointing(average)   # before resume_from_checkpoint
+    average = start_average(accelerator, model, cfg.ema_decay)   # before resume_from_checkpoint; None at 0
     ...after each optimizer step:  average.update(accelerator.unwrap_model(model))
     with swapped_in(average, model): evaluate / export_final
 
@@ -60,6 +59,23 @@ class WeightAverage:
         self.decay, self.updates = float(state["decay"]), int(state["updates"])
         for name, t in state["shadow"].items():
             self.shadow[name].copy_(t)
+
+
+def start_average(accelerator, model: torch.nn.Module, decay: float) -> WeightAverage | None:
+    """A recipe's `--ema_decay`: None at 0, else the average of the prepared `model`'s weights,
+    registered for checkpointing (call it before resume_from_checkpoint, which then restores it).
+    Refused (RunError, one line with the fix) where a process holds a shard of each parameter."""
+    if not decay:
+        return None
+    kind = accelerator.distributed_type.value
+    if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        from common.training.faults import RunError
+
+        raise RunError(f"--ema_decay averages whole parameters, and under {kind} each process holds a shard of "
+                       f"them: train with DDP or one process, or set --ema_decay 0")
+    average = WeightAverage(accelerator.unwrap_model(model), decay)
+    accelerator.register_for_checkpointing(average)
+    return average
 
 
 @contextlib.contextmanager

@@ -116,7 +116,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.training.averaging import WeightAverage, swapped_in  # noqa: E402
+from common.training.averaging import start_average, swapped_in  # noqa: E402
 from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
@@ -265,13 +265,8 @@ def main(cfg: Config) -> None:
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
-    average = None  # --ema_decay: the weights validation scores and final/ exports (registered: resumed with the run)
-    if cfg.ema_decay:
-        if accelerator.distributed_type.value in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
-            raise RunError(f"--ema_decay averages whole parameters, and under {accelerator.distributed_type.value} "
-                           f"each process holds a shard of them: train with DDP or one process, or set --ema_decay 0")
-        average = WeightAverage(accelerator.unwrap_model(model), cfg.ema_decay)
-        accelerator.register_for_checkpointing(average)
+    # --ema_decay: the weights validation scores and final/ exports (registered: resumed with the run)
+    average = start_average(accelerator, model, cfg.ema_decay)
 
     # ---- resume, or start: global feature statistics (BEST-RQ's, or computed once and broadcast) --
     # What the run is made of: a resume refuses another config (but for the fields that may change on

@@ -266,32 +266,35 @@ def build_model(cfg) -> "AlignedFastSpeech":
         attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob)
 
 
-def load_tts(folder: str | Path, cfg=None):
+def load_tts(folder: str | Path, cfg=None, weights: dict | None = None):
     """(model in eval mode, its training config, Symbols, folder) from a TTS final/ or
     checkpoints/step_*/ folder. This repository's tools verify the folder first
     (common.training.checkpoint.resolve_checkpoint) and pass the run's Config as they read it
-    (common.config.load_config); without `cfg` (outside this repository, where that class is not),
-    config.yaml's values are read as attributes."""
+    (common.config.load_config), and the weights to use (common.training.averaging.checkpoint_weights:
+    a checkpoint's weight average where its run kept one); without `cfg` (outside this repository,
+    where that class is not), config.yaml's values are read as attributes, and without `weights` the
+    folder's model.safetensors is loaded (a final/ holds the average already)."""
     folder = Path(folder)
     if cfg is None:
         cfg = types.SimpleNamespace(**yaml.safe_load((folder / "config.yaml").read_text()))
     if (folder / "symbols.json").is_file():  # final/ carries it; step folders have it in config.yaml (derived ones too)
         cfg.symbols = json.loads((folder / "symbols.json").read_text())["symbols"]
     model = build_model(cfg)
-    model.load_state_dict(load_file(folder / "model.safetensors"))  # weights and feature statistics
+    model.load_state_dict(load_file(folder / "model.safetensors") if weights is None else weights)  # + feature statistics
     return model.eval(), cfg, Symbols.from_config(cfg), folder
 
 
-def transfer_from(model: AlignedFastSpeech, symbols: str, folder: Path) -> str:
+def transfer_from(model: AlignedFastSpeech, symbols: str, folder: Path, weights: dict | None = None) -> str:
     """Initialize `model` (for the symbol table `symbols`) from another TTS run: another voice, or
     another language. Every weight is taken but the symbol embeddings, which are matched by symbol
     (a symbol the other table lacks keeps its random row), and the feature statistics, which this
     run computes from its own data. Refuses a model of another shape. Returns a summary line.
-    `folder`: verified by the caller (common.training.checkpoint.resolve_checkpoint)."""
+    `folder`: verified by the caller (common.training.checkpoint.resolve_checkpoint); `weights`: as
+    load_tts's (None: its model.safetensors)."""
     their_cfg = yaml.safe_load((folder / "config.yaml").read_text())
     table = (json.loads((folder / "symbols.json").read_text())["symbols"] if (folder / "symbols.json").is_file()
              else their_cfg["symbols"])
-    theirs, own = load_file(folder / "model.safetensors"), model.state_dict()
+    theirs, own = load_file(folder / "model.safetensors") if weights is None else weights, model.state_dict()
     skip = ("embed.weight", "feat_mean", "feat_std")
     differ = [f"{k} {tuple(theirs[k].shape)} != {tuple(v.shape)}" for k, v in own.items()
               if k not in skip and (k not in theirs or theirs[k].shape != v.shape)]

@@ -56,6 +56,7 @@ import torchaudio
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
+from common.training.averaging import checkpoint_weights
 from common.training.checkpoint import resolve_checkpoint, run_dir_of
 from common.config import ConfigError, Count, ExistingPath, load_config, parse_config
 from common.data.loading import load_audio
@@ -145,7 +146,7 @@ def main():
     torch.set_grad_enabled(False)
     try:
         folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read
-        model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config))
+        model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config), checkpoint_weights(folder))
     except (UsageError, ConfigError) as e:
         refuse(str(e))
     # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).

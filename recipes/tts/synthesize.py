@@ -27,6 +27,7 @@ import soundfile as sf
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
+from common.training.averaging import checkpoint_weights
 from common.training.checkpoint import resolve_checkpoint
 from common.config import ConfigError, Count, ExistingPath, Positive, load_config, parse_config
 from common.training.faults import UsageError, run_main
@@ -127,7 +128,7 @@ def main():
         refuse("give exactly one of --text or --text_file")
     try:
         folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read
-        model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config))
+        model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config), checkpoint_weights(folder))
     except (UsageError, ConfigError) as e:
         refuse(str(e))
     if args.text is not None:

@@ -92,6 +92,10 @@ class Config(DatasetConfig):
     align_loss_weight: Annotated[float, NonNegative] = 1.0  # forward-sum loss
     binarization_loss_weight: Annotated[float, NonNegative] = 1.0
     binarization_start_steps: Annotated[int | None, NonNegative] = None  # optimizer steps before the binarization loss is switched on; None = never (on a real voice it locks in a wrong path: README)
+    # --- weight average (common/training/averaging.py) ---
+    # > 0: validation, final/ and the tools reading a checkpoint use an exponential moving average of the
+    # weights, decay min(ema_decay, (1 + n) / (10 + n)) after n optimizer steps (0 = the trained weights)
+    ema_decay: Annotated[float, Range(0, 1, hi_open=True)] = 0.0
     # --- logging / checkpoints ---
     num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # fixed validation sentences synthesized into TensorBoard at each validation
     griffin_lim_iters: Annotated[int, Count, ResumeSafe] = 32  # Griffin-Lim iterations for those samples
@@ -102,6 +106,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 
 import torch  # noqa: E402
 
+from common.training.averaging import checkpoint_weights, start_average, swapped_in  # noqa: E402
 from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data.loading import load_row_audio  # noqa: E402
@@ -240,7 +245,8 @@ def main(cfg: Config) -> None:
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
     if cfg.init_from:  # every rank; a resume then loads its checkpoint over it
         try:
-            logger.info(transfer_from(model, cfg.symbols, resolve_checkpoint(cfg.init_from, "--init_from")))
+            folder = resolve_checkpoint(cfg.init_from, "--init_from")
+            logger.info(transfer_from(model, cfg.symbols, folder, checkpoint_weights(folder)))
         except ValueError as e:
             raise RunError(str(e)) from None
     optimizers, schedulers = build_optimizers(cfg, models)
@@ -248,6 +254,8 @@ def main(cfg: Config) -> None:
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
     check_fsdp_wrap(accelerator, model)  # FSDP: the profile's shard unit must exist in this model
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
+    # --ema_decay: the weights validation scores and final/ exports (registered: resumed with the run)
+    average = start_average(accelerator, model, cfg.ema_decay)
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
     # What the run is made of: a resume refuses another config (but for the fields that may change on
@@ -285,14 +293,17 @@ def main(cfg: Config) -> None:
         grad_norm = optimizer_update(accelerator, model, optimizer, state, max_grad_norm=cfg.max_grad_norm,
                                      max_nonfinite_updates=cfg.max_nonfinite_updates)
         end_step(state, scheduler)
+        if average is not None:
+            average.update(accelerator.unwrap_model(model))
         bar.update(1)
 
         row = {}
         if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
-            row = evaluate(model, valid_loader, accelerator)  # collective
+            with swapped_in(average, model):
+                row = evaluate(model, valid_loader, accelerator)  # collective
+                if writer is not None:  # main process only; no collectives inside
+                    log_samples(accelerator.unwrap_model(model), data.valid_items, samples, cfg, writer, vocoder, state.step)
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
-            if writer is not None:  # main process only; no collectives inside
-                log_samples(accelerator.unwrap_model(model), data.valid_items, samples, cfg, writer, vocoder, state.step)
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
             row = metrics.log_step(state, window, throughput, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
                                    extra=row)  # collective
@@ -327,7 +338,8 @@ def main(cfg: Config) -> None:
             With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
             "tts_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
-    export_final(accelerator, model, out, write_extras)  # collective
+    with swapped_in(average, model):  # final/ holds the average
+        export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ import soundfile as sf
 import torch
 import yaml
 from PIL import Image
+from safetensors.torch import load_file
 
+from common.training.averaging import checkpoint_weights
 from common.data.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.test_asr import short_run
@@ -330,12 +332,14 @@ def test_smoke_two_processes(tiny_corpus, tmp_path):
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     """SIGKILL inside epoch 0 (1 process: and inside epoch 1), re-launch: same weights and losses.
-    The binarization loss switches on at step 3, the validation pass runs on the way."""
+    The binarization loss switches on at step 3, the validation pass runs on the way; the weight
+    average (--ema_decay) is resumed with the run, and final/ holds it."""
     e0, e1 = epoch_lengths(read_ljspeech(tiny_corpus / "ljspeech")["duration"][:-4], 16.0, nproc, 2)  # train = all but 4
     assert e0 >= 3 and e1 >= 3
     kills = [2, e0 + 1] if nproc == 1 else [2]
     max_steps = e0 + 2
-    extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--save_total_limit", "3", "--eval_steps", "3"]
+    extra = ["--max_steps", str(max_steps), "--save_steps", "1", "--save_total_limit", "3", "--eval_steps", "3",
+             "--ema_decay", "0.99"]
 
     cont = tmp_path / "continuous"
     run("tts", nproc, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
@@ -352,6 +356,15 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     assert_same_weights(cont, cut)
     assert_same_losses(cont, cut)
     assert [r["step"] for r in metrics(cut)] == list(range(1, max_steps + 1))
+    # final/ (and the tools reading the last checkpoint: load_tts with checkpoint_weights) has the
+    # average, not the trained weights the checkpoint resumes from
+    last = cut / "checkpoints" / f"step_{max_steps:08d}"
+    final = model.load_tts(cut / "final")[0].state_dict()
+    averaged = model.load_tts(last, weights=checkpoint_weights(last))[0].state_dict()
+    trained = load_file(last / "model.safetensors")
+    assert final.keys() == averaged.keys() and all(torch.equal(final[k], averaged[k]) for k in final)
+    assert not torch.equal(averaged["embed.weight"], trained["embed.weight"])
+    assert torch.equal(averaged["feat_mean"], trained["feat_mean"])  # buffers are the model's own
 
 
 @slow
