@@ -64,8 +64,9 @@ class Generator(nn.Module):
         self.head = nn.Linear(dim, n_fft + 2)  # log magnitude and phase, n_fft/2 + 1 bins each
         self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
 
-    def spectrum(self, mel: torch.Tensor) -> torch.Tensor:
-        """(B, frames, n_mels) log-mel → (B, n_fft/2 + 1, frames) complex STFT."""
+    def spectrum(self, mel: torch.Tensor, with_phase: bool = False):
+        """(B, frames, n_mels) log-mel → (B, n_fft/2 + 1, frames) complex STFT (and, `with_phase`, the
+        phase the head predicts, in radians, unwrapped: the same shape)."""
         x = self.norm(self.embed(mel.transpose(1, 2)).transpose(1, 2)).transpose(1, 2)  # (B, dim, T)
         for block in self.blocks:
             x = block(x)
@@ -76,11 +77,15 @@ class Generator(nn.Module):
         # The clamp keeps early steps finite. 1e3, not Vocos' 1e2: a loud voice's harmonics pass 100 (the
         # Italian prompts' in a third of their utterances, at n_fft 1024), and a capped bin gets no gradient.
         mag = torch.exp(log_mag).clamp(max=1e3)
-        return torch.complex(mag * torch.cos(phase), mag * torch.sin(phase))
+        spec = torch.complex(mag * torch.cos(phase), mag * torch.sin(phase))
+        return (spec, phase) if with_phase else spec
 
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+    def forward(self, mel: torch.Tensor, with_phase: bool = False):
+        """(B, frames, n_mels) log-mel → (B, (frames − 1) · hop) waveform (and, `with_phase`, spectrum's phase)."""
+        spec, phase = self.spectrum(mel, with_phase=True)
         samples = (mel.shape[1] - 1) * self.hop  # the centred mel of these samples has mel.shape[1] frames
-        return torch.istft(self.spectrum(mel), self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
+        wav = torch.istft(spec, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
+        return (wav, phase) if with_phase else wav
 
 
 # ---------------------------------------------------------------------------------------------

@@ -101,6 +101,11 @@ class Config(DatasetConfig):
     # (Parallel WaveGAN's multi-resolution STFT loss, its SC half): unlike the log-mel L1, it weights the
     # strong bins (the fundamental's and first harmonics') most. 0 = off.
     sc_loss_weight: Annotated[float, NonNegative] = 0.0
+    # APNet's anti-wrapping phase losses (Ai & Ling 2023) on the phase the head predicts against the recording's
+    # STFT phase: its value (IP), differences along frequency (group delay) and along time (instantaneous
+    # frequency), each bin weighted by the recording's magnitude (the harmonics, not the noise, whose phase
+    # the mel does not determine). 0 = off.
+    phase_loss_weight: Annotated[float, NonNegative] = 0.0
     fm_loss_weight: Annotated[float, NonNegative] = 2.0  # feature matching (HiFi-GAN's)
     gan_start_steps: Annotated[int, NonNegative] = 0  # optimizer steps of generator-only training on the mel loss first
     # --- logging ---
@@ -145,7 +150,7 @@ from tools.corpus import resolve_data_dir  # noqa: E402
 # recipe-local modules (this folder is on sys.path)
 from data import SegmentCollator, Waveforms, collate_whole, split_manifest  # noqa: E402
 from model import (MEL_KEYS, adversarial_loss, build_discriminators, build_generator, discriminator_loss,  # noqa: E402
-                   feature_matching_loss)
+                   feature_matching_loss, n_fft_for)
 
 logger = get_logger(__name__)
 HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 amplitude mel (HiFi-GAN's loss scale)
@@ -191,13 +196,14 @@ def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dic
     generator, discriminator = models["generator"], models["discriminator"]
     adversarial = step >= cfg.gan_start_steps  # same on every rank
     real, mels = batch["wavs"], batch["mels"]
-    fake = generator(mels)  # (B, segment samples)
+    # (B, segment samples); the head's phase (B, bins, frames) for --phase_loss_weight
+    fake, phase = generator(mels, with_phase=True) if cfg.phase_loss_weight else (generator(mels), None)
     losses, d_loss = {}, torch.zeros(())
     if adversarial:
         losses["discriminator"] = d_loss = lsgan_d_loss(discriminator, real, fake)
     critic = extract_model_from_parallel(discriminator)  # outside DDP: no reduction of D for the generator's loss
     losses["generator"], stats = generator_loss(critic, loss_frontend(cfg, mels.device), real, fake, mels, cfg,
-                                                adversarial)
+                                                adversarial, phase)
     return losses, {"d_loss": d_loss, **stats}
 
 
@@ -274,6 +280,27 @@ def spectral_convergence(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor
     return total / len(SC_RESOLUTIONS)
 
 
+def anti_wrapped(x: torch.Tensor) -> torch.Tensor:
+    """|x − 2π · round(x / 2π)|: a phase difference's distance from 0 on the circle, in [0, π]."""
+    return torch.abs(x - 2 * math.pi * torch.round(x / (2 * math.pi)))
+
+
+def phase_loss(real: torch.Tensor, phase: torch.Tensor, n_fft: int, hop: int) -> torch.Tensor:
+    """APNet's IP + GD + IAF anti-wrapping losses of the predicted `phase` (B, bins, frames) against
+    the STFT phase of `real` (B, samples; the generator's STFT: Hann n_fft, hop, centred), each bin's
+    error weighted by the recording's magnitude over its batch mean (a difference: by its two bins'
+    geometric mean), so that the harmonics count and the noise does not."""
+    spec = torch.stft(real, n_fft, hop, window=_hann(n_fft, real.device), center=True, return_complex=True)
+    target, weight = spec.angle(), spec.abs()
+    weight = weight / weight.mean().clamp_min(1e-7)
+    ip = (weight * anti_wrapped(target - phase)).mean()
+    diff = lambda x, d: x.diff(dim=d)  # noqa: E731
+    pair = lambda d: torch.sqrt(weight.narrow(d, 1, weight.shape[d] - 1) * weight.narrow(d, 0, weight.shape[d] - 1))  # noqa: E731
+    gd = (pair(1) * anti_wrapped(diff(target, 1) - diff(phase, 1))).mean()
+    iaf = (pair(2) * anti_wrapped(diff(target, 2) - diff(phase, 2))).mean()
+    return ip + gd + iaf
+
+
 def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
     outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
@@ -283,7 +310,7 @@ def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch
 
 
 def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg: Config,
-                   adversarial: bool) -> tuple[torch.Tensor, dict]:
+                   adversarial: bool, phase: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """(generator loss, values to log): mel_loss_weight · L1 mel, plus (`adversarial`) the LSGAN
     and fm_loss_weight · feature-matching losses through `critic` (the discriminators outside DDP:
     this backward reaches the generator only)."""
@@ -291,17 +318,19 @@ def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mel
     if cfg.mel_resolutions:  # the mean over the input mel and each --mel_resolutions mel of the real segment
         extra = [mel_l1(f, fake, f(real)) for f in extra_mel_frontends(cfg, fake.device)]
         mel = (mel + sum(extra)) / (1 + len(extra))
-    adv = fm = sc = torch.zeros(())
+    adv = fm = sc = ph = torch.zeros(())
     if cfg.sc_loss_weight:
         sc = spectral_convergence(real, fake)
+    if cfg.phase_loss_weight:
+        ph = phase_loss(real, phase, n_fft_for(cfg.win_length), cfg.hop_length)
     if adversarial:
         with torch.no_grad():
             real_outs = critic(real)
         fake_outs = critic(fake)
         adv, fm = adversarial_loss(fake_outs), feature_matching_loss(real_outs, fake_outs)
-    loss = cfg.mel_loss_weight * mel + cfg.sc_loss_weight * sc + adv + cfg.fm_loss_weight * fm
+    loss = cfg.mel_loss_weight * mel + cfg.sc_loss_weight * sc + cfg.phase_loss_weight * ph + adv + cfg.fm_loss_weight * fm
     return loss, {"g_loss": loss, "adv_loss": adv, "fm_loss": fm, "mel_loss": mel,
-                  **({"sc_loss": sc} if cfg.sc_loss_weight else {})}
+                  **({"sc_loss": sc} if cfg.sc_loss_weight else {}), **({"phase_loss": ph} if cfg.phase_loss_weight else {})}
 
 
 @torch.no_grad()
