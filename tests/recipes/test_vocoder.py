@@ -318,7 +318,8 @@ def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_d
         train.transfer_from(models, tts_ckpt, cfg)
     for change, match in (({"hop_length": 128}, r"trained on another mel \(hop_length 256 vs 128\)"),
                           ({"dim": 24}, "its generator has another shape"),
-                          ({"magnitude_prior": True}, "its generator has magnitude_prior False, this run True")):
+                          ({"magnitude_prior": not cfg.magnitude_prior},
+                           f"its generator has magnitude_prior {cfg.magnitude_prior}, this run {not cfg.magnitude_prior}")):
         other = dataclasses.replace(cfg, **change)
         with pytest.raises(ValueError, match=match):
             train.transfer_from({"generator": train.build_generator(other)}, base / "final", other)
