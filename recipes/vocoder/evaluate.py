@@ -10,7 +10,9 @@ checkpoints/step_X/ folder: <output_dir>/eval/step_X/; never into the sealed fin
 eval_test.json (per utterance and means), eval_test.md (the table) and <id>.png for the first
 --num_images utterances (log-mels top to bottom: recording, Griffin-Lim, vocoder). --per_band true adds
 STOI per one-third-octave band (`stoi_per_band`: pystoi's computation, not averaged over its 15 bands,
-150 Hz to 3.8 kHz), mean over the utterances, to both files: where in frequency a vocoder loses STOI.
+150 Hz to 3.8 kHz), mean over the utterances, to both files: where in frequency a vocoder loses STOI;
+and the same of a third signal, `vocoder_magnitude`: the magnitude the generator's head predicts, phased
+by Griffin-Lim instead of by the head. Above the vocoder's bands, the head's phase is what costs them.
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ def main() -> None:
                 "stoi": float(stoi(ref[:n].numpy(), out[:n].numpy(), cfg.sample_rate, extended=False)),
                 "mcd": mcd_dtw(frontend(out).numpy(), ref_mel.numpy())}
 
-    rows, bands = [], {"griffin_lim": [], "vocoder": []}
+    rows, bands = [], {"griffin_lim": [], "vocoder": [], "vocoder_magnitude": []}
+    rephase = torchaudio.transforms.GriffinLim(n_fft=generator.n_fft, n_iter=args.griffin_lim_iters,
+                                               hop_length=generator.hop, power=1.0)  # Hann of n_fft, as the head's
     for i, row in enumerate(test):
         wav = load_audio(row["path"], cfg.sample_rate)
         mel = frontend(wav)
@@ -128,7 +132,10 @@ def main() -> None:
         rows.append({"id": row["id"], **{f"{k}_{m}": v for k, out in outs.items() for m, v in scores(wav, out, mel).items()}})
         print(json.dumps(rows[-1]), flush=True)
         if args.per_band:
-            for name, out in outs.items():
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)  # Griffin-Lim's random initial phase: the same every run
+                magnitude = rephase(generator.spectrum(mel.float()[None])[0].abs())
+            for name, out in {**outs, "vocoder_magnitude": magnitude}.items():
                 n = min(len(wav), len(out))
                 per_band = stoi_per_band(wav[:n].double().numpy(), out[:n].double().numpy(), cfg.sample_rate)
                 if per_band is not None:

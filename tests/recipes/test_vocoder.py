@@ -267,6 +267,7 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     assert len(list(voc.glob("*.png"))) == 1 and "| vocoder |" in (voc / "eval_test.md").read_text()
     bands = report["stoi_bands"]  # --per_band: 15 bands per vocoder, the mean over bands is the STOI
     assert bands["utterances"] == 2 and len(bands["centre_hz"]) == len(bands["vocoder"]) == 15
+    assert len(bands["vocoder_magnitude"]) == 15 and bands["vocoder_magnitude"] != bands["vocoder"]
     assert abs(sum(bands["vocoder"]) / 15 - report["mean"]["vocoder_stoi"]) < 1e-9
 
     chain = python([ROOT / "recipes" / "tts" / "score.py", "--checkpoint", tts, "--vocoder", voc, "--split", "validation"],
