@@ -12,7 +12,7 @@ eval_test.json (per utterance and means), eval_test.md (the table) and <id>.png 
 STOI per one-third-octave band (`stoi_per_band`: pystoi's computation, not averaged over its 15 bands,
 150 Hz to 3.8 kHz), mean over the utterances, to both files: where in frequency a vocoder loses STOI;
 and the same of a third signal, `vocoder_magnitude`: the magnitude the generator's head predicts, phased
-by Griffin-Lim instead of by the head. Above the vocoder's bands, the head's phase is what costs them.
+by Griffin-Lim instead of by the head: where it scores above the vocoder, the head's phase costs the difference.
 """
 
 from __future__ import annotations

@@ -311,9 +311,10 @@ def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch
 
 def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg: Config,
                    adversarial: bool, phase: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """(generator loss, values to log): mel_loss_weight · L1 mel, plus (`adversarial`) the LSGAN
-    and fm_loss_weight · feature-matching losses through `critic` (the discriminators outside DDP:
-    this backward reaches the generator only)."""
+    """(generator loss, values to log): mel_loss_weight · L1 mel (+ sc_loss_weight · spectral convergence,
+    + phase_loss_weight · `phase_loss` of the head's `phase`), plus (`adversarial`) the LSGAN and
+    fm_loss_weight · feature-matching losses through `critic` (the discriminators outside DDP: this
+    backward reaches the generator only)."""
     mel = mel_l1(frontend, fake, mels)
     if cfg.mel_resolutions:  # the mean over the input mel and each --mel_resolutions mel of the real segment
         extra = [mel_l1(f, fake, f(real)) for f in extra_mel_frontends(cfg, fake.device)]
