@@ -1,6 +1,8 @@
 """A Vocos-style generator (Siuzdak 2023: ConvNeXt at the mel frame rate, an inverse-STFT head that
-predicts magnitude and phase), HiFi-GAN's multi-period discriminator and a multi-resolution STFT
-discriminator (UnivNet/Vocos), and the least-squares GAN, feature-matching and mel losses.
+predicts magnitude, optionally as a correction to the mel's least-squares inverse, and phase),
+HiFi-GAN's multi-period discriminator and a multi-resolution STFT discriminator (UnivNet/Vocos), and the
+least-squares GAN, feature-matching, spectral-convergence and anti-wrapping phase losses (the mel loss
+is train.py's: it needs the repository's mel front end).
 
 Self-contained (torch, safetensors, PyYAML; nothing of this repository): final/ carries a copy of
 this file as `vocoder_model.py`, so `load_vocoder(final/)` works from anywhere.
@@ -8,6 +10,8 @@ this file as `vocoder_model.py`, so `load_vocoder(final/)` works from anywhere.
 
 from __future__ import annotations
 
+import functools
+import math
 import types
 from pathlib import Path
 
@@ -178,6 +182,43 @@ def adversarial_loss(fake: list) -> torch.Tensor:
 def feature_matching_loss(real: list, fake: list) -> torch.Tensor:
     """Σ over sub-discriminators and layers of mean |features(real) − features(fake)| (real detached)."""
     return sum(torch.mean(torch.abs(r.detach() - f)) for (_, rs), (_, fs) in zip(real, fake) for r, f in zip(rs, fs))
+
+
+@functools.lru_cache(maxsize=8)
+def _hann(n_fft: int, device) -> torch.Tensor:
+    return torch.hann_window(n_fft, device=device)
+
+
+def spectral_convergence(real: torch.Tensor, fake: torch.Tensor, resolutions=(1024, 2048)) -> torch.Tensor:
+    """Mean over `resolutions` (n_fft; hop n_fft / 4) of ‖|STFT(real)| − |STFT(fake)|‖_F / ‖|STFT(real)|‖_F
+    (whole batch)."""
+    total = 0.0
+    for n_fft in resolutions:
+        spec = lambda x: torch.stft(x, n_fft, n_fft // 4, window=_hann(n_fft, x.device), return_complex=True).abs()  # noqa: E731
+        S = spec(real)
+        total = total + torch.linalg.vector_norm(S - spec(fake)) / torch.linalg.vector_norm(S).clamp_min(1e-7)
+    return total / len(resolutions)
+
+
+def anti_wrapped(x: torch.Tensor) -> torch.Tensor:
+    """|x − 2π · round(x / 2π)|: a phase difference's distance from 0 on the circle, in [0, π]."""
+    return torch.abs(x - 2 * math.pi * torch.round(x / (2 * math.pi)))
+
+
+def phase_loss(real: torch.Tensor, phase: torch.Tensor, n_fft: int, hop: int) -> torch.Tensor:
+    """APNet's IP + GD + IAF anti-wrapping losses of the predicted `phase` (B, bins, frames) against
+    the STFT phase of `real` (B, samples; the generator's STFT: Hann n_fft, hop, centred), each bin's
+    error weighted by the recording's magnitude over its batch mean (a difference: by its two bins'
+    geometric mean), so that the harmonics count and the noise does not."""
+    spec = torch.stft(real, n_fft, hop, window=_hann(n_fft, real.device), center=True, return_complex=True)
+    target, weight = spec.angle(), spec.abs()
+    weight = weight / weight.mean().clamp_min(1e-7)
+    ip = (weight * anti_wrapped(target - phase)).mean()
+    diff = lambda x, d: x.diff(dim=d)  # noqa: E731
+    pair = lambda d: torch.sqrt(weight.narrow(d, 1, weight.shape[d] - 1) * weight.narrow(d, 0, weight.shape[d] - 1))  # noqa: E731
+    gd = (pair(1) * anti_wrapped(diff(target, 1) - diff(phase, 1))).mean()
+    iaf = (pair(2) * anti_wrapped(diff(target, 2) - diff(phase, 2))).mean()
+    return ip + gd + iaf
 
 
 # ---------------------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ from tools.corpus import resolve_data_dir  # noqa: E402
 # recipe-local modules (this folder is on sys.path)
 from data import SegmentCollator, Waveforms, collate_whole, split_manifest  # noqa: E402
 from model import (MEL_KEYS, adversarial_loss, build_discriminators, build_generator, discriminator_loss,  # noqa: E402
-                   feature_matching_loss, n_fft_for)
+                   feature_matching_loss, n_fft_for, phase_loss, spectral_convergence)
 
 logger = get_logger(__name__)
 HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 amplitude mel (HiFi-GAN's loss scale)
@@ -265,42 +265,6 @@ def extra_mel_frontends(cfg: Config, device) -> list:
             for w in cfg.mel_resolutions]
 
 
-@functools.lru_cache(maxsize=8)
-def _hann(n_fft: int, device) -> torch.Tensor:
-    return torch.hann_window(n_fft, device=device)
-
-
-def spectral_convergence(real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
-    """Mean over SC_RESOLUTIONS of ‖|STFT(real)| − |STFT(fake)|‖_F / ‖|STFT(real)|‖_F (whole batch)."""
-    total = 0.0
-    for n_fft in SC_RESOLUTIONS:
-        spec = lambda x: torch.stft(x, n_fft, n_fft // 4, window=_hann(n_fft, x.device), return_complex=True).abs()  # noqa: E731
-        S = spec(real)
-        total = total + torch.linalg.vector_norm(S - spec(fake)) / torch.linalg.vector_norm(S).clamp_min(1e-7)
-    return total / len(SC_RESOLUTIONS)
-
-
-def anti_wrapped(x: torch.Tensor) -> torch.Tensor:
-    """|x − 2π · round(x / 2π)|: a phase difference's distance from 0 on the circle, in [0, π]."""
-    return torch.abs(x - 2 * math.pi * torch.round(x / (2 * math.pi)))
-
-
-def phase_loss(real: torch.Tensor, phase: torch.Tensor, n_fft: int, hop: int) -> torch.Tensor:
-    """APNet's IP + GD + IAF anti-wrapping losses of the predicted `phase` (B, bins, frames) against
-    the STFT phase of `real` (B, samples; the generator's STFT: Hann n_fft, hop, centred), each bin's
-    error weighted by the recording's magnitude over its batch mean (a difference: by its two bins'
-    geometric mean), so that the harmonics count and the noise does not."""
-    spec = torch.stft(real, n_fft, hop, window=_hann(n_fft, real.device), center=True, return_complex=True)
-    target, weight = spec.angle(), spec.abs()
-    weight = weight / weight.mean().clamp_min(1e-7)
-    ip = (weight * anti_wrapped(target - phase)).mean()
-    diff = lambda x, d: x.diff(dim=d)  # noqa: E731
-    pair = lambda d: torch.sqrt(weight.narrow(d, 1, weight.shape[d] - 1) * weight.narrow(d, 0, weight.shape[d] - 1))  # noqa: E731
-    gd = (pair(1) * anti_wrapped(diff(target, 1) - diff(phase, 1))).mean()
-    iaf = (pair(2) * anti_wrapped(diff(target, 2) - diff(phase, 2))).mean()
-    return ip + gd + iaf
-
-
 def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
     outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
@@ -321,7 +285,7 @@ def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mel
         mel = (mel + sum(extra)) / (1 + len(extra))
     adv = fm = sc = ph = torch.zeros(())
     if cfg.sc_loss_weight:
-        sc = spectral_convergence(real, fake)
+        sc = spectral_convergence(real, fake, SC_RESOLUTIONS)
     if cfg.phase_loss_weight:
         ph = phase_loss(real, phase, n_fft_for(cfg.win_length), cfg.hop_length)
     if adversarial:

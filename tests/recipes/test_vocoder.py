@@ -133,14 +133,14 @@ def test_the_magnitude_prior_is_griffin_lims_starting_magnitude_and_the_head_cor
 def test_spectral_convergence_is_the_relative_linear_magnitude_error_and_refuses_a_short_segment():
     train = recipe_modules("vocoder", "train").train
     real = torch.randn(2, 8192) * 0.1
-    assert train.spectral_convergence(real, real) == 0
-    assert torch.isclose(train.spectral_convergence(real, torch.zeros_like(real)), torch.tensor(1.0))
-    assert torch.isclose(train.spectral_convergence(real, 1.5 * real), torch.tensor(0.5))  # |S| scales: ‖0.5 S‖ / ‖S‖
+    assert vocoder.model.spectral_convergence(real, real) == 0
+    assert torch.isclose(vocoder.model.spectral_convergence(real, torch.zeros_like(real)), torch.tensor(1.0))
+    assert torch.isclose(vocoder.model.spectral_convergence(real, 1.5 * real), torch.tensor(0.5))  # |S| scales: ‖0.5 S‖ / ‖S‖
     cfg = train.Config(sc_loss_weight=10.0)
     main = train.loss_frontend(cfg, "cpu")
     fake = torch.randn(2, 8192) * 0.1
     loss, stats = train.generator_loss(None, main, real, fake, main(real), cfg, adversarial=False)
-    assert torch.isclose(loss, 45.0 * stats["mel_loss"] + 10.0 * train.spectral_convergence(real, fake))
+    assert torch.isclose(loss, 45.0 * stats["mel_loss"] + 10.0 * vocoder.model.spectral_convergence(real, fake))
     assert "sc_loss" not in train.generator_loss(None, main, real, fake, main(real), train.Config(), False)[1]
     with pytest.raises(ValueError, match="--sc_loss_weight: its 2048-sample STFT is longer than a training segment"):
         train.Config(sc_loss_weight=1.0, segment_frames=4, resolutions=[512]).validate()
@@ -153,19 +153,19 @@ def test_phase_loss_is_zero_for_the_recordings_phase_up_to_whole_turns_and_weigh
     real = torch.randn(2, 8192) * 0.1
     spec = torch.stft(real, 1024, 256, window=torch.hann_window(1024), return_complex=True)  # (2, 513, 33)
     phase = spec.angle()
-    assert train.phase_loss(real, phase, 1024, 256) < 1e-5
+    assert vocoder.model.phase_loss(real, phase, 1024, 256) < 1e-5
     turns = 2 * math.pi * torch.randint(-3, 4, phase.shape)  # whole turns per bin: the same phase
-    assert train.phase_loss(real, phase + turns, 1024, 256) < 1e-4
+    assert vocoder.model.phase_loss(real, phase + turns, 1024, 256) < 1e-4
     # a constant offset: only the phase's own value is off (its differences along time and frequency
     # are not), by 0.5 rad weighted by magnitude / mean magnitude, whose mean is 1
-    assert torch.isclose(train.phase_loss(real, phase + 0.5, 1024, 256), torch.tensor(0.5), atol=1e-4)
-    assert torch.allclose(train.anti_wrapped(torch.tensor([0.1, -0.1, 2 * math.pi - 0.1, math.pi])),
+    assert torch.isclose(vocoder.model.phase_loss(real, phase + 0.5, 1024, 256), torch.tensor(0.5), atol=1e-4)
+    assert torch.allclose(vocoder.model.anti_wrapped(torch.tensor([0.1, -0.1, 2 * math.pi - 0.1, math.pi])),
                           torch.tensor([0.1, 0.1, 0.1, math.pi]), atol=1e-6)
     cfg = train.Config(phase_loss_weight=3.0)
     main = train.loss_frontend(cfg, "cpu")
     noisy = phase + torch.randn_like(phase)
     loss, stats = train.generator_loss(None, main, real, real, main(real), cfg, adversarial=False, phase=noisy)
-    assert torch.isclose(loss, 45.0 * stats["mel_loss"] + 3.0 * train.phase_loss(real, noisy, 1024, 256))
+    assert torch.isclose(loss, 45.0 * stats["mel_loss"] + 3.0 * vocoder.model.phase_loss(real, noisy, 1024, 256))
 
 
 # ---------------------------------------------------------------------------------------------
