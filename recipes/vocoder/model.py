@@ -165,7 +165,7 @@ class Discriminators(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Losses (least-squares GAN, feature matching)
+# Losses (least-squares GAN, feature matching, spectral convergence, phase)
 # ---------------------------------------------------------------------------------------------
 
 
