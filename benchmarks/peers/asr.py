@@ -127,6 +127,7 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> tuple
            "--max_steps", "1000000", "--save_steps", "100", "--save_total_limit", "0", "--report_to", "none"]
     cmd += ["--data_dir", str(data)] if data else []
     cmd += [] if args.threads == "normal" else ["--num_threads", args.threads]
+    cmd += [] if args.seed is None else ["--seed", str(args.seed)]
     cmd += shlex.split(args.ours_args)  # an ablation: flags of recipes/asr/train.py, last wins
     env = thread_env(args.threads) | {"PYTHONPATH": str(ROOT)}
     proc, t0 = launch(cmd, ROOT, env, out / "train.log")
@@ -210,6 +211,8 @@ def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> tuple
         overrides += ["--d_model", "144", "--num_encoder_layers", "4", "--nhead", "4", "--d_ffn", "576"]
     if args.threads != "normal":
         overrides += ["--num_workers", "0"]
+    if args.seed is not None:  # their YAML's `seed` (3402) seeds the run's every random draw
+        overrides += ["--seed", str(args.seed)]
     snapshots = out / "snapshots"
     snapshots.mkdir()
     env = thread_env(args.threads) | {"PYTHONPATH": str(HERE / "sb_hook"), "PEER_SNAPSHOTS": str(snapshots),
@@ -276,11 +279,16 @@ def train(args) -> None:
         print(f"{args.system} {k['point']:g} min (model at {k['minutes']:.2f} min, {k['optimizer_steps']} steps): "
               f"CER {100 * k['cer']:.1f} %, WER {100 * k['wer']:.1f} %", flush=True)
     variant = args.variant if args.system == "speechbrain" else args.ours_args or "default"
-    result = {"system": args.system, "variant": variant,
+    result = {"system": args.system, "variant": variant, "seed": args.seed,
               "threads": args.threads, "data": str(data), "version": version, "command": " ".join(sys.argv),
               "train_cpu_s": round(train_cpu_s),  # the training's process tree, decoding not included
               "points": kept}
     (out / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def label(r: dict) -> str:
+    variant = "" if r["variant"] == "default" else f" ({r['variant']})"
+    return r["system"] + variant + ("" if r.get("seed") is None else f", seed {r['seed']}")
 
 
 def report(args) -> None:
@@ -293,7 +301,7 @@ def report(args) -> None:
         at = {k["point"]: k for k in r["points"]}
         cells = [f"{100 * at[p]['cer']:.1f} / {100 * at[p]['wer']:.1f} ({at[p]['optimizer_steps']} steps)"
                  if p in at else "–" for p in points]
-        name = r["system"] + ("" if r["variant"] == "default" else f" ({r['variant']})")
+        name = label(r)
         cpu = f"{r['train_cpu_s'] / 60:.0f}" if "train_cpu_s" in r else "–"
         print(f"| {name} | {r['threads']} | " + " | ".join(cells) + f" | {cpu} | {r['version']} |")
     if args.plot:
@@ -302,14 +310,14 @@ def report(args) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(9, 4.5))
         for r in results:
-            name = r["system"] + ("" if r["variant"] == "default" else f" ({r['variant']})")
+            name = label(r)
             ax.plot([k["point"] for k in r["points"]], [100 * k["cer"] for k in r["points"]], "o-",
                     label=f"{name}, threads {r['threads']}")
         ax.set(xlabel="wall-clock minutes (2-core VM)", ylabel="test CER % (greedy)", ylim=(0, 100))
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")  # beside: never over a curve
         fig.tight_layout()
         fig.savefig(args.plot, dpi=100)
         print(f"\nplot: {args.plot}")
@@ -323,6 +331,8 @@ def main() -> None:
     t.add_argument("--variant", choices=["cpu", "small", "shipped"], default="cpu", help="speechbrain's YAML (see above)")
     t.add_argument("--threads", default="normal", help="'normal' or a number of torch threads")
     t.add_argument("--ours_args", default="", help="ours: more train.py flags, e.g. '--conv_kernel 31' (an ablation)")
+    t.add_argument("--seed", type=int, default=None,
+                   help="the run's seed (ours: --seed, default 42; speechbrain: the YAML's seed, 3402): a second run")
     t.add_argument("--points", default="5,10,20,30", help="budget points, minutes since the launch")
     t.add_argument("--data_dir", default=None, help="a LibriSpeech-layout root; default: the built-in corpus")
     t.add_argument("--out", required=True, help="a new folder for this run")
