@@ -8,6 +8,8 @@ held-out sentences, same judge. A results script (CI never runs it); comparison 
         --asr_checkpoint outputs/asr_es --out runs/peers/tts-es-coqui
     python benchmarks/peers/tts.py train --system ours --data_dir data/prompts_es/ljspeech --language es \
         --num_valid 48 --num_test 52 --asr_checkpoint outputs/asr_es --out runs/peers/tts-es-ours
+    python benchmarks/peers/tts.py score --system NAME --wavs DIR --data_dir ... --num_valid 48 --num_test 52 \
+        --asr_checkpoint outputs/asr_es --out runs/peers/tts-es-NAME     # any system's <id>.wav of the held-out sentences
     python benchmarks/peers/tts.py report runs/peers/tts-es-*
 
 Each system trains from scratch on the voice's training sentences (our recipe's split: sorted ids,
@@ -39,8 +41,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
-import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -101,7 +101,8 @@ def train_coqui(args, out: Path, split) -> dict:
         (data / f"{name}.csv").write_text("".join(f"{r['id']}|{r['text']}|{r['text']}\n" for r in split[name]))
     (data / "test.jsonl").write_text("".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in split["test"]))
     cmd = [args.coqui_python, str(HERE / "coqui_glowtts.py"), "--data", str(data), "--out", str(out / "coqui"),
-           "--minutes", str(args.minutes), "--threads", str(args.threads), "--language", args.language]
+           "--minutes", str(args.minutes), "--threads", str(args.threads), "--language", args.language,
+           "--variant", args.variant]
     proc, t0 = launch(cmd, ROOT, thread_env(str(args.threads)), out / "train.log")
     meter = CpuMeter(proc.pid)
     wait_metered(proc, t0 + 60 * args.minutes + 1800, meter)  # + the step in flight and the synthesis
@@ -112,11 +113,15 @@ def train_coqui(args, out: Path, split) -> dict:
     version = subprocess.run([args.coqui_python, "-c", "import TTS; print(TTS.__version__)"], capture_output=True,
                              text=True).stdout.strip()
     return {"wavs": str(out / "coqui" / "wavs"), "optimizer_steps": done["optimizer_steps"], "minutes": done["minutes"],
+            "variant": args.variant, "parameters": done["parameters"],
             "train_cpu_s": round(meter.seconds), "version": f"coqui-tts {version}, Glow-TTS (recipes/ljspeech/glow_tts)"}
 
 
 def score(args, out: Path, split, cfg, wavs: Path) -> dict:
     """One scoring for every system: score.py's functions on the wav files each one wrote."""
+    import numpy as np
+    import torch
+
     sys.path.insert(0, str(ROOT / "recipes" / "tts"))
     from audio import mcd_dtw, mel_frontend
     from common.data.loading import load_audio
@@ -162,16 +167,36 @@ def train(args) -> None:
     print(json.dumps(result, indent=1))
 
 
+def score_only(args) -> None:
+    """Any system's synthesis of the held-out sentences (a folder of <id>.wav), scored as `train` scores."""
+    out = Path(args.out).resolve()
+    if out.exists() and any(out.iterdir()):
+        refuse(f"{out} is not empty; give a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    split, cfg = heldout(Path(args.data_dir).resolve(), out, args.num_valid, args.num_test)
+    missing = [r["id"] for r in split["test"] if not (Path(args.wavs) / f"{r['id']}.wav").is_file()]
+    if missing:
+        refuse(f"{args.wavs} lacks {len(missing)} of the {len(split['test'])} held-out sentences ({', '.join(missing[:3])} ...): "
+               "synthesize every one (same --num_valid/--num_test as the training's)")
+    result = {"system": args.system, "data": str(args.data_dir), "command": " ".join(sys.argv), "wavs": args.wavs,
+              **score(args, out, split, cfg, Path(args.wavs))}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
 def report(args) -> None:
     results = [json.loads((Path(d) if d.endswith(".json") else Path(d) / "result.json").read_text()) for d in args.runs]
     print("| system | steps in the budget | ASR CER synthesized / recordings | ratio | length median / worst decile "
           "(under 0.8) | MCD | training CPU-min | version |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['system']} | {r['optimizer_steps']} ({r['minutes_budget']:g} min) | {100 * r['cer']:.1f} / "
+        steps = f"{r['optimizer_steps']} ({r['minutes_budget']:g} min)" if "optimizer_steps" in r else "–"
+        cpu = f"{r['train_cpu_s'] / 60:.0f}" if "train_cpu_s" in r else "–"
+        name = r["system"] + (f" ({r['variant']})" if r.get("variant") else "")
+        print(f"| {name} | {steps} | {100 * r['cer']:.1f} / "
               f"{100 * r['cer_recordings']:.1f} % | {r['cer_ratio']:.2f} × | {r['length_median']:.3f} / "
               f"{r['length_worst_decile']:.3f} ({r['under_0_8']} of {r['utterances']}) | {r['mcd_vocoded']:.2f} | "
-              f"{r['train_cpu_s'] / 60:.0f} | {r['version']} |")
+              f"{cpu} | {r.get('version', '–')} |")
 
 
 def main() -> None:
@@ -186,13 +211,22 @@ def main() -> None:
     t.add_argument("--asr_checkpoint", required=True, help="the judge: an ASR run on the same voice's training sentences")
     t.add_argument("--minutes", type=float, default=30.0)
     t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--variant", choices=["shipped", "small"], default="shipped",
+                   help="coqui: Glow-TTS as the recipe builds it (28.6 M parameters), or at about our size (2.1 M)")
     t.add_argument("--coqui_python", default=".coqui/bin/python", help="Coqui TTS's interpreter (its own venv)")
     t.add_argument("--ours_args", default="", help="ours: more train.py flags (last wins)")
     t.add_argument("--out", required=True, help="a new folder for this run")
+    c = sub.add_parser("score", help="score a folder of <id>.wav (any system's synthesis of the held-out sentences)")
+    c.add_argument("--wavs", required=True, help="one <id>.wav per held-out sentence")
+    c.add_argument("--system", required=True, help="the name the report gives it")
+    for name in ("--data_dir", "--asr_checkpoint", "--out"):
+        c.add_argument(name, required=True)
+    c.add_argument("--num_valid", type=int, default=20)
+    c.add_argument("--num_test", type=int, default=20)
     r = sub.add_parser("report", help="markdown table of finished runs")
     r.add_argument("runs", nargs="+", help="--out folders of `train`, or their result.json files")
     args = parser.parse_args()
-    train(args) if args.command == "train" else report(args)
+    {"train": train, "score": score_only, "report": report}[args.command](args)
 
 
 if __name__ == "__main__":
