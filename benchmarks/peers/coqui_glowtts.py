@@ -1,7 +1,7 @@
 """Coqui TTS's LJSpeech Glow-TTS recipe on one of our voices, for a wall-clock budget (run by Coqui's
 own interpreter, for benchmarks/peers/tts.py; never imported by this repository).
 
-    <coqui python> coqui_glowtts.py --data DIR --out DIR --minutes 30 --threads 1 [--language es] [--variant small]
+    <coqui python> coqui_glowtts.py --data DIR --out DIR --minutes 30 --threads 1 [--language es]
 
 DIR (written by tts.py): train.csv and validation.csv (LJSpeech metadata lines `id|text|text`, our
 recipe's split), test.jsonl ({"id", "text"} per held-out sentence) and wavs/ (the voice's audio).
@@ -37,8 +37,6 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, required=True, help="wall minutes since this process started")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--language", default="es", help="espeak-ng voice of the phonemizer")
-    parser.add_argument("--variant", choices=["shipped", "small"], default="shipped",
-                        help="small: Glow-TTS at about our model's size (2.1 M parameters against 28.6 M)")
     args = parser.parse_args()
     t0 = float(os.environ.get("PEER_T0", time.time()))  # the launch (tts.py sets it): start-up counts
     deadline = t0 + 60 * args.minutes
@@ -63,10 +61,6 @@ def main() -> None:
         print_eval=False, mixed_precision=False, output_path=str(out / "coqui"), datasets=[dataset],
         test_sentences=[])
     config.audio.resample = True
-    if args.variant == "small":  # narrower encoder and decoder, fewer flows: separates their recipe from its size
-        config.hidden_channels_enc, config.hidden_channels_dec, config.hidden_channels_dp = 96, 64, 128
-        config.num_flow_blocks_dec = 4
-        config.encoder_params = {**config.encoder_params, "num_layers": 4, "hidden_channels_ffn": 384}
     model = GlowTTS(config)  # coqui-tts 0.28 builds its tokenizer and audio processor from the config
     ap = model.ap
     train_samples, eval_samples = load_tts_samples(model.config, eval_split=True)
