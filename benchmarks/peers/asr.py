@@ -291,9 +291,13 @@ def label(r: dict) -> str:
     return r["system"] + variant + ("" if r.get("seed") is None else f", seed {r['seed']}")
 
 
+def load_results(runs: list[str]) -> list[dict]:
+    """Each run: a `train --out` folder, or a result file kept in benchmarks/peers/results/."""
+    return [json.loads((Path(d) if d.endswith(".json") else Path(d) / "result.json").read_text()) for d in runs]
+
+
 def report(args) -> None:
-    # a `train --out` folder, or a result file kept in benchmarks/peers/results/
-    results = [json.loads((Path(d) if d.endswith(".json") else Path(d) / "result.json").read_text()) for d in args.runs]
+    results = load_results(args.runs)
     points = sorted({k["point"] for r in results for k in r["points"]})
     print("| system | threads | " + " | ".join(f"CER / WER @ {p:g} min" for p in points) + " | training CPU-min | version |")
     print("|---|---|" + "---|" * len(points) + "---|---|")

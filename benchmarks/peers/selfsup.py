@@ -46,8 +46,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from asr import (SB, SB_PYTHON, CpuMeter, end_session, launch, normalize_csv, score,  # noqa: E402
-                 thread_env, wait_metered)
+from asr import (SB, SB_PYTHON, CpuMeter, end_session, launch, load_results, normalize_csv,  # noqa: E402
+                 score, thread_env, wait_metered)
 
 SB_SSL = SB / ".sb_repo" / "recipes" / "LibriSpeech" / "self-supervised-learning" / "BEST-RQ"
 SB_CTC = SB / ".sb_repo" / "recipes" / "LibriSpeech" / "ASR" / "CTC"
@@ -179,7 +179,7 @@ def train(args) -> None:
 
 
 def report(args) -> None:
-    results = [json.loads((Path(d) if d.endswith(".json") else Path(d) / "result.json").read_text()) for d in args.runs]
+    results = load_results(args.runs)
     points = sorted({k["point"] for r in results for k in r["finetune"]})
     print("| system | pre-training | " + " | ".join(f"CER / WER @ {p:g} min of fine-tuning" for p in points) + " | version |")
     print("|---|---|" + "---|" * len(points) + "---|")

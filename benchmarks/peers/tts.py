@@ -45,7 +45,7 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from asr import CpuMeter, end_session, git_commit, launch, thread_env, wait_metered  # noqa: E402
+from asr import CpuMeter, end_session, git_commit, launch, load_results, thread_env, wait_metered  # noqa: E402
 
 
 def refuse(msg: str) -> None:
@@ -184,7 +184,7 @@ def score_only(args) -> None:
 
 
 def report(args) -> None:
-    results = [json.loads((Path(d) if d.endswith(".json") else Path(d) / "result.json").read_text()) for d in args.runs]
+    results = load_results(args.runs)
     print("| system | steps in the budget | ASR CER synthesized / recordings | ratio | length median / worst decile "
           "(under 0.8) | MCD | training CPU-min | version |")
     print("|---|---|---|---|---|---|---|---|")
