@@ -1,9 +1,10 @@
-"""ASR from scratch at equal wall-clock budgets: our recipe against SpeechBrain's, same data, same
-test split, same scoring code. A results script (CI never runs it).
+"""ASR from scratch at equal wall-clock budgets: our recipe against SpeechBrain's and transformers',
+same data, same test split, same scoring code. A results script (CI never runs it).
 
     bash benchmarks/speechbrain/setup.sh [--repo PATH --ref REF]           # once: SpeechBrain 1.1.2 + its recipes
     python benchmarks/peers/asr.py train --system ours --out runs/peers/ours
     python benchmarks/peers/asr.py train --system speechbrain --variant cpu --out runs/peers/sb-cpu
+    python benchmarks/peers/asr.py train --system transformers --hf_script <transformers checkout>/examples/pytorch/speech-recognition/run_speech_recognition_ctc.py --out runs/peers/hf
     python benchmarks/peers/asr.py report runs/peers/*/ --plot runs/peers/cer.png
 
 `train` starts the system's own training command at time T0 and keeps, for each budget point
@@ -26,6 +27,17 @@ same code (recipes/asr/metrics: corpus-level CER and WER). Writes <out>/result.j
   changes first: batches of our size (max_batch_length_train 20 s) and our warm-up (150 steps).
   `--variant small`: `cpu` with our encoder's size (d_model 144, 4 layers, 4 heads, FFN 576; their
   convolutional front end and kernel 31 kept): separates their recipe from their model's size.
+- transformers: their examples/pytorch/speech-recognition/run_speech_recognition_ctc.py (`--hf_script`,
+  from a transformers checkout: the script is not in the wheel), with the few patches hf_ctc.py lists
+  for transformers 5 / datasets 5, on a parquet copy of the corpus (hf_ctc.py export); the model a
+  Wav2Vec2ForCTC of our encoder's size from its own initialization (hf_ctc.MODEL: no pretrained
+  weights offline). Their README's example values (learning rate 3e-4, linear decay, AdamW, time
+  masking 0.05) with the two settings a CPU user changes first, as for speechbrain: batches of our
+  size (per-device batch = our 20 s over the mean utterance) and our warm-up (150 steps); the linear
+  decay ends at --hf_max_steps (the steps it makes in the budget here). The feature encoder trains
+  (the script freezes it by default, for a pretrained one). `--variant lr1e-3`: our learning rate.
+  The model at point p is the last checkpoint (every 25 steps) complete before it, decoded greedily
+  by hf_ctc.py decode (the processor's batch_decode of the argmax, as the script's metric does).
 `--threads normal`: each as normally run (ours: the recipe's own choice, one thread per core; theirs:
 torch's default threads and the YAML's 8 data-loading workers); `--threads N`: N torch threads
 (OMP/MKL_NUM_THREADS, ours --num_threads N) and no data-loading workers for theirs.
@@ -50,6 +62,7 @@ SB = ROOT / "benchmarks" / "speechbrain"
 SB_PYTHON = SB / ".venv" / "bin" / "python"
 SB_RECIPE = SB / ".sb_repo" / "recipes" / "LibriSpeech" / "ASR" / "CTC"
 OUR_BATCH_SECONDS, OUR_WARMUP = 20.0, 150  # recipes/asr/config.yaml: max_batch_seconds, warmup_steps
+HF_SAVE_STEPS = 25  # ~50 s apart at one thread: how early a kept transformers model can be
 
 
 def refuse(msg: str) -> None:
@@ -235,6 +248,69 @@ def train_speechbrain(args, data: Path, out: Path, points: list[float]) -> tuple
     return kept, meter.seconds
 
 
+# ---- transformers ------------------------------------------------------------------------------------
+
+def train_transformers(args, data: Path, out: Path, points: list[float]) -> tuple[list[dict], float]:
+    import hf_ctc
+    from common.data.manifest import read_librispeech
+
+    script = Path(args.hf_script or "")
+    if not script.is_file():
+        refuse("--hf_script: give transformers' examples/pytorch/speech-recognition/run_speech_recognition_ctc.py "
+               "from a checkout of github.com/huggingface/transformers (it is not in the pip package)")
+    try:
+        import torchcodec  # noqa: F401  (datasets 5 decodes the script's Audio column through it)
+    except ImportError:
+        refuse("transformers' script needs TorchCodec and FFmpeg to decode audio: pip install torchcodec==0.17.0; "
+               "apt-get install ffmpeg")
+    hf_ctc.patch_script(script, out / "run_speech_recognition_ctc.py")
+    hf_ctc.export(data, out / "dataset")
+    seed = 42 if args.seed is None else args.seed
+    hf_ctc.init_model(out / "init", seed)
+    train = read_librispeech(data, "train")
+    batch = max(1, round(OUR_BATCH_SECONDS / (sum(r["duration"] for r in train) / len(train))))
+    lr = {"cpu": "3e-4", "lr1e-3": "1e-3"}[args.variant]
+    # The script builds its vocabulary from the train and eval splits and needs both to exist (with
+    # one split its reduce() returns a dataset, not a set); evaluation itself would run only after
+    # training ends (eval_strategy "no"), past the budget. Its metric loads from our local module
+    # (evaluate.load("wer") needs the hub).
+    evaluation = "validation" if (data / "validation").is_dir() else "test"
+    cmd = [sys.executable, str(out / "run_speech_recognition_ctc.py"), "--model_name_or_path", str(out / "init"),
+           "--dataset_name", str(out / "dataset"), "--train_split_name", "train", "--eval_split_name", evaluation,
+           "--do_train", "--do_eval", "--eval_metrics", str(ROOT / "recipes" / "asr" / "metrics" / "cer"),
+           "--output_dir", str(out / "hf"), "--use_cpu", "--report_to", "none", "--seed", str(seed),
+           "--freeze_feature_encoder", "False", "--per_device_train_batch_size", str(batch),
+           "--learning_rate", lr, "--warmup_steps", str(OUR_WARMUP), "--max_steps", str(args.hf_max_steps),
+           "--train_sampling_strategy", "group_by_length", "--length_column_name", "input_length",
+           "--save_steps", str(HF_SAVE_STEPS), "--save_only_model", "--logging_steps", "25"]
+    proc, t0 = launch(cmd, ROOT, thread_env(args.threads), out / "train.log")
+    deadline, meter = t0 + 60 * points[-1], CpuMeter(proc.pid)
+    wait_metered(proc, deadline, meter)
+    end_session(proc)  # at the budget (or after the script's own end: its last checkpoint stands)
+    done = []
+    for c in (out / "hf").glob("checkpoint-*"):
+        files = [c / "model.safetensors", c / "trainer_state.json"]
+        if all(f.is_file() for f in files):  # a checkpoint cut by the end of the budget is not kept
+            done.append((c, (max(f.stat().st_mtime for f in c.iterdir()) - t0) / 60))
+    done.sort(key=lambda d: d[1])
+    kept = []
+    for p in points:
+        before = [(d, m) for d, m in done if m <= p]
+        if not before:
+            refuse(f"transformers: no checkpoint complete within {p} min; see {out / 'train.log'}")
+        folder, minutes = before[-1]
+        k = {"point": p, "minutes": round(minutes, 3), "optimizer_steps": int(folder.name.split("-")[1]),
+             "model": str(folder), "hyps": str(out / "decode" / f"min{p:g}.jsonl")}
+        dec = subprocess.run([sys.executable, str(HERE / "hf_ctc.py"), "decode", "--checkpoint", k["model"],
+                              "--processor", str(out / "hf"), "--dataset", str(out / "dataset"), "--out", k["hyps"]],
+                             cwd=ROOT, env=thread_env(args.threads) | {"PYTHONPATH": str(ROOT)},
+                             capture_output=True, text=True)
+        if dec.returncode != 0:
+            refuse(f"decoding {k['model']} failed: {dec.stderr.strip()[-800:]}")
+        kept.append(k)
+    return kept, meter.seconds
+
+
 # ---- scoring and report -----------------------------------------------------------------------------
 
 def score(hyps: Path) -> dict:
@@ -259,6 +335,9 @@ def train(args) -> None:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         refuse(f"{out} is not empty; give a new --out")
+    variants = {"speechbrain": ("cpu", "small", "shipped"), "transformers": ("cpu", "lr1e-3")}
+    if args.system in variants and args.variant not in variants[args.system]:
+        refuse(f"--variant {args.variant} is not one of {args.system}'s: {', '.join(variants[args.system])}")
     if args.threads != "normal" and not args.threads.isdigit():
         refuse(f"--threads {args.threads}: 'normal' or a number")
     if args.system == "speechbrain" and not (SB_PYTHON.is_file() and (SB_RECIPE / "train.py").is_file()):
@@ -271,6 +350,11 @@ def train(args) -> None:
     if args.system == "ours":
         kept, train_cpu_s = train_ours(args, Path(args.data_dir).resolve() if args.data_dir else None, out, points)
         version = f"this repository @ {git_commit(ROOT)}"
+    elif args.system == "transformers":
+        import transformers
+
+        kept, train_cpu_s = train_transformers(args, data, out, points)
+        version = f"transformers {transformers.__version__}, script of transformers@8d3ba495 (patched: hf_ctc.py)"
     else:
         kept, train_cpu_s = train_speechbrain(args, data, out, points)
         version = f"speechbrain 1.1.2, recipe {(SB / '.sb_repo' / 'SOURCE.txt').read_text().splitlines()[1]}"
@@ -278,7 +362,7 @@ def train(args) -> None:
         k |= score(Path(k["hyps"]))
         print(f"{args.system} {k['point']:g} min (model at {k['minutes']:.2f} min, {k['optimizer_steps']} steps): "
               f"CER {100 * k['cer']:.1f} %, WER {100 * k['wer']:.1f} %", flush=True)
-    variant = args.variant if args.system == "speechbrain" else args.ours_args or "default"
+    variant = args.variant if args.system != "ours" else args.ours_args or "default"
     result = {"system": args.system, "variant": variant, "seed": args.seed,
               "threads": args.threads, "data": str(data), "version": version, "command": " ".join(sys.argv),
               "train_cpu_s": round(train_cpu_s),  # the training's process tree, decoding not included
@@ -331,8 +415,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train one system for the budget, decode and score its kept models")
-    t.add_argument("--system", choices=["ours", "speechbrain"], required=True)
-    t.add_argument("--variant", choices=["cpu", "small", "shipped"], default="cpu", help="speechbrain's YAML (see above)")
+    t.add_argument("--system", choices=["ours", "speechbrain", "transformers"], required=True)
+    t.add_argument("--variant", choices=["cpu", "small", "shipped", "lr1e-3"], default="cpu",
+                   help="speechbrain's YAML: cpu, small, shipped; transformers' values: cpu, lr1e-3 (see above)")
+    t.add_argument("--hf_script", default=None, help="transformers: path to run_speech_recognition_ctc.py")
+    t.add_argument("--hf_max_steps", type=int, default=1100,
+                   help="transformers: where its linear decay ends (~the steps one thread makes in 30 min here)")
     t.add_argument("--threads", default="normal", help="'normal' or a number of torch threads")
     t.add_argument("--ours_args", default="", help="ours: more train.py flags, e.g. '--conv_kernel 31' (an ablation)")
     t.add_argument("--seed", type=int, default=None,
