@@ -189,7 +189,7 @@ def _hann(n_fft: int, device) -> torch.Tensor:
     return torch.hann_window(n_fft, device=device)
 
 
-def spectral_convergence(real: torch.Tensor, fake: torch.Tensor, resolutions=(1024, 2048)) -> torch.Tensor:
+def spectral_convergence(real: torch.Tensor, fake: torch.Tensor, resolutions: tuple[int, ...]) -> torch.Tensor:
     """Mean over `resolutions` (n_fft; hop n_fft / 4) of ‖|STFT(real)| − |STFT(fake)|‖_F / ‖|STFT(real)|‖_F
     (whole batch)."""
     total = 0.0

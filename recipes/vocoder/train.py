@@ -41,7 +41,7 @@ from common.config import (Count, DatasetConfig, ExistingPath, MayBeEmpty, NonNe
                            exit_on_signals_during_start_up, parse_config)
 
 
-SC_RESOLUTIONS = (1024, 2048)  # n_fft of --sc_loss_weight's STFTs, hop n_fft / 4
+SC_RESOLUTIONS = (1024, 2048)  # n_fft of --sc_loss_weight's STFTs, hop n_fft / 4: stated here only
 
 
 @dataclass
