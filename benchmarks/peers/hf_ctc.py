@@ -127,9 +127,11 @@ def init_model(out: Path, seed: int) -> None:
                              return_attention_mask=False).save_pretrained(out)
 
 
-def decode(checkpoint: Path, processor_dir: Path, dataset: Path, out: Path, batch: int = 16) -> None:
+def decode(checkpoint: Path, processor_dir: Path, dataset: Path, out: Path, batch: int = 1) -> None:
     """Greedy CTC decoding of the test split with transformers' own code (the processor's
-    batch_decode of the argmax, as the script's compute_metrics does), one jsonl row per utterance."""
+    batch_decode of the argmax, as the script's compute_metrics does), one jsonl row per utterance.
+    One utterance at a time: this model (group norm over time, no attention mask) hears a padded
+    utterance differently, and its output alone is the model's answer."""
     import datasets
     import numpy as np
     import soundfile as sf
