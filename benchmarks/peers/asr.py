@@ -37,7 +37,8 @@ same code (recipes/asr/metrics: corpus-level CER and WER). Writes <out>/result.j
   decay ends at --hf_max_steps (the steps it makes in the budget here). The feature encoder trains
   (the script freezes it by default, for a pretrained one). `--variant lr1e-3`: our learning rate.
   The model at point p is the last checkpoint (every 25 steps) complete before it, decoded greedily
-  by hf_ctc.py decode (the processor's batch_decode of the argmax, as the script's metric does).
+  by hf_ctc.py decode (the processor's batch_decode of the argmax, as the script's metric does; one
+  utterance at a time).
 `--threads normal`: each as normally run (ours: the recipe's own choice, one thread per core; theirs:
 torch's default threads and the YAML's 8 data-loading workers); `--threads N`: N torch threads
 (OMP/MKL_NUM_THREADS, ours --num_threads N) and no data-loading workers for theirs.
@@ -354,7 +355,11 @@ def train(args) -> None:
         import transformers
 
         kept, train_cpu_s = train_transformers(args, data, out, points)
-        version = f"transformers {transformers.__version__}, script of transformers@8d3ba495 (patched: hf_ctc.py)"
+        import hashlib
+
+        digest = hashlib.sha256(Path(args.hf_script).read_bytes()).hexdigest()[:12]  # which copy of the script ran
+        version = (f"transformers {transformers.__version__}, script of transformers@8d3ba495 (sha256 {digest}…, "
+                   "patched: hf_ctc.py)")
     else:
         kept, train_cpu_s = train_speechbrain(args, data, out, points)
         version = f"speechbrain 1.1.2, recipe {(SB / '.sb_repo' / 'SOURCE.txt').read_text().splitlines()[1]}"
