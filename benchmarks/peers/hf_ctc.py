@@ -112,7 +112,7 @@ def export(data_dir: Path, out: Path) -> dict[str, int]:
     return counts
 
 
-def init_model(out: Path, seed: int) -> None:
+def init_model(out: Path, seed: int, conv_channels: int = 256) -> None:
     """What the script's --model_name_or_path reads: a config, a feature extractor and weights. No
     pretrained weights exist offline, so the weights are wav2vec 2.0's own initialization (seeded);
     saved without a CTC head, as a pre-trained checkpoint is: the script adds the head for its
@@ -121,7 +121,7 @@ def init_model(out: Path, seed: int) -> None:
     from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2Model
 
     torch.manual_seed(seed)
-    Wav2Vec2Model(Wav2Vec2Config(**MODEL)).save_pretrained(out)
+    Wav2Vec2Model(Wav2Vec2Config(**{**MODEL, "conv_dim": (conv_channels,) * 7})).save_pretrained(out)
     # The base model's extractor (group norm: no attention mask, zero-padded, normalized waveform).
     Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=SAMPLE_RATE, padding_value=0.0, do_normalize=True,
                              return_attention_mask=False).save_pretrained(out)
@@ -164,6 +164,7 @@ def main() -> None:
     i = sub.add_parser("init")
     i.add_argument("--out", required=True)
     i.add_argument("--seed", type=int, default=42)
+    i.add_argument("--conv_channels", type=int, default=256)
     d = sub.add_parser("decode")
     for name in ("--checkpoint", "--processor", "--dataset", "--out"):
         d.add_argument(name, required=True)
@@ -171,7 +172,7 @@ def main() -> None:
     if args.command == "export":
         print(json.dumps(export(Path(args.data_dir), Path(args.out))))
     elif args.command == "init":
-        init_model(Path(args.out), args.seed)
+        init_model(Path(args.out), args.seed, args.conv_channels)
     else:
         decode(Path(args.checkpoint), Path(args.processor), Path(args.dataset), Path(args.out))
 
