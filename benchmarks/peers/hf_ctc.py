@@ -3,6 +3,7 @@ patches for the installed versions, and greedy decoding of its checkpoints. Used
 --system transformers`; a results script's helper (CI never runs it).
 
     PYTHONPATH=. python benchmarks/peers/hf_ctc.py export --data_dir DIR --out DATASET_DIR
+    PYTHONPATH=. python benchmarks/peers/hf_ctc.py init --out MODEL_DIR [--seed 42 --conv_channels 256]
     PYTHONPATH=. python benchmarks/peers/hf_ctc.py decode --checkpoint CKPT --processor DIR --dataset DATASET_DIR --out HYPS
 
 The script itself (`examples/pytorch/speech-recognition/run_speech_recognition_ctc.py`) lives only
@@ -53,15 +54,15 @@ PATCHES = [
      'and not getattr(training_args, "overwrite_output_dir", False):\n'),
     ("            if training_args.overwrite_output_dir and os.path.isfile(vocab_file):\n",
      '            if getattr(training_args, "overwrite_output_dir", False) and os.path.isfile(vocab_file):\n'),
-    # transformers 5 configs no longer carry tokenizer_class: read as None (a wav2vec 2.0 config
-    # never set it), so the tokenizer is chosen by model type, as before.
+    # transformers 5 configs no longer carry tokenizer_class: read as None (ours sets none), so the
+    # tokenizer is chosen by model type, as before.
     ('            "config": config if config.tokenizer_class is not None else None,\n'
      '            "tokenizer_type": config.model_type if config.tokenizer_class is None else None,\n',
      '            "config": config if getattr(config, "tokenizer_class", None) is not None else None,\n'
      '            "tokenizer_type": config.model_type if getattr(config, "tokenizer_class", None) is None else None,\n'),
-    # The script resumes the Trainer from --model_name_or_path whenever that is a local folder (it
-    # expects a hub checkpoint's cache): from a folder holding only a model, transformers 5 stops on
-    # the missing trainer_state.json. Training starts at step 0, as from a hub id.
+    # The script passes --model_name_or_path to trainer.train(resume_from_checkpoint=) whenever it is
+    # a local folder (a previous run's checkpoint, say): from a folder holding only a model,
+    # transformers 5 stops on the missing trainer_state.json. Training starts at step 0, as from a hub id.
     ("        elif os.path.isdir(model_args.model_name_or_path):\n"
      "            checkpoint = model_args.model_name_or_path\n", ""),
 ]
