@@ -65,7 +65,7 @@ SB = ROOT / "benchmarks" / "speechbrain"
 SB_PYTHON = SB / ".venv" / "bin" / "python"
 SB_RECIPE = SB / ".sb_repo" / "recipes" / "LibriSpeech" / "ASR" / "CTC"
 OUR_BATCH_SECONDS, OUR_WARMUP = 20.0, 150  # recipes/asr/config.yaml: max_batch_seconds, warmup_steps
-HF_SAVE_STEPS = 25  # ~50 s apart at one thread: how early a kept transformers model can be
+HF_SAVE_STEPS = 25  # ~50 s apart at one thread (256 channels; ~19 s at 128): how early a kept model can be
 
 
 def refuse(msg: str) -> None:
@@ -427,7 +427,7 @@ def main() -> None:
                    help="speechbrain's YAML: cpu, small, shipped; transformers' values: cpu, lr1e-3, conv128 (see above)")
     t.add_argument("--hf_script", default=None, help="transformers: path to run_speech_recognition_ctc.py")
     t.add_argument("--hf_max_steps", type=int, default=1100,
-                   help="transformers: where its linear decay ends (~the steps one thread makes in 30 min here)")
+                   help="transformers: where its linear decay ends (size it to the budget: one thread made ~925 steps in 30 min here at 256 channels, ~2400 at 128)")
     t.add_argument("--threads", default="normal", help="'normal' or a number of torch threads")
     t.add_argument("--ours_args", default="", help="ours: more train.py flags, e.g. '--conv_kernel 31' (an ablation)")
     t.add_argument("--seed", type=int, default=None,
