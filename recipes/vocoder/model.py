@@ -1,7 +1,7 @@
 """A Vocos-style generator (Siuzdak 2023: ConvNeXt at the mel frame rate, an inverse-STFT head that
 predicts magnitude, optionally as a correction to the mel's least-squares inverse, and phase),
 HiFi-GAN's multi-period discriminator and a multi-resolution STFT discriminator (UnivNet/Vocos), and the
-least-squares GAN, feature-matching, spectral-convergence and anti-wrapping phase losses (the mel loss
+least-squares GAN, feature-matching, spectral-convergence, anti-wrapping phase and STOI envelope losses (the mel loss
 is train.py's: it needs the repository's mel front end).
 
 Self-contained (torch, safetensors, PyYAML; nothing of this repository): final/ carries a copy of
@@ -219,6 +219,54 @@ def phase_loss(real: torch.Tensor, phase: torch.Tensor, n_fft: int, hop: int) ->
     gd = (pair(1) * anti_wrapped(diff(target, 1) - diff(phase, 1))).mean()
     iaf = (pair(2) * anti_wrapped(diff(target, 2) - diff(phase, 2))).mean()
     return ip + gd + iaf
+
+
+# STOI's bands (Taal et al. 2011; pystoi's values): 15 one-third-octave bands, the first centred at 150 Hz
+STOI_BANDS, STOI_LOW_HZ, STOI_CLIP, STOI_DYN_RANGE_DB = 15, 150.0, 1 + 10 ** (15 / 20), 40.0
+
+
+@functools.lru_cache(maxsize=8)
+def third_octave_matrix(n_fft: int, sample_rate: int, device) -> torch.Tensor:
+    """(15, n_fft // 2 + 1) 0/1: bin k in band j when centre_j · 2^-1/6 ≤ f_k < centre_j · 2^1/6."""
+    freqs = torch.arange(n_fft // 2 + 1, dtype=torch.float64) * sample_rate / n_fft
+    centres = STOI_LOW_HZ * 2.0 ** (torch.arange(STOI_BANDS, dtype=torch.float64) / 3)
+    lo, hi = centres * 2 ** (-1 / 6), centres * 2 ** (1 / 6)
+    return ((freqs[None] >= lo[:, None]) & (freqs[None] < hi[:, None])).float().to(device)
+
+
+def envelope_frame(sample_rate: int) -> int:
+    """`envelope_loss`'s frame in samples: STOI's 25.6 ms, rounded to a power of two (512 at 22.05 kHz)."""
+    return 1 << round(math.log2(sample_rate * 0.0256))
+
+
+def envelope_loss(real: torch.Tensor, fake: torch.Tensor, sample_rate: int) -> torch.Tensor:
+    """1 − STOI of each training segment, differentiable (the training use of Kolbæk et al. 2018):
+    STOI's one-third-octave band envelopes (frames of ~23 ms, hop ~11.6 ms: a 0.37 s segment is about
+    one of STOI's 384 ms windows), the generated envelope scaled to the recording's energy per band and
+    clipped at STOI's −15 dB bound, then the correlation of the two over the recording's speech frames
+    (within 40 dB of its loudest; a segment with fewer than 8 counts nothing). real, fake: (B, samples)."""
+    win = envelope_frame(sample_rate)
+    n_fft = 2 * win  # STOI's zero padding: bins ~ half its band width at 150 Hz
+    bands = third_octave_matrix(n_fft, sample_rate, real.device)
+    window = _hann(win, real.device)
+
+    def envelopes(x):  # (B, 15, frames): the band's root energy
+        spec = torch.stft(x, n_fft, win // 2, win_length=win, window=window, center=False, return_complex=True)
+        power = spec.real ** 2 + spec.imag ** 2
+        return torch.sqrt(bands @ power + 1e-10), power.sum(1)
+
+    x, energy = envelopes(real)
+    y, _ = envelopes(fake)
+    level = 10 * torch.log10(energy + 1e-10)  # (B, frames) dB
+    speech = (level > level.amax(1, keepdim=True) - STOI_DYN_RANGE_DB).float()[:, None]  # (B, 1, frames)
+    count = speech.sum(-1, keepdim=True)  # (B, 1, 1)
+    norm = lambda v: torch.sqrt((speech * v ** 2).sum(-1, keepdim=True) + 1e-10)  # noqa: E731
+    y = torch.minimum(y * norm(x) / norm(y), x * STOI_CLIP)
+    centre = lambda v: (v - (speech * v).sum(-1, keepdim=True) / count) * speech  # noqa: E731
+    xc, yc = centre(x), centre(y)
+    corr = (xc * yc).sum(-1) / (norm(xc) * norm(yc)).squeeze(-1)  # (B, 15)
+    used = (count.squeeze(-1) >= 8).float()  # (B, 1)
+    return 1 - (corr * used).sum() / (used.sum() * STOI_BANDS).clamp_min(1)
 
 
 # ---------------------------------------------------------------------------------------------

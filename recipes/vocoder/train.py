@@ -106,6 +106,10 @@ class Config(DatasetConfig):
     # frequency), each bin weighted by the recording's magnitude (the harmonics, not the noise, whose phase
     # the mel does not determine). 0 = off.
     phase_loss_weight: Annotated[float, NonNegative] = 0.0
+    # 1 − STOI of each training segment, differentiable (`envelope_loss`: its one-third-octave band envelopes
+    # and their correlation with the recording's; Kolbæk et al. 2018 trained on it): what STOI scores,
+    # which the mel loss at 80 bins leaves to chance at the fundamental's bands. 0 = off.
+    envelope_loss_weight: Annotated[float, NonNegative] = 0.0
     fm_loss_weight: Annotated[float, NonNegative] = 2.0  # feature matching (HiFi-GAN's)
     gan_start_steps: Annotated[int, NonNegative] = 0  # optimizer steps of generator-only training on the mel loss first
     # --- logging ---
@@ -120,6 +124,10 @@ class Config(DatasetConfig):
                 raise ValueError(f"--{name}: {too_long[0]} is longer than a training segment ({segment} samples = "
                                  f"--segment_frames {self.segment_frames} × --hop_length {self.hop_length}): lower it "
                                  f"or raise --segment_frames")
+        frame = 1 << round(math.log2(self.sample_rate * 0.0256))  # model.envelope_frame (torch is not imported yet)
+        if self.envelope_loss_weight and segment < 2 * frame + 7 * frame // 2:  # its zero-padded STFT, 8 frames
+            raise ValueError(f"--envelope_loss_weight: a training segment ({segment} samples) holds fewer than its 8 "
+                             f"frames of {frame} samples: raise --segment_frames")
         if self.sc_loss_weight and max(SC_RESOLUTIONS) > segment:
             raise ValueError(f"--sc_loss_weight: its {max(SC_RESOLUTIONS)}-sample STFT is longer than a training segment "
                              f"({segment} samples): raise --segment_frames or set --sc_loss_weight 0")
@@ -150,7 +158,7 @@ from tools.corpus import resolve_data_dir  # noqa: E402
 # recipe-local modules (this folder is on sys.path)
 from data import SegmentCollator, Waveforms, collate_whole, split_manifest  # noqa: E402
 from model import (MEL_KEYS, adversarial_loss, build_discriminators, build_generator, discriminator_loss,  # noqa: E402
-                   feature_matching_loss, n_fft_for, phase_loss, spectral_convergence)
+                   envelope_loss, feature_matching_loss, n_fft_for, phase_loss, spectral_convergence)
 
 logger = get_logger(__name__)
 HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 amplitude mel (HiFi-GAN's loss scale)
@@ -283,7 +291,9 @@ def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mel
     if cfg.mel_resolutions:  # the mean over the input mel and each --mel_resolutions mel of the real segment
         extra = [mel_l1(f, fake, f(real)) for f in extra_mel_frontends(cfg, fake.device)]
         mel = (mel + sum(extra)) / (1 + len(extra))
-    adv = fm = sc = ph = torch.zeros(())
+    adv = fm = sc = ph = env = torch.zeros(())
+    if cfg.envelope_loss_weight:
+        env = envelope_loss(real, fake, cfg.sample_rate)
     if cfg.sc_loss_weight:
         sc = spectral_convergence(real, fake, SC_RESOLUTIONS)
     if cfg.phase_loss_weight:
@@ -293,9 +303,11 @@ def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mel
             real_outs = critic(real)
         fake_outs = critic(fake)
         adv, fm = adversarial_loss(fake_outs), feature_matching_loss(real_outs, fake_outs)
-    loss = cfg.mel_loss_weight * mel + cfg.sc_loss_weight * sc + cfg.phase_loss_weight * ph + adv + cfg.fm_loss_weight * fm
+    loss = (cfg.mel_loss_weight * mel + cfg.sc_loss_weight * sc + cfg.phase_loss_weight * ph
+            + cfg.envelope_loss_weight * env + adv + cfg.fm_loss_weight * fm)
     return loss, {"g_loss": loss, "adv_loss": adv, "fm_loss": fm, "mel_loss": mel,
-                  **({"sc_loss": sc} if cfg.sc_loss_weight else {}), **({"phase_loss": ph} if cfg.phase_loss_weight else {})}
+                  **({"sc_loss": sc} if cfg.sc_loss_weight else {}), **({"phase_loss": ph} if cfg.phase_loss_weight else {}),
+                  **({"envelope_loss": env} if cfg.envelope_loss_weight else {})}
 
 
 @torch.no_grad()

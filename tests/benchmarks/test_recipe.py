@@ -18,7 +18,7 @@ TINY = {"best_rq": ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "
         "tts": ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32",
                 "--num_heads", "2", "--num_valid", "2", "--num_test", "2"],
         "vocoder": ["--dim", "16", "--hidden_dim", "32", "--layers", "1", "--periods", "2,3", "--period_channels",
-                    "4,4", "--resolutions", "256,512", "--resolution_channels", "4", "--segment_frames", "8",
+                    "4,4", "--resolutions", "256,512", "--resolution_channels", "4", "--segment_frames", "12",
                     "--num_valid", "2", "--num_test", "2"]}
 
 

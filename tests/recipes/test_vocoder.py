@@ -28,9 +28,9 @@ from tests.recipes.test_tts import args_for as tts_args_for
 
 slow = pytest.mark.slow
 
-# Tiny: a 1-block generator and 2 + 2 sub-discriminators of 4 channels on 8-frame segments.
+# Tiny: a 1-block generator and 2 + 2 sub-discriminators of 4 channels on 12-frame segments (the envelope loss needs 8 of its frames: 11).
 TINY = ["--dim", "16", "--hidden_dim", "32", "--layers", "1", "--periods", "2,3", "--period_channels", "4,4",
-        "--resolutions", "256,512", "--resolution_channels", "4", "--segment_frames", "8", "--num_valid", "2",
+        "--resolutions", "256,512", "--resolution_channels", "4", "--segment_frames", "12", "--num_valid", "2",
         "--num_test", "2", "--max_batch_seconds", "8", "--logging_steps", "1", "--eval_steps", "4",
         "--report_to", "none", "--gan_start_steps", "2"]
 STEPS = ["--max_steps", "8", "--save_steps", "1", "--save_total_limit", "3", "--gradient_accumulation_steps", "2"]
@@ -170,6 +170,33 @@ def test_phase_loss_is_zero_for_the_recordings_phase_up_to_whole_turns_and_weigh
     assert torch.isclose(loss, 45.0 * stats["mel_loss"] + 3.0 * vocoder.model.phase_loss(real, noisy, 1024, 256))
 
 
+def test_envelope_loss_is_one_minus_stoi_of_each_segment_and_refuses_a_segment_of_under_8_frames():
+    import numpy as np
+    from pystoi import stoi
+
+    train = recipe_modules("vocoder", "train").train
+    rng = np.random.default_rng(0)
+    t = np.arange(4 * 8192) / 22050
+    ref = rng.standard_normal(len(t)) * (0.55 + 0.45 * np.sin(2 * np.pi * 4 * t))  # a 4 Hz syllabic envelope
+    real = torch.tensor(ref, dtype=torch.float32).reshape(4, 8192)  # four 0.37 s segments
+    loss = lambda fake: vocoder.model.envelope_loss(real, fake, 22050)  # noqa: E731
+    assert loss(real) < 1e-4 and loss(3 * real) < 1e-4  # the level is not STOI's business
+    for noise in (0.5, 1.0, 2.0):  # within 0.03 of pystoi's STOI of the whole signal, its order kept
+        out = ref + noise * rng.standard_normal(len(t))
+        ours = 1 - float(loss(torch.tensor(out, dtype=torch.float32).reshape(4, 8192)))
+        assert abs(ours - stoi(ref, out, 22050)) < 0.03, (noise, ours)
+    fake = (real + torch.randn_like(real)).requires_grad_()
+    loss(fake).backward()
+    assert torch.isfinite(fake.grad).all() and fake.grad.abs().sum() > 0
+    cfg = train.Config(envelope_loss_weight=20.0)
+    main = train.loss_frontend(cfg, "cpu")
+    total, stats = train.generator_loss(None, main, real, fake.detach(), main(real), cfg, adversarial=False)
+    assert torch.isclose(total, 45.0 * stats["mel_loss"] + 20.0 * stats["envelope_loss"])
+    assert "envelope_loss" not in train.generator_loss(None, main, real, real, main(real), train.Config(), False)[1]
+    with pytest.raises(ValueError, match="--envelope_loss_weight: a training segment .2048 samples. holds fewer than its 8"):
+        train.Config(envelope_loss_weight=1.0, segment_frames=8, resolutions=[512]).validate()
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end
 # ---------------------------------------------------------------------------------------------
@@ -279,7 +306,7 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     assert summary["vocoder"] == str(voc) and summary["utterances"] > 0 and summary["mcd_vocoder_floor"] > 0
 
     other = tmp_path / "vocoder_hop128"  # a vocoder of another mel: refused with one line
-    run("vocoder", 1, args_for(tiny_corpus, other, "--max_steps", "1", "--hop_length", "128"))
+    run("vocoder", 1, args_for(tiny_corpus, other, "--max_steps", "1", "--hop_length", "128", "--segment_frames", "24"))
     refused = synthesize("--checkpoint", str(tts), "--vocoder", str(other), "--text", "a cat", "--output", str(wav))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "trained on another mel than this TTS model (hop_length 128 vs 256)" in refused.stderr
