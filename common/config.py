@@ -15,9 +15,9 @@ no recipe's field:
 
 - `Range(lo, hi, lo_open=, hi_open=)` bounds a number (`Count` ≥ 1, `NonNegative` ≥ 0, `Positive`
   > 0, `Fraction` in [0, 1]). A float must be finite (no nan/inf) unless its Range says `finite=False`.
-- `ExistingPath`: must exist when given. `Folder`: a folder to write into, made if missing (not a
-  file, nor under one). `typing.Literal[...]` fields take one of their values; `bool` fields take
-  true/false (also yes/no, on/off, 1/0).
+- `ExistingPath`: must exist when given (`ExistingPathOr("builtin")`: or be that word). `Folder`: a
+  folder to write into, made if missing (not a file, nor under one). `typing.Literal[...]` fields
+  take one of their values; `bool` fields take true/false (also yes/no, on/off, 1/0).
 - A list field's rules hold for each of its values (`list[Annotated[int, Count]]`, or the rule on
   the field); a list needs at least one value unless the field carries `MayBeEmpty` (an empty value
   must never silently turn something off). On the command line it is comma-separated.
@@ -129,11 +129,20 @@ class Range(Rule):
 
 @dataclasses.dataclass(frozen=True)
 class _ExistingPath(Rule):
+    keywords: tuple[str, ...] = ()  # values that name something else than a path (ExistingPathOr)
+
     def __str__(self) -> str:
-        return "must exist"
+        return "must exist" + "".join(f", or {k}" for k in self.keywords)
 
     def check(self, value: Any) -> str | None:
-        return None if Path(value).exists() else f"{value} does not exist"
+        if value in self.keywords or Path(value).exists():
+            return None
+        return f"{value} does not exist" + (f" (nor is it {' or '.join(self.keywords)})" if self.keywords else "")
+
+
+def ExistingPathOr(*keywords: str) -> _ExistingPath:  # noqa: N802 (a rule, spelled like the others)
+    """A path that must exist, or one of `keywords` (e.g. `--init_from builtin`)."""
+    return _ExistingPath(tuple(keywords))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, Internal, NonNegative, Positive, Range, ResumeSafe,
+from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Internal, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
 
 LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")
@@ -53,7 +53,7 @@ class Config(DatasetConfig):
     output_dir: str = "outputs/tts"
     data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv); None = built-in corpus
     sample_rate: int = 22050  # Hz
-    max_seconds: float = 15.0  # longer utterances are refused by the data check
+    max_seconds: float = 30.0  # longer utterances are refused by the data check (a real voice's prompt set has 20-30 s ones)
     max_batch_seconds: float = 40.0  # padded seconds of audio per batch, per process
     learning_rate: float = 1e-3  # peak LR after warm-up
     warmup_steps: int = 100  # optimizer steps of linear warm-up, then LR ∝ 1/sqrt(step)
@@ -66,14 +66,19 @@ class Config(DatasetConfig):
                                 "held out (score.py takes --data_dir)")
     symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # the symbol table (text is NFKC-normalized and lowercased first); "auto": every symbol of the training transcripts (frontend.py)
     text_frontend: Literal["characters", "phonemes"] = "characters"  # model input: characters, or espeak-ng IPA phonemes of phonemizer_language (needs --symbols auto)
-    phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ...
+    phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ... (None: en-us for the built-in voice, refused for a voice of your own)
     unknown_chars: Literal["error", "drop"] = "error"  # a validation/test symbol outside the table: refuse, or leave it out of that text
     symbols_derived: Annotated[bool, ResumeSafe, Internal] = False  # written by training, not set (refused on the command line, not in --help; a checkpoint from before the field resumes): True when `symbols` came from the training transcripts (no charset check then; score.py repeats it)
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
     win_length: Annotated[int, Count] = 1024  # samples (46 ms); n_fft is the next power of two ≥ it
     hop_length: Annotated[int, Count] = 256  # samples (11.6 ms per frame)
     # --- model ---
-    init_from: Annotated[str | None, ExistingPath] = None  # a TTS output_dir or final/ to start from (another voice or language): its weights, symbol embeddings matched by symbol (README, "Transfer")
+    # A TTS output_dir or final/ to start from (another voice or language): its weights, symbol embeddings
+    # matched by symbol (README, "Transfer"). `builtin`: this recipe's run on the built-in corpus (`base_config`,
+    # with this run's model, audio and text settings and its `builtin_corpus`), trained once per machine
+    # into the corpus cache (common/training/builtin_base.py); for the built-in voice itself: from scratch.
+    init_from: Annotated[str | None, ExistingPathOr("builtin")] = None  # a TTS run to start from, or builtin (above)
+    base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml, 1000 steps)
     dim: Annotated[int, Count] = 128  # encoder/decoder width
     encoder_layers: Annotated[int, Count] = 2  # FFT blocks over symbols
     decoder_layers: Annotated[int, Count] = 2  # FFT blocks over frames
@@ -100,6 +105,12 @@ class Config(DatasetConfig):
     num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # fixed validation sentences synthesized into TensorBoard at each validation
     griffin_lim_iters: Annotated[int, Count, ResumeSafe] = 32  # Griffin-Lim iterations for those samples
 
+    def validate(self) -> None:
+        super().validate()
+        if self.text_frontend == "phonemes" and self.phonemizer_language is None and (self.data_dir or self.dataset_name):
+            raise ValueError("--phonemizer_language: give the language your voice speaks, as an espeak-ng voice "
+                             "(en-us, en-gb, fr, es, it, ru, de, ...), or read characters with --text_frontend characters")
+
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
@@ -107,6 +118,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 
 from common.training.averaging import checkpoint_weights, start_average, swapped_in  # noqa: E402
+from common.training.builtin_base import KEYWORD as BUILTIN, builtin_base  # noqa: E402
 from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data.loading import load_row_audio  # noqa: E402
@@ -145,6 +157,8 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     LJSpeech-layout folder split into training/validation/test by id, or --dataset_name (its
     --train_split_name trains, its --eval_split_name validates). `data.cfg` holds the symbol table
     the items were encoded with (`--symbols auto`: derived from the training transcripts)."""
+    if cfg.text_frontend == "phonemes" and cfg.phonemizer_language is None:  # the built-in voice (validate)
+        cfg = dataclasses.replace(cfg, phonemizer_language="en-us")  # speaks English; recorded with the run
     fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
     source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
                          corpus=lambda: resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech"),
@@ -164,6 +178,33 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     cfg = dataclasses.replace(cfg, symbols=symbols.chars, symbols_derived=not fixed_table)
     items = lambda rows: TTSDataset(rows, cfg)  # noqa: E731
     return source.loaders(train=(items, Collator(cfg)), valid=(items, Collator(cfg)), cfg=cfg)
+
+
+# What the built-in base shares with the voice started from it: the model's shape, and the mel and
+# text units, so that its weights mean the same thing here; and the run settings that make it exact.
+BASE_FIELDS = ("sample_rate", "n_mels", "win_length", "hop_length", "text_frontend", "dim", "encoder_layers",
+               "decoder_layers", "num_heads", "ffn_dim", "conv_kernel", "duration_channels", "attention_dim",
+               "seed", "mixed_precision", "deterministic", "num_threads", "builtin_corpus", "data_cache_dir")
+
+
+def init_folder(cfg: Config) -> Path | None:
+    """The sealed folder --init_from names (None: from scratch). `builtin`: this script's run on the built-in
+    corpus (`base_config`, this run's BASE_FIELDS; English phonemes for a phoneme model), trained
+    once per machine (every rank may call: one trains, the others wait); the built-in voice itself has none."""
+    if cfg.init_from is None or (cfg.init_from == BUILTIN and cfg.data_dir is None and cfg.dataset_name is None):
+        return None
+    if cfg.init_from != BUILTIN:
+        return resolve_checkpoint(cfg.init_from, "--init_from")
+    flag = lambda v: "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
+    args = [*(["--config", str(Path(cfg.base_config).resolve())] if cfg.base_config else []),
+            "--data_dir", "none", "--dataset_name", "none", "--init_from", "none", "--report_to", "none",
+            *[arg for name in BASE_FIELDS for arg in (f"--{name}", flag(getattr(cfg, name)))]]
+    if cfg.text_frontend == "phonemes":  # the built-in voice speaks English
+        args += ["--phonemizer_language", "en-us", "--symbols", AUTO]
+    try:
+        return resolve_checkpoint(builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info), "--init_from")
+    except RuntimeError as e:
+        raise RunError(str(e)) from None
 
 
 def build_models(cfg: Config, data: RecipeData | None = None) -> dict:
@@ -243,12 +284,14 @@ def main(cfg: Config) -> None:
     model = models["model"]
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
-    if cfg.init_from:  # every rank; a resume then loads its checkpoint over it
-        try:
-            folder = resolve_checkpoint(cfg.init_from, "--init_from")
+    try:  # every rank; a resume then loads its checkpoint over it
+        folder = init_folder(cfg)
+        if folder is not None:
             logger.info(transfer_from(model, cfg.symbols, folder, checkpoint_weights(folder)))
-        except ValueError as e:
-            raise RunError(str(e)) from None
+        elif cfg.init_from == BUILTIN:
+            logger.info("--init_from builtin: this is the built-in voice, trained from scratch (the base of other voices)")
+    except ValueError as e:
+        raise RunError(str(e)) from None
     optimizers, schedulers = build_optimizers(cfg, models)
     optimizer, scheduler = optimizers["model"], schedulers["model"]
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).

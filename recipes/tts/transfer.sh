@@ -44,7 +44,7 @@ OUT=${OUT:-outputs/tts_$name}
 if [ ! -e "$BASE/final/COMPLETE" ]; then
     echo "transfer.sh: 1/2 the built-in voice in en-us phonemes -> $BASE"
     "$ACCELERATE" launch recipes/tts/train.py --symbols auto --text_frontend phonemes --phonemizer_language en-us \
-        --max_seconds 30 --output_dir "$BASE" ${BASE_ARGS:-}
+        --max_seconds 30 --init_from none --output_dir "$BASE" ${BASE_ARGS:-}
 fi
 echo "transfer.sh: 2/2 $DATA_DIR in $LANGUAGE phonemes, from $BASE -> $OUT"
 # --max_seconds 30 keeps every prompt (the default 15 s would leave long ones out, and shift the split);

@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 import pytest
 import yaml
 
-from common.config import (MAX_CONFIG_BYTES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath, Internal, MayBeEmpty,
-                           NonNegative, Positive, Range, ResumeSafe, RunConfig, config_hash, config_to_dict,
+from common.config import (MAX_CONFIG_BYTES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath, ExistingPathOr, Internal,
+                           MayBeEmpty, NonNegative, Positive, Range, ResumeSafe, RunConfig, config_hash, config_to_dict,
                            field_specs, parse_config, resume_safe_keys, save_config)
 from tests.recipe_import import RECIPES, recipe_modules
 
@@ -77,6 +77,7 @@ class Full:
 
     # --- data ---
     data_dir: Annotated[str | None, ExistingPath] = None  # a folder
+    init_from: Annotated[str | None, ExistingPathOr("builtin")] = None  # a folder, or the word
     on_bad_data: Literal["error", "skip"] = "error"  # what to do with bad entries
     # --- optimization ---
     learning_rate: Annotated[float, Positive] = 1e-3  # peak LR
@@ -109,6 +110,7 @@ class Full:
     (["--save_steps", "1e400"], "--save_steps: expected an integer, got '1e400'"),
     (["--config", "/no/such.yaml"], "--config /no/such.yaml: no such file"),
     (["--data_dir", "/no/such/folder"], "--data_dir: /no/such/folder does not exist"),
+    (["--init_from", "Builtin"], "--init_from: Builtin does not exist (nor is it builtin)"),
     (["--save_steps", "3", "--gradient_accumulation_steps", "2"],
      "--save_steps: must be a multiple of --gradient_accumulation_steps"),
     # only booleans may be given bare
@@ -125,8 +127,9 @@ def test_every_mistake_is_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_rules_allow_what_they_say():
-    cfg = parse_config(Full, ["--temperature", "inf", "--dropout", "0", "--scale", "-3"])
-    assert cfg.temperature == float("inf") and cfg.dropout == 0 and cfg.scale == -3
+    cfg = parse_config(Full, ["--temperature", "inf", "--dropout", "0", "--scale", "-3", "--init_from", "builtin"])
+    assert cfg.temperature == float("inf") and cfg.dropout == 0 and cfg.scale == -3 and cfg.init_from == "builtin"
+    assert parse_config(Full, ["--init_from", "."]).init_from == "."
 
 
 def test_choices_and_optional_literals_parse(tmp_path):

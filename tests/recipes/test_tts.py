@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +32,13 @@ from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights
 
 SEED = 42
 RECIPE = ROOT / "recipes" / "tts"
-TINY = ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32", "--num_heads", "2",
-        "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
-        "--num_valid", "2", "--num_test", "2", "--max_batch_seconds", "16", "--stats_utterances", "20",
-        "--binarization_start_steps", "3", "--learning_rate", "3e-3"]
+TINY_MODEL = ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32", "--num_heads", "2",
+              "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
+              "--num_valid", "2", "--num_test", "2", "--max_batch_seconds", "16", "--stats_utterances", "20",
+              "--binarization_start_steps", "3", "--learning_rate", "3e-3"]
+# Characters, from scratch: config.yaml's phonemes and built-in base for a voice of one's own are tested on their own
+TINY = [*TINY_MODEL, "--text_frontend", "characters", "--symbols", " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()",
+        "--init_from", "none"]
 slow = pytest.mark.slow
 
 
@@ -380,12 +384,12 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     shim.chmod(0o755)
     base, out, voice = tmp_path / "base", tmp_path / "voice", tiny_corpus / "ljspeech"
     env = {**os.environ, "ACCELERATE": str(shim), "BASE": str(base), "OUT": str(out), "MAX_STEPS": "2",
-           "BASE_ARGS": " ".join([*TINY, "--data_dir", str(voice), "--max_steps", "2", "--report_to", "none"]),
+           "BASE_ARGS": " ".join([*TINY_MODEL, "--data_dir", str(voice), "--max_steps", "2", "--report_to", "none"]),
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
     def transfer():
         with cpu_tokens(1) as cpus:
-            return subprocess.run(["bash", str(RECIPE / "transfer.sh"), str(voice), "es", *TINY, "--save_steps", "2"],
+            return subprocess.run(["bash", str(RECIPE / "transfer.sh"), str(voice), "es", *TINY_MODEL, "--save_steps", "2"],
                                   env=env, capture_output=True, text=True, timeout=600, preexec_fn=on_cores(cpus))
 
     first = transfer()
@@ -401,3 +405,94 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "1/2" not in again.stdout and "2/2" in again.stdout
     assert (out / "final" / "model.safetensors").read_bytes() == weights
+
+
+def _base_yaml(tmp_path: Path, steps: int) -> Path:
+    """A built-in base of the tiny corpus (its 24 utterances: 2 validation, 2 test), `steps` steps."""
+    path = tmp_path / "base.yaml"
+    path.write_text(f"num_valid: 2\nnum_test: 2\nmax_steps: {steps}\nwarmup_steps: 5\nmax_batch_seconds: 16\n"
+                    "stats_utterances: 20\nsave_steps: 2\nlogging_steps: 1\n")
+    return path
+
+
+def _builtin_args(tiny_corpus: Path, out: Path, base_yaml: Path, *extra: str, cache: Path | None = None) -> list[str]:
+    return [*args_for(tiny_corpus, out, "--max_steps", "2", *extra), "--init_from", "builtin", "--builtin_corpus",
+            "tiny", "--base_config", str(base_yaml), "--data_cache_dir", str(cache or tiny_corpus.parent)]
+
+
+@slow
+def test_init_from_builtin_trains_the_base_once_per_machine(tiny_corpus, tmp_path):
+    """--init_from builtin: the first voice trains the base (a child run on the built-in corpus with
+    the voice's model shape, into the corpus cache) and starts from it; a second voice starts from the
+    same base without training it; the built-in voice itself trains from scratch; a base whose
+    training fails is one line naming its command."""
+    base_yaml = _base_yaml(tmp_path, 3)
+    first = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "voice1", base_yaml))
+    assert first.count("training it once for this machine") == 1
+    base = re.search(r"initialized from (\S+)/final: 38 of 38 symbols shared", first).group(1)
+    assert Path(base).parent == tiny_corpus.parent and Path(base).name.startswith("tts_base-")
+    trained = yaml.safe_load((Path(base) / "final" / "config.yaml").read_text())
+    assert (trained["data_dir"], trained["init_from"], trained["dim"], trained["max_steps"]) == (None, None, 32, 3)
+    saved = yaml.safe_load((tmp_path / "voice1" / "final" / "config.yaml").read_text())
+    assert saved["init_from"] == "builtin"
+
+    second = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "voice2", base_yaml))
+    assert "training it once" not in second and f"initialized from {base}/final" in second
+    wider = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "voice3", base_yaml, "--dim", "48"))
+    assert "training it once" in wider and f"initialized from {base}/final" not in wider  # another shape, another base
+
+    # config.yaml as it is on the built-in voice: phonemes, English; builtin means from scratch
+    itself = run("tts", 1, [*TINY_MODEL, "--max_steps", "2", "--output_dir", str(tmp_path / "builtin"),
+                            "--builtin_corpus", "tiny", "--data_cache_dir", str(tiny_corpus.parent)])
+    assert "this is the built-in voice, trained from scratch" in itself and "initialized from" not in itself
+    saved = yaml.safe_load((tmp_path / "builtin" / "final" / "config.yaml").read_text())
+    assert (saved["text_frontend"], saved["phonemizer_language"], saved["init_from"]) == ("phonemes", "en-us", "builtin")
+    # and on a voice of one's own it needs the voice's language: refused before anything is made
+    nameless = python([RECIPE / "train.py", "--data_dir", tiny_corpus / "ljspeech", "--output_dir", tmp_path / "v5"])
+    assert nameless.returncode == 2 and not (tmp_path / "v5").exists()
+    assert nameless.stderr.startswith("error: --phonemizer_language: give the language your voice speaks"), nameless.stderr
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(base_yaml.read_text().replace("num_valid: 2", "num_valid: 30"))
+    failed = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "voice4", broken), expect_rc=1)
+    assert "leave none for training" in failed
+    assert re.search(r"error: the built-in base's training failed \(exit 2\); its command, to run and read by hand: "
+                     r"\S+python\S* \S+recipes/tts/train.py --config " + re.escape(str(broken)), failed)
+
+
+@slow
+def test_a_killed_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_corpus, tmp_path):
+    """SIGKILL to the voice's process while its base trains: the base's child run notices (it watches
+    its parent: common/training/launcher.py), saves and stops within seconds; the same command
+    re-launched resumes the base from its checkpoint and trains the voice from it."""
+    import psutil
+
+    from tests.recipes.harness import base_env, cpu_tokens, kill_tree, on_cores
+
+    cache = tmp_path / "cache"  # this test's own: the base it waits for is the only one
+    cache.mkdir()
+    (cache / tiny_corpus.name).symlink_to(tiny_corpus)
+    args = _builtin_args(tiny_corpus, tmp_path / "voice", _base_yaml(tmp_path, 30), cache=cache)
+    cmd = [sys.executable, str(RECIPE / "train.py"), *args]
+    log = tmp_path / "voice.log"
+    with cpu_tokens(1) as cpus, open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=base_env(None), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=on_cores(cpus))
+        child = None
+        try:
+            deadline = time.monotonic() + 300
+            while not list(cache.glob("tts_base-*.run/checkpoints/step_00000002")):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.02)
+            child = psutil.Process(proc.pid).children()[0]
+            proc.kill()
+            proc.wait()
+            child.wait(30)  # gone (psutil.TimeoutExpired otherwise)
+        finally:  # nothing outlives a failed test
+            kill_tree(proc)
+            if child is not None and child.is_running():
+                child.kill()
+    assert f"the launcher (pid {proc.pid}) ended: saving a checkpoint at the next step boundary" in log.read_text()
+    again = run("tts", 1, args)
+    assert re.search(r"resum\w* .*step", again) and "initialized from" in again
+    assert (tmp_path / "voice" / "final" / "COMPLETE").is_file()

@@ -1,0 +1,85 @@
+"""A recipe's own run on the built-in corpus, trained once per machine: the start of a small voice.
+
+A user's voice of 20-60 minutes is too little for a model trained from scratch; started from the
+same model trained on the built-in espeak-ng corpus first (transfer), it speaks (recipes/tts/README.md,
+"Transfer"). `builtin_base` makes that the default path without a second command: it trains the
+recipe's `train.py` on the built-in corpus in a child process, once per cache folder (the built-in
+corpus's: `--data_cache_dir`, `$SPEECH_RECIPES_CACHE` or `~/.cache/speech_recipes`), and returns
+the folder of its `final/` export for `--init_from`. Every later voice with the same base settings
+starts from the same folder.
+
+- The folder's name holds a digest of the child's command and of the recipe's source and YAML: a
+  change to either trains a new base (an old one might not load into the new model), never a stale one.
+- Every process of a run may call it: one trains (`prepare_once`: a lock file and a completion marker,
+  NFS-safe), the others wait. The child trains into `<folder>.run`, which a re-launch resumes
+  exactly (the recipe's resume), so an interrupted base costs only the steps since its last checkpoint.
+- The child does not outlive us: it is started with the marker `common.training.launcher.launched`
+  looks for, so it watches its parent and saves and stops once we are gone; and it never sees this
+  run's distributed environment (it is one process of its own).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.training.prepare import prepare_once
+
+KEYWORD = "builtin"  # the --init_from value that asks for this base
+# What a launcher puts in a child's environment that must not reach the base's own process: it is a
+# run of one process, not a member of this run's process group.
+_DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
+
+
+def cache_root(data_cache_dir: str | None) -> Path:
+    """Where the built-in corpus is cached (tools/corpus.py's rule), and so its bases."""
+    root = data_cache_dir or os.environ.get("SPEECH_RECIPES_CACHE") or Path.home() / ".cache" / "speech_recipes"
+    return Path(root).expanduser()
+
+
+def source_digest(recipe_dir: Path) -> str:
+    """sha256 of the recipe folder's Python files and YAML configs (names and contents, sorted)."""
+    h = hashlib.sha256()
+    for path in sorted([*recipe_dir.glob("*.py"), *recipe_dir.glob("*.yaml")]):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def base_folder(script: Path, args: list[str], data_cache_dir: str | None) -> Path:
+    """The base's folder for `script` trained with `args` (see the module docstring): the digest covers
+    the recipe's source, the arguments and the contents of the `--config` YAML they name."""
+    recipe_dir = script.resolve().parent
+    yaml_text = Path(args[args.index("--config") + 1]).read_text() if "--config" in args else ""
+    key = hashlib.sha256("\0".join([source_digest(recipe_dir), yaml_text, *args]).encode()).hexdigest()[:16]
+    return cache_root(data_cache_dir) / f"{recipe_dir.name}_base-{key}"
+
+
+def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=print) -> Path:
+    """Train `python script *args --output_dir <folder>.run` once (see the module docstring) and return
+    the folder that holds a copy of its `final/` (an `--init_from` target). `args` must make it a run
+    on the built-in corpus; the child's output goes to our stdout/stderr. Raises RuntimeError, naming
+    the command, when the child fails."""
+    folder = base_folder(script, args, data_cache_dir)
+    work = folder.with_name(folder.name + ".run")
+    command = [sys.executable, str(script.resolve()), *args, "--output_dir", str(work)]
+
+    def build(tmp: Path) -> None:
+        log(f"the built-in base: training it once for this machine into {folder} (its run: {work}; "
+            f"later voices with these settings start from it at once):\n  {' '.join(command)}")
+        env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_ENV and not k.startswith("ACCELERATE_")}
+        env["ACCELERATE_MIXED_PRECISION"] = "no"  # launcher.launched(): the child stops once we are gone
+        done = subprocess.run(command, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"the built-in base's training failed (exit {done.returncode}); "
+                               f"its command, to run and read by hand: {' '.join(command)}")
+        shutil.copytree(work / "final", tmp / "final")
+
+    if not (folder / ".complete").is_file():
+        log(f"the built-in base: {folder}")
+    return prepare_once(folder, build, timeout_s=6 * 3600.0, info={"command": command})
