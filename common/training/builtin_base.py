@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,22 @@ def base_folder(script: Path, args: list[str], data_cache_dir: str | None) -> Pa
     return cache_root(data_cache_dir) / f"{recipe_dir.name}_base-{key}"
 
 
+def _wait_for(child: subprocess.Popen, save_s: float = 600.0) -> int:
+    """The child's exit code. If a signal stops us while it trains (SIGTERM, Ctrl-C: the exception it
+    raises here), the child is asked to stop the same way (SIGTERM: it saves at its next step boundary;
+    a second signal after Ctrl-C's is ignored by it) and given `save_s` seconds to do so, then we go on
+    stopping: the re-launch resumes it. (subprocess.run would SIGKILL it at once.)"""
+    try:
+        return child.wait()
+    except BaseException:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(save_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        raise
+
+
 def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=print) -> Path:
     """Train `python script *args --output_dir <folder>.run` once (see the module docstring) and return
     the folder that holds a copy of its `final/` (an `--init_from` target). `args` must make it a run
@@ -74,9 +91,9 @@ def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=
             f"later voices with these settings start from it at once):\n  {' '.join(command)}")
         env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_ENV and not k.startswith("ACCELERATE_")}
         env["ACCELERATE_MIXED_PRECISION"] = "no"  # launcher.launched(): the child stops once we are gone
-        done = subprocess.run(command, env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"the built-in base's training failed (exit {done.returncode}); "
+        returncode = _wait_for(subprocess.Popen(command, env=env))
+        if returncode != 0:
+            raise RuntimeError(f"the built-in base's training failed (exit {returncode}); "
                                f"its command, to run and read by hand: {' '.join(command)}")
         shutil.copytree(work / "final", tmp / "final")
 

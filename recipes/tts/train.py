@@ -284,11 +284,11 @@ def main(cfg: Config) -> None:
     model = models["model"]
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
-    try:  # every rank; a resume then loads its checkpoint over it
-        folder = init_folder(cfg)
+    try:  # every rank; a resume loads its checkpoint instead (the start it had is in there)
+        folder = init_folder(cfg) if run.ckpt is None else None
         if folder is not None:
             logger.info(transfer_from(model, cfg.symbols, folder, checkpoint_weights(folder)))
-        elif cfg.init_from == BUILTIN:
+        elif cfg.init_from == BUILTIN and run.ckpt is None:
             logger.info("--init_from builtin: this is the built-in voice, trained from scratch (the base of other voices)")
     except ValueError as e:
         raise RunError(str(e)) from None

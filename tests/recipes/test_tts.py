@@ -461,10 +461,11 @@ def test_init_from_builtin_trains_the_base_once_per_machine(tiny_corpus, tmp_pat
 
 
 @slow
-def test_a_killed_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_corpus, tmp_path):
-    """SIGKILL to the voice's process while its base trains: the base's child run notices (it watches
-    its parent: common/training/launcher.py), saves and stops within seconds; the same command
-    re-launched resumes the base from its checkpoint and trains the voice from it."""
+def test_a_stopped_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_corpus, tmp_path):
+    """While the base trains: SIGKILL to the voice's process — the base's child run notices (it watches
+    its parent: common/training/launcher.py), saves and stops within seconds; then, re-launched, SIGTERM to
+    the voice's process — it asks the child to stop the same way and waits for its save. The same command
+    re-launched once more resumes the base from its last checkpoint and trains the voice from it."""
     import psutil
 
     from tests.recipes.harness import base_env, cpu_tokens, kill_tree, on_cores
@@ -473,26 +474,36 @@ def test_a_killed_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_corp
     cache.mkdir()
     (cache / tiny_corpus.name).symlink_to(tiny_corpus)
     args = _builtin_args(tiny_corpus, tmp_path / "voice", _base_yaml(tmp_path, 30), cache=cache)
-    cmd = [sys.executable, str(RECIPE / "train.py"), *args]
     log = tmp_path / "voice.log"
-    with cpu_tokens(1) as cpus, open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=base_env(None), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=on_cores(cpus))
-        child = None
-        try:
-            deadline = time.monotonic() + 300
-            while not list(cache.glob("tts_base-*.run/checkpoints/step_00000002")):
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.02)
-            child = psutil.Process(proc.pid).children()[0]
-            proc.kill()
-            proc.wait()
-            child.wait(30)  # gone (psutil.TimeoutExpired otherwise)
-        finally:  # nothing outlives a failed test
-            kill_tree(proc)
-            if child is not None and child.is_running():
-                child.kill()
-    assert f"the launcher (pid {proc.pid}) ended: saving a checkpoint at the next step boundary" in log.read_text()
+
+    def stop_at(step: int, stop) -> tuple[int, int | None]:
+        """Launch, wait for the base's checkpoint `step`, `stop(voice process)`; → its pid and exit code."""
+        with cpu_tokens(1) as cpus, open(log, "a") as out:
+            proc = subprocess.Popen([sys.executable, str(RECIPE / "train.py"), *args], env=base_env(None), stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=on_cores(cpus))
+            child = None
+            try:
+                deadline = time.monotonic() + 300
+                while not list(cache.glob(f"tts_base-*.run/checkpoints/step_{step:08d}")):
+                    assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                    time.sleep(0.02)
+                child = psutil.Process(proc.pid).children()[0]
+                stop(proc)
+                returncode = proc.wait(60)
+                child.wait(30)  # gone (psutil.TimeoutExpired otherwise)
+                return proc.pid, returncode
+            finally:  # nothing outlives a failed test
+                kill_tree(proc)
+                if child is not None and child.is_running():
+                    child.kill()
+
+    pid, _ = stop_at(2, lambda proc: proc.kill())
+    assert f"the launcher (pid {pid}) ended: saving a checkpoint at the next step boundary" in log.read_text()
+    _, returncode = stop_at(6, lambda proc: proc.terminate())
+    assert returncode == 75 and "resumed from" in log.read_text()
+    assert len(re.findall(r"preempted at step \d+: checkpoint saved", log.read_text())) == 2  # the child, twice
+    saved = sorted(int(p.name[5:]) for p in cache.glob("tts_base-*.run/checkpoints/step_*"))
+    assert saved[-1] > 6
     again = run("tts", 1, args)
-    assert re.search(r"resum\w* .*step", again) and "initialized from" in again
-    assert (tmp_path / "voice" / "final" / "COMPLETE").is_file()
+    assert f"resumed from {next(cache.glob('tts_base-*.run'))}/checkpoints/step_{saved[-1]:08d}" in again
+    assert "initialized from" in again and (tmp_path / "voice" / "final" / "COMPLETE").is_file()

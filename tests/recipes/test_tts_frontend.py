@@ -81,7 +81,8 @@ def test_phonemes_need_a_derived_table_and_a_known_language():
 
 TINY = ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32", "--num_heads", "2",
         "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--num_valid", "2", "--num_test", "2",
-        "--max_batch_seconds", "16", "--stats_utterances", "20", "--save_steps", "2", "--eval_steps", "0"]
+        "--max_batch_seconds", "16", "--stats_utterances", "20", "--save_steps", "2", "--eval_steps", "0",
+        "--text_frontend", "characters", "--init_from", "none"]  # config.yaml's voice defaults are test_tts.py's
 
 
 @pytest.mark.slow
