@@ -23,7 +23,8 @@ how many under 0.8) and MCD of the re-analysed log-mel against the recording's (
 
 - ours: `accelerate launch recipes/tts/train.py` with the settings a new voice takes in
   recipes/tts/README.md (phonemes of --language, `--symbols auto --unknown_chars drop --max_seconds 30`)
-  and its defaults otherwise, from scratch; at the budget SIGTERM (the recipe saves the step it is in),
+  and its defaults otherwise, from scratch (`--init_from none`: the peers start from nothing either);
+  at the budget SIGTERM (the recipe saves the step it is in),
   its last checkpoint (its weight average) synthesizes.
 - coqui: peers/coqui_glowtts.py in Coqui's own environment (what it changes in their recipe, and why:
   its docstring).
@@ -61,7 +62,7 @@ def heldout(data_dir: Path, out: Path, num_valid: int, num_test: int):
     from data import split_manifest
     from train import Config
 
-    cfg = parse_config(Config, ["--data_dir", str(data_dir), "--max_seconds", "30"],
+    cfg = parse_config(Config, ["--data_dir", str(data_dir), "--max_seconds", "30", "--text_frontend", "characters"],
                        default_yaml=ROOT / "recipes" / "tts" / "config.yaml")
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate, charset=None,
                         on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
@@ -73,7 +74,8 @@ def train_ours(args, out: Path) -> dict:
            "--mixed_precision", "no", "--dynamo_backend", "no", "recipes/tts/train.py", "--output_dir", str(out / "train"),
            "--data_dir", str(args.data_dir), "--num_valid", str(args.num_valid), "--num_test", str(args.num_test),
            "--max_seconds", "30", "--symbols", "auto", "--unknown_chars", "drop", "--text_frontend", "phonemes",
-           "--phonemizer_language", args.language, "--max_steps", "1000000", "--num_threads", str(args.threads),
+           "--phonemizer_language", args.language, "--init_from", "none", "--max_steps", "1000000",
+           "--num_threads", str(args.threads),
            "--report_to", "none", *shlex.split(args.ours_args)]
     env = thread_env(str(args.threads)) | {"PYTHONPATH": str(ROOT)}
     proc, t0 = launch(cmd, ROOT, env, out / "train.log")

@@ -6,9 +6,11 @@ Hugging Face Accelerate.
     # 2 real DDP processes on a CPU-only machine
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/tts/train.py
     # the real LJSpeech
-    accelerate launch recipes/tts/train.py --data_dir /data/LJSpeech-1.1 --num_valid 100 --num_test 500
+    accelerate launch recipes/tts/train.py --data_dir /data/LJSpeech-1.1 --phonemizer_language en-us --num_valid 100 --num_test 500
+    # a voice of your own, started from the built-in voice's model (trained first, once per machine: README)
+    accelerate launch recipes/tts/train.py --data_dir my_voice --phonemizer_language fr
     # a `datasets` source (train/validation splits), its parquet shards streamed in place
-    accelerate launch recipes/tts/train.py --dataset_name data/my_voice_parquet --symbols auto \
+    accelerate launch recipes/tts/train.py --dataset_name data/my_voice_parquet --phonemizer_language en-us \
         --streaming true --per_device_train_batch_size 16
     # then
     python recipes/tts/synthesize.py --checkpoint outputs/tts --text "a radio wrote this clever pencil" --output out.wav
