@@ -39,8 +39,8 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Internal, NonNegative, Positive, Range, ResumeSafe,
-                           exit_on_signals_during_start_up, parse_config)
+from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Internal, NonNegative, Positive, Range,
+                           ResumeSafe, exit_on_signals_during_start_up, parse_config)
 
 LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")
 
@@ -112,6 +112,7 @@ class Config(DatasetConfig):
         if self.text_frontend == "phonemes" and self.phonemizer_language is None and (self.data_dir or self.dataset_name):
             raise ValueError("--phonemizer_language: give the language your voice speaks, as an espeak-ng voice "
                              "(en-us, en-gb, fr, es, it, ru, de, ...), or read characters with --text_frontend characters")
+
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
