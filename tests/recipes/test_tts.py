@@ -476,15 +476,20 @@ def test_a_stopped_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_cor
     args = _builtin_args(tiny_corpus, tmp_path / "voice", _base_yaml(tmp_path, 30), cache=cache)
     log = tmp_path / "voice.log"
 
-    def stop_at(step: int, stop) -> tuple[int, int | None]:
-        """Launch, wait for the base's checkpoint `step`, `stop(voice process)`; → its pid and exit code."""
+    def newest() -> int:  # the base's newest checkpoint step (0: none)
+        return max([int(p.name[5:]) for p in cache.glob("tts_base-*.run/checkpoints/step_*")], default=0)
+
+    def stop_during_base(stop) -> tuple[int, int | None]:
+        """Launch, wait until the base has saved a checkpoint in this launch, `stop(voice process)`; → its
+        pid and exit code."""
         with cpu_tokens(1) as cpus, open(log, "a") as out:
+            before = newest()
             proc = subprocess.Popen([sys.executable, str(RECIPE / "train.py"), *args], env=base_env(None), stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=on_cores(cpus))
             child = None
             try:
                 deadline = time.monotonic() + 300
-                while not list(cache.glob(f"tts_base-*.run/checkpoints/step_{step:08d}")):
+                while newest() <= before or not psutil.Process(proc.pid).children():
                     assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                     time.sleep(0.02)
                 child = psutil.Process(proc.pid).children()[0]
@@ -497,13 +502,14 @@ def test_a_stopped_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_cor
                 if child is not None and child.is_running():
                     child.kill()
 
-    pid, _ = stop_at(2, lambda proc: proc.kill())
+    pid, _ = stop_during_base(lambda proc: proc.kill())
     assert f"the launcher (pid {pid}) ended: saving a checkpoint at the next step boundary" in log.read_text()
-    _, returncode = stop_at(6, lambda proc: proc.terminate())
+    first_stop = newest()
+    _, returncode = stop_during_base(lambda proc: proc.terminate())
     assert returncode == 75 and "resumed from" in log.read_text()
     assert len(re.findall(r"preempted at step \d+: checkpoint saved", log.read_text())) == 2  # the child, twice
-    saved = sorted(int(p.name[5:]) for p in cache.glob("tts_base-*.run/checkpoints/step_*"))
-    assert saved[-1] > 6
+    last = newest()
+    assert first_stop < last < 30
     again = run("tts", 1, args)
-    assert f"resumed from {next(cache.glob('tts_base-*.run'))}/checkpoints/step_{saved[-1]:08d}" in again
+    assert f"resumed from {next(cache.glob('tts_base-*.run'))}/checkpoints/step_{last:08d}" in again
     assert "initialized from" in again and (tmp_path / "voice" / "final" / "COMPLETE").is_file()
