@@ -38,8 +38,9 @@ _DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GRO
                     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 
 
-def cache_root(data_cache_dir: str | None) -> Path:
-    """Where the built-in corpus is cached (tools/corpus.py's rule), and so its bases."""
+def cache_root(data_cache_dir: str | Path | None) -> Path:
+    """The per-machine cache of the built-in corpus (tools/corpus.py) and of its bases: `data_cache_dir`,
+    else $SPEECH_RECIPES_CACHE, else ~/.cache/speech_recipes."""
     root = data_cache_dir or os.environ.get("SPEECH_RECIPES_CACHE") or Path.home() / ".cache" / "speech_recipes"
     return Path(root).expanduser()
 
