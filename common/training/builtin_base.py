@@ -98,6 +98,4 @@ def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=
                                f"its command, to run and read by hand: {' '.join(command)}")
         shutil.copytree(work / "final", tmp / "final")
 
-    if not (folder / ".complete").is_file():
-        log(f"the built-in base: {folder}")
     return prepare_once(folder, build, timeout_s=6 * 3600.0, info={"command": command})

@@ -287,14 +287,15 @@ def main(cfg: Config) -> None:
     model = models["model"]
     logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
-    try:  # every rank; a resume loads its checkpoint instead (the start it had is in there)
-        folder = init_folder(cfg) if run.ckpt is None else None
-        if folder is not None:
-            logger.info(transfer_from(model, cfg.symbols, folder, checkpoint_weights(folder)))
-        elif cfg.init_from == BUILTIN and run.ckpt is None:
-            logger.info("--init_from builtin: this is the built-in voice, trained from scratch (the base of other voices)")
-    except ValueError as e:
-        raise RunError(str(e)) from None
+    if run.ckpt is None:  # every rank; a resume loads its checkpoint instead (the start it had is in there)
+        try:
+            folder = init_folder(cfg)
+            if folder is not None:
+                logger.info(transfer_from(model, cfg.symbols, folder, checkpoint_weights(folder)))
+            elif cfg.init_from == BUILTIN:
+                logger.info("--init_from builtin: this is the built-in voice, trained from scratch (the base of other voices)")
+        except ValueError as e:
+            raise RunError(str(e)) from None
     optimizers, schedulers = build_optimizers(cfg, models)
     optimizer, scheduler = optimizers["model"], schedulers["model"]
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
