@@ -69,6 +69,14 @@ def _cpu_tokens(tmp_path_factory):
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_corpus_cache(tmp_path_factory):
+    """The built-in corpus and the built-in bases (`--init_from builtin`) a test makes without naming a
+    cache go to this test run's folder, never to the user's ~/.cache/speech_recipes."""
+    os.environ["SPEECH_RECIPES_CACHE"] = str(suite_dir(tmp_path_factory) / "default_cache")
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
     """The built-in corpus, `tiny` profile (a few seconds to generate), built once per test run: the

@@ -13,8 +13,9 @@ the model as it was at that time; at the last point the run is ended. Each kept 
 the test split greedily with its own system's code, and every hypothesis file is scored here by the
 same code (recipes/asr/metrics: corpus-level CER and WER). Writes <out>/result.json.
 
-- ours: `accelerate launch recipes/asr/train.py`, default config (plus --data_dir when given),
-  `--save_steps 100 --save_total_limit 0`; the model at point p is the last checkpoint complete
+- ours: `accelerate launch recipes/asr/train.py`, default config (plus --data_dir when given), from
+  scratch (`--init_from none`: the peers start from nothing either; `--ours_args "--init_from builtin"`
+  times the default start from the built-in base instead), `--save_steps 100 --save_total_limit 0`; the model at point p is the last checkpoint complete
   before p (one every 100 steps, 15-35 s here: ours is measured up to one interval early), decoded by
   recipes/asr/decode.py. At the last point SIGTERM: the recipe saves that step and exits.
 - speechbrain: their recipes/LibriSpeech/ASR/CTC/train.py with hparams/conformer_large.yaml (a
@@ -140,7 +141,8 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> tuple
     run = out / "train"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "recipes/asr/train.py", "--output_dir", str(run),
-           "--max_steps", "1000000", "--save_steps", "100", "--save_total_limit", "0", "--report_to", "none"]
+           "--max_steps", "1000000", "--save_steps", "100", "--save_total_limit", "0", "--report_to", "none",
+           "--init_from", "none"]
     cmd += ["--data_dir", str(data)] if data else []
     cmd += [] if args.threads == "normal" else ["--num_threads", args.threads]
     cmd += [] if args.seed is None else ["--seed", str(args.seed)]

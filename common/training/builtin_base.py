@@ -1,8 +1,9 @@
 """A recipe's own run on the built-in corpus, trained once per machine: the start of a small voice.
 
 A user's voice of 20-60 minutes is too little for a model trained from scratch; started from the
-same model trained on the built-in espeak-ng corpus first (transfer), it speaks (recipes/tts/README.md,
-"Transfer"). `builtin_base` makes that the default path without a second command: it trains the
+same model trained on the built-in espeak-ng corpus first (transfer), the TTS speaks and the ASR reads
+it (recipes/tts/README.md, "Transfer"; recipes/asr/README.md, "A new voice"). `builtin_base` makes that
+the default path (`--init_from builtin`) without a second command: it trains the
 recipe's `train.py` on the built-in corpus in a child process, once per cache folder (the built-in
 corpus's: `--data_cache_dir`, `$SPEECH_RECIPES_CACHE` or `~/.cache/speech_recipes`), and returns
 the folder of its `final/` export for `--init_from`. Every later voice with the same base settings
@@ -60,6 +61,13 @@ def base_folder(script: Path, args: list[str], data_cache_dir: str | None) -> Pa
     yaml_text = Path(args[args.index("--config") + 1]).read_text() if "--config" in args else ""
     key = hashlib.sha256("\0".join([source_digest(recipe_dir), yaml_text, *args]).encode()).hexdigest()[:16]
     return cache_root(data_cache_dir) / f"{recipe_dir.name}_base-{key}"
+
+
+def field_args(cfg, names) -> list[str]:
+    """`--name value` for each field `names` of `cfg`, as the recipe's parser reads it back (None: none,
+    booleans: true/false): the settings a base shares with the run started from it."""
+    flag = lambda v: "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
+    return [arg for name in names for arg in (f"--{name}", flag(getattr(cfg, name)))]
 
 
 def _wait_for(child: subprocess.Popen, save_s: float = 600.0) -> int:

@@ -35,7 +35,7 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, Fraction, NonNegative, Range,
+from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Fraction, NonNegative, Range,
                            exit_on_signals_during_start_up, parse_config)
 
 
@@ -79,7 +79,13 @@ class Config(DatasetConfig):
     attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # on attention probabilities
     activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # on feed-forward activations
     # --- fine-tuning ---
-    init_from: Annotated[str | None, ExistingPath] = None  # BEST-RQ output_dir or its final/: encoder and feature statistics
+    # A BEST-RQ or ASR output_dir (or final/) to start from: its encoder and feature statistics (an ASR
+    # run's CTC head is not taken: the characters are this run's). `builtin`: this recipe's run on the
+    # built-in corpus (`base_config`, with this run's front end and encoder shape and its `builtin_corpus`),
+    # trained once per machine into the corpus cache (common/training/builtin_base.py; README, "A new
+    # voice"); on a built-in corpus itself: from scratch.
+    init_from: Annotated[str | None, ExistingPathOr("builtin")] = None
+    base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml)
     encoder_lr_scale: Annotated[float, NonNegative] = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
     freeze_encoder_steps: Annotated[int, NonNegative] = 0  # optimizer steps during which the encoder is not updated
     layer_decay: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # encoder block k of N (0 = input projection) learns at encoder LR × this^(N-k)
@@ -117,10 +123,11 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from common.training.averaging import start_average, swapped_in  # noqa: E402
+from common.training.builtin_base import KEYWORD as BUILTIN, builtin_base, field_args  # noqa: E402
 from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
-from common.model.encoder import encoder_config_from, load_pretrained_encoder  # noqa: E402
+from common.model.encoder import MATCHING_KEYS, encoder_config_from, load_pretrained_encoder  # noqa: E402
 from common.training.faults import RunError, run_main  # noqa: E402
 from common.model.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.model.hf_export import write_model_card  # noqa: E402
@@ -205,6 +212,29 @@ def prepare_tokenizer(cfg: Config, out: Path, source):
     return tokenizer
 
 
+# What the built-in base shares with the voice started from it: the front end and encoder shape (its
+# weights must fit), and the run settings that make it exact. Its tokens and its CTC head are its own.
+BASE_FIELDS = (*MATCHING_KEYS, "seed", "mixed_precision", "deterministic", "num_threads", "builtin_corpus",
+               "data_cache_dir")
+
+
+def init_folder(cfg: Config) -> str | Path | None:
+    """What --init_from names (None: from scratch). `builtin`: this script's run on the built-in corpus
+    (`base_config`, this run's BASE_FIELDS), trained once per machine (every rank may call: one trains,
+    the others wait); a run on a built-in corpus itself has none."""
+    if cfg.init_from is None or (cfg.init_from == BUILTIN and cfg.data_dir is None and cfg.dataset_name is None):
+        return None
+    if cfg.init_from != BUILTIN:
+        return cfg.init_from
+    args = [*(["--config", str(Path(cfg.base_config).resolve())] if cfg.base_config else []),
+            "--data_dir", "none", "--dataset_name", "none", "--init_from", "none", "--report_to", "none",
+            *field_args(cfg, BASE_FIELDS)]
+    try:
+        return builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info)
+    except RuntimeError as e:
+        raise RunError(str(e)) from None
+
+
 def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
     """The model, its output sized by the data's tokenizer."""
     return {"model": ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
@@ -256,9 +286,12 @@ def main(cfg: Config) -> None:
     tok_dir = out / "tokenizer"  # built by build_data; exported with the model
     models = build_models(cfg, data)
     model = models["model"]
-    stats_loaded = load_pretrained_encoder(model, cfg.init_from, run.cfg_dict) if cfg.init_from else False  # every rank
+    folder = init_folder(cfg) if run.ckpt is None else None  # every rank; a resume loads its checkpoint instead
+    stats_loaded = load_pretrained_encoder(model, folder, run.cfg_dict) if folder else False
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters"
-                + (f", initialized from {cfg.init_from}" if cfg.init_from else ", from scratch"))
+                + (f", initialized from {folder}" if folder else ", resumed" if run.ckpt else ", from scratch")
+                + (" (--init_from builtin on the built-in corpus: from scratch, the base of other voices)"
+                   if cfg.init_from == BUILTIN and folder is None and run.ckpt is None else ""))
     optimizers, schedulers = build_optimizers(cfg, models)
     optimizer, scheduler = optimizers["model"], schedulers["model"]
     encoder_params = list(model.encoder.parameters())

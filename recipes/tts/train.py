@@ -121,7 +121,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 
 from common.training.averaging import checkpoint_weights, start_average, swapped_in  # noqa: E402
-from common.training.builtin_base import KEYWORD as BUILTIN, builtin_base  # noqa: E402
+from common.training.builtin_base import KEYWORD as BUILTIN, builtin_base, field_args  # noqa: E402
 from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data.loading import load_row_audio  # noqa: E402
@@ -198,10 +198,9 @@ def init_folder(cfg: Config) -> Path | None:
         return None
     if cfg.init_from != BUILTIN:
         return resolve_checkpoint(cfg.init_from, "--init_from")
-    flag = lambda v: "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
     args = [*(["--config", str(Path(cfg.base_config).resolve())] if cfg.base_config else []),
             "--data_dir", "none", "--dataset_name", "none", "--init_from", "none", "--report_to", "none",
-            *[arg for name in BASE_FIELDS for arg in (f"--{name}", flag(getattr(cfg, name)))]]
+            *field_args(cfg, BASE_FIELDS)]
     if cfg.text_frontend == "phonemes":  # the built-in voice speaks English
         args += ["--phonemizer_language", "en-us", "--symbols", AUTO]
     try:

@@ -32,7 +32,7 @@ from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights
 SEED = 42
 ENCODER = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64", "--conv_kernel", "7"]
 TINY = [*ENCODER, "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
-        "--max_batch_seconds", "16", "--stats_utterances", "20"]
+        "--max_batch_seconds", "16", "--stats_utterances", "20", "--init_from", "none"]  # (last flag wins: a test may start from a run)
 RECIPE = ROOT / "recipes" / "asr"
 
 
@@ -328,6 +328,44 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     for args, says in (((), "usage: bash recipes/asr/transfer.sh DATA_DIR"), ((str(tmp_path / "nowhere"),), "is not a folder")):
         refused = transfer(*args)
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+
+
+@pytest.mark.slow
+def test_init_from_builtin_starts_a_voice_from_the_base_trained_once(tiny_corpus, tmp_path):
+    """--init_from builtin (config.yaml's default): the first voice trains the base (a child run on the
+    built-in corpus with the voice's encoder shape, into the corpus cache) and starts from its encoder
+    and feature statistics; a second voice reuses it; a resumed voice does not need it; on the built-in
+    corpus itself it means from scratch."""
+    cache = tiny_corpus.parent  # the corpus cache (the base's name holds this test's YAML path: its own)
+    base_yaml = tmp_path / "base.yaml"
+    base_yaml.write_text("max_steps: 3\nwarmup_steps: 5\nmax_batch_seconds: 16\nstats_utterances: 20\n"
+                         "save_steps: 2\nlogging_steps: 1\neval_steps: 0\n")
+
+    def voice(out: Path, *extra: str):
+        return run("asr", 1, args_for(tiny_corpus, out, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0",
+                                      "--init_from", "builtin", "--builtin_corpus", "tiny", "--base_config",
+                                      str(base_yaml), "--data_cache_dir", str(cache), *extra))
+
+    first = voice(tmp_path / "voice1")
+    assert first.count("training it once for this machine") == 1
+    base = Path(re.search(r"encoder: \S+ M parameters, initialized from (\S+)", first).group(1))
+    assert base.parent == cache and base.name.startswith("asr_base-")
+    trained = yaml.safe_load((base / "final" / "config.yaml").read_text())
+    assert (trained["data_dir"], trained["init_from"], trained["hidden_size"], trained["max_steps"]) == (None, None, 32, 3)
+    stats = lambda run_dir: json.loads((run_dir / "final" / "preprocessor_config.json").read_text())["mean"]  # noqa: E731
+    assert stats(tmp_path / "voice1") == stats(base)  # the base's feature statistics, not the voice's
+    assert yaml.safe_load((tmp_path / "voice1" / "final" / "config.yaml").read_text())["init_from"] == "builtin"
+
+    second = voice(tmp_path / "voice2")
+    assert "training it once" not in second and f"initialized from {base}" in second
+    shutil.rmtree(base)  # a resumed voice has its start in its checkpoint: it neither needs nor retrains the base
+    resumed = voice(tmp_path / "voice2", "--max_steps", "3")
+    assert "training it once" not in resumed and "resumed" in resumed and not base.exists()
+
+    itself = run("asr", 1, [*TINY, "--init_from", "builtin", "--max_steps", "1", "--eval_steps", "0",
+                            "--output_dir", str(tmp_path / "builtin"), "--builtin_corpus", "tiny",
+                            "--data_cache_dir", str(cache)])
+    assert "the base of other voices" in itself and "training it once" not in itself
 
 
 @pytest.mark.slow
