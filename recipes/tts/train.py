@@ -68,7 +68,7 @@ class Config(DatasetConfig):
                                 "held out (score.py takes --data_dir)")
     symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # the symbol table (text is NFKC-normalized and lowercased first); "auto": every symbol of the training transcripts (frontend.py)
     text_frontend: Literal["characters", "phonemes"] = "characters"  # model input: characters, or espeak-ng IPA phonemes of phonemizer_language (needs --symbols auto)
-    phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ... (None: en-us for the built-in voice, refused for a voice of your own)
+    phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ... (None: en-us for the built-in voice; a voice of your own: read off its transcripts, frontend.guess_language)
     unknown_chars: Literal["error", "drop"] = "error"  # a validation/test symbol outside the table: refuse, or leave it out of that text
     symbols_derived: Annotated[bool, ResumeSafe, Internal] = False  # written by training, not set (refused on the command line, not in --help; a checkpoint from before the field resumes): True when `symbols` came from the training transcripts (no charset check then; score.py repeats it)
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
@@ -109,9 +109,6 @@ class Config(DatasetConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.text_frontend == "phonemes" and self.phonemizer_language is None and (self.data_dir or self.dataset_name):
-            raise ValueError("--phonemizer_language: give the language your voice speaks, as an espeak-ng voice "
-                             "(en-us, en-gb, fr, es, it, ru, de, ...), or read characters with --text_frontend characters")
 
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
@@ -139,7 +136,7 @@ from tools.corpus import resolve_data_dir  # noqa: E402
 # recipe-local modules (this folder is on sys.path)
 from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
 from data import Collator, TTSDataset, split_manifest  # noqa: E402
-from frontend import AUTO, Symbols  # noqa: E402
+from frontend import AUTO, Symbols, guess_language  # noqa: E402
 from model import build_model, transfer_from  # noqa: E402
 
 logger = get_logger(__name__)
@@ -160,8 +157,9 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     LJSpeech-layout folder split into training/validation/test by id, or --dataset_name (its
     --train_split_name trains, its --eval_split_name validates). `data.cfg` holds the symbol table
     the items were encoded with (`--symbols auto`: derived from the training transcripts)."""
-    if cfg.text_frontend == "phonemes" and cfg.phonemizer_language is None:  # the built-in voice (validate)
-        cfg = dataclasses.replace(cfg, phonemizer_language="en-us")  # speaks English; recorded with the run
+    own_voice = cfg.data_dir is not None or cfg.dataset_name is not None
+    if cfg.text_frontend == "phonemes" and cfg.phonemizer_language is None and not own_voice:
+        cfg = dataclasses.replace(cfg, phonemizer_language="en-us")  # the built-in voice speaks English
     fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
     source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
                          corpus=lambda: resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech"),
@@ -171,6 +169,15 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     # run's config (checkpoints, final/), so that resume and synthesis read the same table. A fixed
     # table's training texts are checked too (a folder's were by its data check).
     texts = {split: source.texts(split) for split in source.splits}
+    if cfg.text_frontend == "phonemes" and cfg.phonemizer_language is None:  # a voice of your own
+        language, why = guess_language(texts["train"][1])
+        if language is None:
+            raise RunError(f"--phonemizer_language: the training transcripts do not say which language your voice "
+                           f"speaks ({why}); give it as an espeak-ng voice (en-us, en-gb, fr, es, it, ru, de, ...), "
+                           f"or read characters with --text_frontend characters")
+        logger.info(f"--phonemizer_language {language}: read off the training transcripts ({why}); recorded with "
+                    f"the run; --phonemizer_language chooses another")
+        cfg = dataclasses.replace(cfg, phonemizer_language=language)
     try:
         symbols = Symbols.derived(cfg, texts["train"][1])
         for split, (ids, split_texts) in texts.items():
@@ -185,9 +192,11 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
 
 # What the built-in base shares with the voice started from it: the model's shape, and the mel and
 # text units, so that its weights mean the same thing here; and the run settings that make it exact.
+# Not the thread count: the base uses the machine's cores (`num_threads` auto), so that one machine
+# has one base whatever the voices' threads (the same command gives the same base on it, first or not).
 BASE_FIELDS = ("sample_rate", "n_mels", "win_length", "hop_length", "text_frontend", "dim", "encoder_layers",
                "decoder_layers", "num_heads", "ffn_dim", "conv_kernel", "duration_channels", "attention_dim",
-               "seed", "mixed_precision", "deterministic", "num_threads", "builtin_corpus", "data_cache_dir")
+               "seed", "mixed_precision", "deterministic", "builtin_corpus", "data_cache_dir")
 
 
 def init_folder(cfg: Config) -> Path | None:

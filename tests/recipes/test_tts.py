@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -447,10 +448,19 @@ def test_init_from_builtin_trains_the_base_once_per_machine(tiny_corpus, tmp_pat
     assert "this is the built-in voice, trained from scratch" in itself and "initialized from" not in itself
     saved = yaml.safe_load((tmp_path / "builtin" / "final" / "config.yaml").read_text())
     assert (saved["text_frontend"], saved["phonemizer_language"], saved["init_from"]) == ("phonemes", "en-us", "builtin")
-    # and on a voice of one's own it needs the voice's language: refused before anything is made
-    nameless = python([RECIPE / "train.py", "--data_dir", tiny_corpus / "ljspeech", "--output_dir", tmp_path / "v5"])
-    assert nameless.returncode == 2 and not (tmp_path / "v5").exists()
-    assert nameless.stderr.startswith("error: --phonemizer_language: give the language your voice speaks"), nameless.stderr
+    # a voice of one's own in phonemes: its language read off its transcripts (English here), or refused
+    phonemes = ["--text_frontend", "phonemes", "--symbols", "auto", "--phonemizer_language", "none"]
+    guessed = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "v5", base_yaml, *phonemes))
+    assert "--phonemizer_language en-us: read off the training transcripts (function words: " in guessed
+    assert yaml.safe_load((tmp_path / "v5" / "final" / "config.yaml").read_text())["phonemizer_language"] == "en-us"
+    unclear = tmp_path / "unclear"
+    shutil.copytree(tiny_corpus / "ljspeech", unclear)
+    rows = (unclear / "metadata.csv").read_text().splitlines()
+    (unclear / "metadata.csv").write_text("".join(f"{r.split('|')[0]}|Zq xv brr|Zq xv brr\n" for r in rows))
+    refused = run("tts", 1, [*_builtin_args(tiny_corpus, tmp_path / "v6", base_yaml, *phonemes), "--data_dir", str(unclear)],
+                  expect_rc=1)
+    assert "error: --phonemizer_language: the training transcripts do not say which language your voice speaks" in refused
+    assert "training it once" not in refused  # refused before any base is made
 
     broken = tmp_path / "broken.yaml"
     broken.write_text(base_yaml.read_text().replace("num_valid: 2", "num_valid: 30"))

@@ -70,6 +70,21 @@ def test_espeak_phonemes_of_each_language(language, text):
     assert symbols.decode(symbols.encode(text)) == ipa
 
 
+def test_the_language_is_read_off_enough_transcripts_or_not_at_all():
+    spanish = ["Por favor ingrese su numero de agente seguido por la tecla de numero.", "El buzón de voz no está disponible.",
+               "Gracias por su llamada, la operadora le atenderá en un momento."]
+    cases = {"en-us": ["Please enter your number and the pound key.", "The party you are calling is not available."],
+             "fr": FRENCH * 2, "es": spanish, "it": ["Quell'operatore è già loggato. Digitare il proprio numero di operatore.",
+                    "Il numero che avete chiamato non è al momento raggiungibile."],
+             "ru": ["Этот оператор уже зарегистрирован. Введите номер оператора и нажмите решетку.", "Вы не можете это сделать.",
+                   "Я не могу соединить вас с оператором по этому номеру."]}
+    for language, texts in cases.items():
+        assert frontend.guess_language(texts)[0] == language, (language, frontend.guess_language(texts))
+    for unclear in (["Xq zzk brr", "Hmm qqq"], ["le", "the"], ["Arrivederci"], []):  # no function words, a tie, too few
+        language, why = frontend.guess_language(unclear)
+        assert language is None and "function words" in why
+
+
 def test_phonemes_need_a_derived_table_and_a_known_language():
     with pytest.raises(ValueError, match="--symbols auto"):
         frontend.Symbols.derived(cfg(symbols="abc", text_frontend="phonemes", phonemizer_language="fr"), FRENCH)
