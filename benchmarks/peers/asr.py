@@ -180,6 +180,15 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> tuple
 
 # ---- SpeechBrain ------------------------------------------------------------------------------------
 
+# transformers' steps in 30 minutes of one thread here (2-core VM): where its linear decay should end
+HF_STEPS_30MIN = {"cpu": 925, "lr1e-3": 925, "conv128": 2400}
+
+
+def hf_max_steps(args, points: list[float]) -> int:
+    """--hf_max_steps, or the steps the variant makes by the last budget point (HF_STEPS_30MIN, scaled)."""
+    return args.hf_max_steps or round(HF_STEPS_30MIN[args.variant] * points[-1] / 30)
+
+
 def speechbrain_yaml(variant: str, out: Path) -> Path:
     text = (SB_RECIPE / "hparams" / "conformer_large.yaml").read_text()
     if variant in ("cpu", "small"):
@@ -285,7 +294,7 @@ def train_transformers(args, data: Path, out: Path, points: list[float]) -> tupl
            "--do_train", "--do_eval", "--eval_metrics", str(ROOT / "recipes" / "asr" / "metrics" / "cer"),
            "--output_dir", str(out / "hf"), "--use_cpu", "--report_to", "none", "--seed", str(seed),
            "--freeze_feature_encoder", "False", "--per_device_train_batch_size", str(batch),
-           "--learning_rate", lr, "--warmup_steps", str(OUR_WARMUP), "--max_steps", str(args.hf_max_steps),
+           "--learning_rate", lr, "--warmup_steps", str(OUR_WARMUP), "--max_steps", str(hf_max_steps(args, points)),
            "--train_sampling_strategy", "group_by_length", "--length_column_name", "input_length",
            "--save_steps", str(HF_SAVE_STEPS), "--save_only_model", "--logging_steps", "25"]
     proc, t0 = launch(cmd, ROOT, thread_env(args.threads), out / "train.log")
@@ -428,8 +437,9 @@ def main() -> None:
     t.add_argument("--variant", choices=["cpu", "small", "shipped", "lr1e-3", "conv128"], default="cpu",
                    help="speechbrain's YAML: cpu, small, shipped; transformers' values: cpu, lr1e-3, conv128 (see above)")
     t.add_argument("--hf_script", default=None, help="transformers: path to run_speech_recognition_ctc.py")
-    t.add_argument("--hf_max_steps", type=int, default=1100,
-                   help="transformers: where its linear decay ends (size it to the budget: one thread made ~925 steps in 30 min here at 256 channels, ~2400 at 128)")
+    t.add_argument("--hf_max_steps", type=int, default=None,
+                   help="transformers: where its linear decay ends; default: the steps one thread made here in the "
+                        "budget's last point (~925 in 30 min at 256 channels, ~2400 at 128: --variant conv128)")
     t.add_argument("--threads", default="normal", help="'normal' or a number of torch threads")
     t.add_argument("--ours_args", default="", help="ours: more train.py flags, e.g. '--conv_kernel 31' (an ablation)")
     t.add_argument("--seed", type=int, default=None,
