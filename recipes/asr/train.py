@@ -2,6 +2,8 @@
 
     # built-in espeak-ng corpus, characters, 1 process (CPU or one GPU)
     accelerate launch recipes/asr/train.py
+    # a voice of your own (LibriSpeech layout): started from the run above, trained once per machine (README)
+    accelerate launch recipes/asr/train.py --data_dir my_voice --output_dir outputs/asr_my_voice
     # fine-tune a BEST-RQ encoder (same front end and encoder shape)
     accelerate launch recipes/asr/train.py --init_from outputs/best_rq --output_dir outputs/asr_ft
     # 2 real DDP processes on a CPU-only machine
@@ -214,8 +216,9 @@ def prepare_tokenizer(cfg: Config, out: Path, source):
 
 # What the built-in base shares with the voice started from it: the front end and encoder shape (its
 # weights must fit), and the run settings that make it exact. Its tokens and its CTC head are its own.
-BASE_FIELDS = (*MATCHING_KEYS, "seed", "mixed_precision", "deterministic", "num_threads", "builtin_corpus",
-               "data_cache_dir")
+# Not the thread count: the base uses the machine's cores (`num_threads` auto), so that one machine
+# has one base whatever the voices' threads (the same command gives the same base on it, first or not).
+BASE_FIELDS = (*MATCHING_KEYS, "seed", "mixed_precision", "deterministic", "builtin_corpus", "data_cache_dir")
 
 
 def init_folder(cfg: Config) -> str | Path | None:

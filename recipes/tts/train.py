@@ -107,9 +107,6 @@ class Config(DatasetConfig):
     num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # fixed validation sentences synthesized into TensorBoard at each validation
     griffin_lim_iters: Annotated[int, Count, ResumeSafe] = 32  # Griffin-Lim iterations for those samples
 
-    def validate(self) -> None:
-        super().validate()
-
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
