@@ -6,6 +6,8 @@
 - `phonemes`: that normalized text read by espeak-ng's phonemizer in `--phonemizer_language` (any
   espeak-ng voice: fr, es, it, ru, en-us, ...), IPA with stress and length marks, one symbol per
   code point (ʃ, ˈ, ː, the nasal ◌̃ ...); clauses joined by a space (espeak-ng drops punctuation).
+  Not given for a voice of one's own, train.py reads the language off its training transcripts
+  (`guess_language`: their function words), or refuses the run when they do not say.
 
 The symbol table is `--symbols`: the characters allowed (default: English letters and punctuation),
 or `auto`: every symbol of the training transcripts after the front end, in code-point order (with
