@@ -93,7 +93,10 @@ def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=
     the command, when the child fails."""
     folder = base_folder(script, args, data_cache_dir)
     work = folder.with_name(folder.name + ".run")
-    command = [sys.executable, str(script.resolve()), *args, "--output_dir", str(work)]
+    # The cache is where the base lives, not part of its key: `--data_cache_dir` unset, or set to the
+    # same folder, is the same base. The child builds its corpus there too.
+    command = [sys.executable, str(script.resolve()), *args, "--data_cache_dir", str(folder.parent),
+               "--output_dir", str(work)]
 
     def build(tmp: Path) -> None:
         log(f"the built-in base: training it once for this machine into {folder} (its run: {work}; "

@@ -218,7 +218,7 @@ def prepare_tokenizer(cfg: Config, out: Path, source):
 # weights must fit), and the run settings that make it exact. Its tokens and its CTC head are its own.
 # Not the thread count: the base uses the machine's cores (`num_threads` auto), so that one machine
 # has one base whatever the voices' threads (the same command gives the same base on it, first or not).
-BASE_FIELDS = (*MATCHING_KEYS, "seed", "mixed_precision", "deterministic", "builtin_corpus", "data_cache_dir")
+BASE_FIELDS = (*MATCHING_KEYS, "seed", "mixed_precision", "deterministic", "builtin_corpus")
 
 
 def init_folder(cfg: Config) -> str | Path | None:

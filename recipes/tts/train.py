@@ -193,7 +193,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
 # has one base whatever the voices' threads (the same command gives the same base on it, first or not).
 BASE_FIELDS = ("sample_rate", "n_mels", "win_length", "hop_length", "text_frontend", "dim", "encoder_layers",
                "decoder_layers", "num_heads", "ffn_dim", "conv_kernel", "duration_channels", "attention_dim",
-               "seed", "mixed_precision", "deterministic", "builtin_corpus", "data_cache_dir")
+               "seed", "mixed_precision", "deterministic", "builtin_corpus")
 
 
 def init_folder(cfg: Config) -> Path | None:

@@ -336,8 +336,9 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
 def test_init_from_builtin_starts_a_voice_from_the_base_trained_once(tiny_corpus, tmp_path):
     """--init_from builtin (config.yaml's default): the first voice trains the base (a child run on the
     built-in corpus with the voice's encoder shape, into the corpus cache) and starts from its encoder
-    and feature statistics; a second voice reuses it, whatever its thread count; a resumed voice does
-    not need it; on the built-in corpus itself it means from scratch."""
+    and feature statistics; a second voice reuses it, whatever its thread count, and so does a third
+    that finds the same cache through $SPEECH_RECIPES_CACHE; a resumed voice does not need it; on the
+    built-in corpus itself it means from scratch."""
     cache = tiny_corpus.parent  # the corpus cache (the base's name holds this test's YAML path: its own)
     base_yaml = tmp_path / "base.yaml"
     base_yaml.write_text("max_steps: 3\nwarmup_steps: 5\nmax_batch_seconds: 16\nstats_utterances: 20\n"
@@ -360,6 +361,10 @@ def test_init_from_builtin_starts_a_voice_from_the_base_trained_once(tiny_corpus
 
     second = voice(tmp_path / "voice2", "--num_threads", "1")  # another thread count: the same base (the machine's)
     assert "training it once" not in second and f"initialized from {base}" in second
+    unnamed = args_for(tiny_corpus, tmp_path / "voice3", "--max_steps", "1", "--eval_steps", "0", "--init_from", "builtin",
+                       "--builtin_corpus", "tiny", "--base_config", str(base_yaml))
+    third = run("asr", 1, unnamed, env={"SPEECH_RECIPES_CACHE": str(cache)})  # the same cache, not named: the same base
+    assert "training it once" not in third and f"initialized from {base}" in third
     shutil.rmtree(base)  # a resumed voice has its start in its checkpoint: it neither needs nor retrains the base
     resumed = voice(tmp_path / "voice2", "--max_steps", "3")
     assert "training it once" not in resumed and "resumed" in resumed and not base.exists()
