@@ -63,11 +63,19 @@ def base_folder(script: Path, args: list[str], data_cache_dir: str | None) -> Pa
     return cache_root(data_cache_dir) / f"{recipe_dir.name}_base-{key}"
 
 
-def field_args(cfg, names) -> list[str]:
-    """`--name value` for each field `names` of `cfg`, as the recipe's parser reads it back (None: none,
-    booleans: true/false): the settings a base shares with the run started from it."""
+def uses_builtin_corpus(cfg) -> bool:
+    """Whether a run trains on the built-in corpus (no --data_dir, no --dataset_name): it is a base itself."""
+    return cfg.data_dir is None and cfg.dataset_name is None
+
+
+def base_args(cfg, fields) -> list[str]:
+    """The base's arguments for a run of `cfg`: its `--base_config` YAML if any, the built-in corpus,
+    from scratch, and `--name value` for each of `fields` (the settings a base shares with the run
+    started from it: shape, units, exactness), as the recipe's parser reads them back."""
     flag = lambda v: "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
-    return [arg for name in names for arg in (f"--{name}", flag(getattr(cfg, name)))]
+    return [*(["--config", str(Path(cfg.base_config).resolve())] if cfg.base_config else []),
+            "--data_dir", "none", "--dataset_name", "none", "--init_from", "none", "--report_to", "none",
+            *[arg for name in fields for arg in (f"--{name}", flag(getattr(cfg, name)))]]
 
 
 def _wait_for(child: subprocess.Popen, save_s: float = 600.0) -> int:
@@ -89,8 +97,8 @@ def _wait_for(child: subprocess.Popen, save_s: float = 600.0) -> int:
 def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=print) -> Path:
     """Train `python script *args --output_dir <folder>.run` once (see the module docstring) and return
     the folder that holds a copy of its `final/` (an `--init_from` target). `args` must make it a run
-    on the built-in corpus; the child's output goes to our stdout/stderr. Raises RuntimeError, naming
-    the command, when the child fails."""
+    on the built-in corpus (`base_args`); the child's output goes to our stdout/stderr. Raises RunError
+    (one line, naming the command) when the child fails."""
     folder = base_folder(script, args, data_cache_dir)
     work = folder.with_name(folder.name + ".run")
     # The cache is where the base lives, not part of its key: `--data_cache_dir` unset, or set to the
@@ -105,8 +113,10 @@ def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=
         env["ACCELERATE_MIXED_PRECISION"] = "no"  # launcher.launched(): the child stops once we are gone
         returncode = _wait_for(subprocess.Popen(command, env=env))
         if returncode != 0:
-            raise RuntimeError(f"the built-in base's training failed (exit {returncode}); "
-                               f"its command, to run and read by hand: {' '.join(command)}")
+            from common.training.faults import RunError  # (torch: not for tools/corpus.py's cache_root)
+
+            raise RunError(f"the built-in base's training failed (exit {returncode}); "
+                           f"its command, to run and read by hand: {' '.join(command)}")
         shutil.copytree(work / "final", tmp / "final")
 
     return prepare_once(folder, build, timeout_s=6 * 3600.0, info={"command": command})

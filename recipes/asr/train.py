@@ -125,7 +125,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from common.training.averaging import start_average, swapped_in  # noqa: E402
-from common.training.builtin_base import KEYWORD as BUILTIN, builtin_base, field_args  # noqa: E402
+from common.training.builtin_base import KEYWORD as BUILTIN, base_args, builtin_base, uses_builtin_corpus  # noqa: E402
 from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
@@ -225,17 +225,11 @@ def init_folder(cfg: Config) -> str | Path | None:
     """What --init_from names (None: from scratch). `builtin`: this script's run on the built-in corpus
     (`base_config`, this run's BASE_FIELDS), trained once per machine (every rank may call: one trains,
     the others wait); a run on a built-in corpus itself has none."""
-    if cfg.init_from is None or (cfg.init_from == BUILTIN and cfg.data_dir is None and cfg.dataset_name is None):
+    if cfg.init_from is None or (cfg.init_from == BUILTIN and uses_builtin_corpus(cfg)):
         return None
     if cfg.init_from != BUILTIN:
         return cfg.init_from
-    args = [*(["--config", str(Path(cfg.base_config).resolve())] if cfg.base_config else []),
-            "--data_dir", "none", "--dataset_name", "none", "--init_from", "none", "--report_to", "none",
-            *field_args(cfg, BASE_FIELDS)]
-    try:
-        return builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info)
-    except RuntimeError as e:
-        raise RunError(str(e)) from None
+    return builtin_base(Path(__file__), base_args(cfg, BASE_FIELDS), cfg.data_cache_dir, log=logger.info)
 
 
 def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
@@ -291,10 +285,9 @@ def main(cfg: Config) -> None:
     model = models["model"]
     folder = init_folder(cfg) if run.ckpt is None else None  # every rank; a resume loads its checkpoint instead
     stats_loaded = load_pretrained_encoder(model, folder, run.cfg_dict) if folder else False
-    logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters"
-                + (f", initialized from {folder}" if folder else ", resumed" if run.ckpt else ", from scratch")
-                + (" (--init_from builtin on the built-in corpus: from scratch, the base of other voices)"
-                   if cfg.init_from == BUILTIN and folder is None and run.ckpt is None else ""))
+    start = (f"initialized from {folder}" if folder else "resumed" if run.ckpt else "from scratch"
+             + (" (the built-in corpus: the base of other voices)" if cfg.init_from == BUILTIN else ""))
+    logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters, {start}")
     optimizers, schedulers = build_optimizers(cfg, models)
     optimizer, scheduler = optimizers["model"], schedulers["model"]
     encoder_params = list(model.encoder.parameters())

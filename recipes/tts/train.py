@@ -115,7 +115,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 
 from common.training.averaging import checkpoint_weights, start_average, swapped_in  # noqa: E402
-from common.training.builtin_base import KEYWORD as BUILTIN, builtin_base, field_args  # noqa: E402
+from common.training.builtin_base import KEYWORD as BUILTIN, base_args, builtin_base, uses_builtin_corpus  # noqa: E402
 from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data.loading import load_row_audio  # noqa: E402
@@ -154,8 +154,7 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     LJSpeech-layout folder split into training/validation/test by id, or --dataset_name (its
     --train_split_name trains, its --eval_split_name validates). `data.cfg` holds the symbol table
     the items were encoded with (`--symbols auto`: derived from the training transcripts)."""
-    own_voice = cfg.data_dir is not None or cfg.dataset_name is not None
-    if cfg.text_frontend == "phonemes" and cfg.phonemizer_language is None and not own_voice:
+    if cfg.text_frontend == "phonemes" and cfg.phonemizer_language is None and uses_builtin_corpus(cfg):
         cfg = dataclasses.replace(cfg, phonemizer_language="en-us")  # the built-in voice speaks English
     fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
     source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
@@ -200,19 +199,14 @@ def init_folder(cfg: Config) -> Path | None:
     """The sealed folder --init_from names (None: from scratch). `builtin`: this script's run on the built-in
     corpus (`base_config`, this run's BASE_FIELDS; English phonemes for a phoneme model), trained
     once per machine (every rank may call: one trains, the others wait); the built-in voice itself has none."""
-    if cfg.init_from is None or (cfg.init_from == BUILTIN and cfg.data_dir is None and cfg.dataset_name is None):
+    if cfg.init_from is None or (cfg.init_from == BUILTIN and uses_builtin_corpus(cfg)):
         return None
     if cfg.init_from != BUILTIN:
         return resolve_checkpoint(cfg.init_from, "--init_from")
-    args = [*(["--config", str(Path(cfg.base_config).resolve())] if cfg.base_config else []),
-            "--data_dir", "none", "--dataset_name", "none", "--init_from", "none", "--report_to", "none",
-            *field_args(cfg, BASE_FIELDS)]
+    args = base_args(cfg, BASE_FIELDS)
     if cfg.text_frontend == "phonemes":  # the built-in voice speaks English
         args += ["--phonemizer_language", "en-us", "--symbols", AUTO]
-    try:
-        return resolve_checkpoint(builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info), "--init_from")
-    except RuntimeError as e:
-        raise RunError(str(e)) from None
+    return resolve_checkpoint(builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info), "--init_from")
 
 
 def build_models(cfg: Config, data: RecipeData | None = None) -> dict:
