@@ -5,7 +5,10 @@
   Each character is a symbol; punctuation stays (it shapes prosody).
 - `phonemes`: that normalized text read by espeak-ng's phonemizer in `--phonemizer_language` (any
   espeak-ng voice: fr, es, it, ru, en-us, ...), IPA with stress and length marks, one symbol per
-  code point (ʃ, ˈ, ː, the nasal ◌̃ ...); clauses joined by a space (espeak-ng drops punctuation).
+  code point (ʃ, ˈ, ː, the nasal ◌̃ ...); clauses joined by a space. espeak-ng drops punctuation;
+  with `phoneme_punctuation` (config.yaml: true) the marks that end a clause (, ; : . ? ! …) are
+  kept after its phonemes, as symbols of their own: a recorded pause at a comma then has a symbol to
+  be aligned to, instead of lengthening the phonemes beside it (a decimal point, 3.5, is not a clause end).
   Not given for a voice of one's own, train.py reads the language off its training transcripts
   (`guess_language`: their function words), or refuses the run when they do not say.
 
@@ -72,8 +75,11 @@ class Phonemizer:
     _lock = threading.Lock()  # one library state per process
     _lib = None
 
-    def __init__(self, language: str):
-        self.language = language
+    # A clause-ending mark: punctuation followed by a space or the end of the text (not 3.5 or a.m.).
+    CLAUSE_END = re.compile(r"([,;:.?!…]+)(?=\s|$)")
+
+    def __init__(self, language: str, punctuation: bool = False):
+        self.language, self.punctuation = language, punctuation
         with self._lock:
             self._load()
             if Phonemizer._lib.espeak_SetVoiceByName(language.encode()) != 0:
@@ -97,6 +103,19 @@ class Phonemizer:
         cls._lib = lib
 
     def __call__(self, text: str) -> str:
+        if not self.punctuation:
+            return self._phonemes(text)
+        # "la clave, de entrada." → ["la clave", ",", " de entrada", ".", ""]: each clause read alone
+        # (espeak-ng splits there too), each mark kept after it as written
+        parts = self.CLAUSE_END.split(text)
+        out = []
+        for clause, mark in zip(parts[::2], parts[1::2] + [""]):
+            phonemes = self._phonemes(clause)
+            if phonemes or out:  # a mark before any speech ("... hola") is dropped: no pause to align it to
+                out.append(phonemes + mark)
+        return " ".join(" ".join(out).split())
+
+    def _phonemes(self, text: str) -> str:
         with self._lock:
             lib = Phonemizer._lib
             lib.espeak_SetVoiceByName(self.language.encode())  # another Phonemizer may have changed it
@@ -114,20 +133,21 @@ class Symbols:
     "error" refuses them (never silently dropped unless asked)."""
 
     def __init__(self, table: str, frontend: str = "characters", language: str | None = None,
-                 unknown: str = "error"):
+                 unknown: str = "error", punctuation: bool = False):
         if len(set(table)) != len(table):
             raise ValueError(f"symbol table has duplicates: {table!r}")
         if frontend == "phonemes" and not language:
             raise ValueError("--text_frontend phonemes needs --phonemizer_language (an espeak-ng voice: fr, es, it, ru, en-us ...)")
         self.chars, self.frontend, self.unknown = table, frontend, unknown
         self.index = {c: i + 1 for i, c in enumerate(table)}
-        self.phonemize = Phonemizer(language) if frontend == "phonemes" else None
+        self.phonemize = Phonemizer(language, punctuation) if frontend == "phonemes" else None
 
     @classmethod
     def from_config(cls, cfg, table: str | None = None) -> Symbols:
-        """The front end a config describes (a namespace from an older config.yaml: characters)."""
+        """The front end a config describes (a namespace from an older config.yaml: characters, no marks)."""
         return cls(table if table is not None else cfg.symbols, getattr(cfg, "text_frontend", "characters"),
-                   getattr(cfg, "phonemizer_language", None), getattr(cfg, "unknown_chars", "error"))
+                   getattr(cfg, "phonemizer_language", None), getattr(cfg, "unknown_chars", "error"),
+                   getattr(cfg, "phoneme_punctuation", False))
 
     @classmethod
     def derived(cls, cfg, texts: list[str]) -> Symbols:
