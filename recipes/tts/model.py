@@ -267,7 +267,7 @@ class AlignedFastSpeech(nn.Module):
         soft, logprob = self.aligner(target, emb, text_pad, log_prior)
         hard = mas_batch(soft.clamp_min(1e-12).log(), text_lens, mel_lens)  # (B, T, N) 0/1
         durations = hard.sum(1).long()  # (B, N), Σ = mel_lens
-        pitch_loss = torch.zeros((), device=mel.device)
+        pitch_loss, decoder_in = torch.zeros((), device=mel.device), enc
         if self.pitch_embed is not None:
             if pitch is None:
                 raise ValueError("this model is conditioned on pitch: pass the frames' pitch (data.Collator's batch['pitch'])")
@@ -277,10 +277,10 @@ class AlignedFastSpeech(nn.Module):
                 (hard.transpose(1, 2) @ voiced[..., None])[..., 0].clamp_min(1)
             pred_pitch = self.pitch_predictor(enc.detach(), text_pad).float()
             pitch_loss = (((pred_pitch - sym_pitch) ** 2) * (~text_pad)).sum() / (~text_pad).sum()
-            enc = self.with_pitch(enc, sym_pitch, text_pad)
+            decoder_in = self.with_pitch(enc, sym_pitch, text_pad)  # the predictors read enc, as at synthesis
         # Losses in fp32 whatever the compute dtype (FSDP2's bf16 outputs are cast up here; counts of
         # frames and symbols are not exact in bf16 above 256).
-        coarse, pred = (p.float() for p in self.decode(enc, durations)[0])  # target: fp32 already (fp32 statistics buffers)
+        coarse, pred = (p.float() for p in self.decode(decoder_in, durations)[0])  # target: fp32 already (fp32 statistics buffers)
         frames = (~lengths_to_padding(mel_lens, mel.shape[1]))[..., None].float()
         dist = (lambda d: d.abs()) if self.mel_loss == "l1" else (lambda d: d ** 2)
         mel_loss = (dist(pred - target) * frames).sum() / (frames.sum() * mel.shape[-1])

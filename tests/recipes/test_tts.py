@@ -230,6 +230,8 @@ def test_pitch_conditioning_feeds_the_recorded_pitch_and_predicts_it_at_synthesi
     out = m(*args, batch["pitch"])
     assert out["pitch_loss"] > 0 and torch.isfinite(out["mel_loss"])
     assert not torch.allclose(m(*args, batch["pitch"] * 2)["pred"], out["pred"])  # the decoder hears it
+    tf_dur = m(*args, batch["pitch"] * 2)["dur_loss"]
+    assert tf_dur == out["dur_loss"]  # the duration predictor reads the encoder as at synthesis, without the pitch
     out["pitch_loss"].backward()
     assert m.pitch_predictor.out.weight.grad.abs().sum() > 0 and m.embed.weight.grad is None  # detached input
     mel, lens, _ = m.infer(batch["tokens"], batch["text_lens"])
