@@ -6,9 +6,12 @@
 - `phonemes`: that normalized text read by espeak-ng's phonemizer in `--phonemizer_language` (any
   espeak-ng voice: fr, es, it, ru, en-us, ...), IPA with stress and length marks, one symbol per
   code point (ʃ, ˈ, ː, the nasal ◌̃ ...); clauses joined by a space. espeak-ng drops punctuation;
-  with `phoneme_punctuation` (config.yaml: true) the marks that end a clause (, ; : . ? ! …) are
-  kept after its phonemes, as symbols of their own: a recorded pause at a comma then has a symbol to
-  be aligned to, instead of lengthening the phonemes beside it (a decimal point, 3.5, is not a clause end).
+  with `phoneme_punctuation` (config.yaml: true) the marks that end a clause are kept after its
+  phonemes as one of two symbols, `,` for a clause inside a sentence (, ; :) and `.` for its end
+  (. ? ! …): a recorded pause then has a symbol to be aligned to, instead of lengthening the phonemes
+  beside it. Two symbols, because a voice of minutes has few `;` or `?` to learn from; a decimal
+  point (3.5) is not a clause end; a mark the training transcripts never had (a table without `,`)
+  is left out of other texts, as before the option: the model has no pause to give it.
   Not given for a voice of one's own, train.py reads the language off its training transcripts
   (`guess_language`: their function words), or refuses the run when they do not say.
 
@@ -77,6 +80,7 @@ class Phonemizer:
 
     # A clause-ending mark: punctuation followed by a space or the end of the text (not 3.5 or a.m.).
     CLAUSE_END = re.compile(r"([,;:.?!…]+)(?=\s|$)")
+    MARKS = ",."  # what the marks become: inside a sentence, its end
 
     def __init__(self, language: str, punctuation: bool = False):
         self.language, self.punctuation = language, punctuation
@@ -112,7 +116,7 @@ class Phonemizer:
         for clause, mark in zip(parts[::2], parts[1::2] + [""]):
             phonemes = self._phonemes(clause)
             if phonemes or out:  # a mark before any speech ("... hola") is dropped: no pause to align it to
-                out.append(phonemes + mark)
+                out.append(phonemes + ("" if not mark else "." if set(mark) & set(".?!…") else ","))
         return " ".join(" ".join(out).split())
 
     def _phonemes(self, text: str) -> str:
@@ -158,7 +162,7 @@ class Symbols:
                                  "transcripts: add --symbols auto")
             return cls.from_config(cfg)
         probe = cls.from_config(cfg, table="")
-        return cls.from_config(cfg, table="".join(sorted(set().union(*(probe._units(t) for t in texts)))))
+        return cls.from_config(cfg, table="".join(sorted(set().union(*(probe._units(t, table=False) for t in texts)))))
 
     def __len__(self) -> int:
         return len(self.chars) + 1  # with padding
@@ -167,9 +171,15 @@ class Symbols:
         """The normalized text (idempotent: score.py shows it and synthesizes from it)."""
         return normalize(text)
 
-    def _units(self, text: str) -> str:
+    def _units(self, text: str, table: bool = True) -> str:
+        """The front end's symbols of `text`; with `table`, a clause mark the table lacks left out (module docstring)."""
         text = normalize(text)
-        return self.phonemize(text) if self.phonemize is not None else text
+        if self.phonemize is None:
+            return text
+        units = self.phonemize(text)
+        if table and self.phonemize.punctuation and not set(Phonemizer.MARKS) <= set(self.index):
+            units = " ".join("".join(c for c in units if c not in Phonemizer.MARKS or c in self.index).split())
+        return units
 
     def units(self, text: str) -> str:
         """What the model reads: the symbols of `text` (characters or phonemes), those outside the

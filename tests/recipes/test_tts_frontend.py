@@ -73,14 +73,17 @@ def test_espeak_phonemes_of_each_language(language, text):
 def test_clause_marks_are_kept_after_their_phonemes_only_when_asked():
     """With phoneme_punctuation the marks that end a clause become symbols (a recorded pause has one to align
     to); the phonemes themselves are espeak-ng's either way, and a decimal point or a leading mark is no pause."""
-    text = "Clave incorrecta. Por favor, ingrese 3.5 euros?"
+    text = "Clave incorrecta. Por favor; ingrese 3.5 euros?!"
     plain = frontend.Symbols.derived(cfg(text_frontend="phonemes", phonemizer_language="es"), [text])
     marked = frontend.Symbols.derived(cfg(text_frontend="phonemes", phonemizer_language="es", phoneme_punctuation=True), [text])
     ipa, ipa_marked = plain.units(text), marked.units(text)
-    assert not set(",.?") & set(plain.chars) and set(",.?") <= set(marked.chars)
-    assert [w.rstrip(",.?") for w in ipa_marked.split()] == ipa.split()  # the same phonemes, marks after words
-    assert ipa_marked.endswith("?") and ipa_marked.count(",") == 1 and ipa_marked.count(".") == 1  # not 3.5's point
-    assert marked.units("... ¡Hola!") == marked.units("hola!")  # no pause before any speech
+    assert not set(",.;?!") & set(plain.chars) and set(",.") <= set(marked.chars) and not set(";?!") & set(marked.chars)
+    assert [w.rstrip(",.") for w in ipa_marked.split()] == ipa.split()  # the same phonemes, marks after words
+    assert ipa_marked.endswith(".") and ipa_marked.count(",") == 1 and ipa_marked.count(".") == 2  # not 3.5's point
+    assert marked.units("... ¡Hola!") == marked.units("hola.")  # no pause before any speech; ! ends a sentence
+    unmarked = frontend.Symbols.derived(cfg(text_frontend="phonemes", phonemizer_language="es", phoneme_punctuation=True),
+                                        ["Clave incorrecta Por favor ingrese 3.5 euros"])  # no marks: none to give
+    assert unmarked.units(text) == ipa and unmarked.encode(text)
 
 
 def test_the_language_is_read_off_enough_transcripts_or_not_at_all():
