@@ -7,7 +7,7 @@ import torch
 
 from common.data.loading import load_row_audio
 from common.training.faults import UsageError
-from audio import mel_frontend, pitch_track
+from audio import mel_frontend
 from frontend import Symbols
 from model import NEG, beta_binomial_prior
 
@@ -25,8 +25,7 @@ def split_manifest(manifest, num_valid: int, num_test: int):
 
 
 class TTSDataset(torch.utils.data.Dataset):
-    """Manifest row → (id, symbol ids (N,), log-mel (frames, n_mels)), and with `pitch_conditioning`
-    the frames' F0 (frames,) in Hz (0 unvoiced; audio.pitch_track): `dataset[i]`, or `item(row)`
+    """Manifest row → (id, symbol ids (N,), log-mel (frames, n_mels)): `dataset[i]`, or `item(row)`
     for any row (a streamed one: `manifest` None). A row's audio is its `path`, or its `audio` cell
     (a `datasets` source's)."""
 
@@ -37,8 +36,6 @@ class TTSDataset(torch.utils.data.Dataset):
         self.tokens = None if manifest is None else [self.symbols.encode(t) for t in manifest["text"]]
         self.sample_rate = cfg.sample_rate
         self.logmel = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
-        self.pitch = getattr(cfg, "pitch_conditioning", False)
-        self.frames = (cfg.win_length, cfg.hop_length)
 
     def __len__(self):
         return len(self.manifest)
@@ -48,18 +45,14 @@ class TTSDataset(torch.utils.data.Dataset):
 
     def item(self, row: dict, tokens: list[int] | None = None):
         tokens = torch.tensor(self.symbols.encode(row["text"]) if tokens is None else tokens)
-        wave = load_row_audio(row, self.sample_rate)
-        mel = self.logmel(wave)
+        mel = self.logmel(load_row_audio(row, self.sample_rate))
         if mel.shape[0] < len(tokens):
             raise ValueError(f"{row['id']}: {mel.shape[0]} frames cannot hold {len(tokens)} symbols")
-        if self.pitch:
-            return row["id"], tokens, mel, pitch_track(wave, self.sample_rate, *self.frames)
         return row["id"], tokens, mel
 
 
 class Collator:
-    """Pads a batch and adds the static beta-binomial prior (log) of each (frames, symbols) pair, and
-    with F0 in the items the frames' pitch: log2(F0 / the utterance's median voiced F0), 0 unvoiced."""
+    """Pads a batch and adds the static beta-binomial prior (log) of each (frames, symbols) pair."""
 
     def __init__(self, cfg):
         self.scaling = cfg.prior_scaling
@@ -71,19 +64,15 @@ class Collator:
         return self.cache[(T, N)]
 
     def __call__(self, items):
-        text_lens = torch.tensor([len(item[1]) for item in items])
-        mel_lens = torch.tensor([item[2].shape[0] for item in items])
+        text_lens = torch.tensor([len(t) for _, t, _ in items])
+        mel_lens = torch.tensor([m.shape[0] for _, _, m in items])
         B, N, T = len(items), int(text_lens.max()), int(mel_lens.max())
         tokens = torch.zeros(B, N, dtype=torch.long)
         mels = torch.zeros(B, T, items[0][2].shape[1])
         log_prior = torch.full((B, T, N), NEG)
-        pitch = torch.zeros(B, T) if len(items[0]) > 3 else None
-        for b, (_, t, m, *f0) in enumerate(items):
+        for b, (_, t, m) in enumerate(items):
             tokens[b, : len(t)] = t
             mels[b, : m.shape[0]] = m
             log_prior[b, : m.shape[0], : len(t)] = self.log_prior(m.shape[0], len(t))
-            if pitch is not None and (f0[0] > 0).any():
-                f0 = f0[0]
-                pitch[b, : len(f0)] = torch.where(f0 > 0, torch.log2(f0.clamp_min(1e-3) / f0[f0 > 0].median()), 0.0)
-        return dict(ids=[item[0] for item in items], tokens=tokens, text_lens=text_lens, mels=mels,
-                    mel_lens=mel_lens, log_prior=log_prior, pitch=pitch)
+        return dict(ids=[i for i, _, _ in items], tokens=tokens, text_lens=text_lens, mels=mels,
+                    mel_lens=mel_lens, log_prior=log_prior)

@@ -13,11 +13,7 @@ Rule Them All" (arXiv:2108.10447):
 - binarization loss: −mean log soft-attention on the hard path (switched on after a warm-up).
 
 The durations drive the length regulator in training; a duration predictor (on detached encoder
-states, in log(1 + d)) drives it at synthesis. With `pitch` (FastPitch, Łańcucki 2021,
-arXiv:2006.06873), each symbol's mean pitch over its frames (log2 of F0 over the utterance's median,
-0 where unvoiced) is embedded and added to its encoder state: the recorded one in training, a
-predicted one (the duration predictor's architecture) at synthesis. The decoder then need not
-average over the intonations a text is spoken with, which smears the harmonics. No energy predictor.
+states, in log(1 + d)) drives it at synthesis. No pitch or energy predictors (left out).
 """
 
 from __future__ import annotations
@@ -168,27 +164,6 @@ class DurationPredictor(nn.Module):
         return self.out(x).squeeze(-1) * keep.squeeze(-1)
 
 
-class PostNet(nn.Module):
-    """Tacotron 2's post-net (Shen et al. 2018, §2.2): a residual conv stack over the decoder's mel that
-    restores the detail a frame-wise regression smooths away (a plosive's burst, a fricative's onset)."""
-
-    def __init__(self, n_mels: int, channels: int, layers: int, kernel: int, dropout: float):
-        super().__init__()
-        dims = [n_mels] + [channels] * (layers - 1) + [n_mels]
-        self.convs = nn.ModuleList(nn.Conv1d(i, o, kernel, padding=kernel // 2) for i, o in zip(dims, dims[1:]))
-        self.norms = nn.ModuleList(nn.LayerNorm(o) for o in dims[1:-1])
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, mel, pad):  # (B, T, n_mels) normalized, (B, T) True at padding → the residual, same shape
-        keep = (~pad)[..., None].to(mel.dtype)
-        x = mel
-        for i, conv in enumerate(self.convs):
-            x = conv((x * keep).transpose(1, 2)).transpose(1, 2)
-            if i < len(self.norms):
-                x = self.drop(torch.tanh(self.norms[i](x)))
-        return x * keep
-
-
 class Aligner(nn.Module):
     """Soft alignment of mel frames (queries) to text embeddings (keys), Badlani et al. 2021 §3.1."""
 
@@ -217,11 +192,9 @@ class Aligner(nn.Module):
 class AlignedFastSpeech(nn.Module):
     def __init__(self, *, n_symbols: int, n_mels: int, dim: int, encoder_layers: int, decoder_layers: int,
                  heads: int, ffn_dim: int, kernel: int, dropout: float, duration_channels: int,
-                 attention_dim: int, attention_temperature: float, blank_logprob: float,
-                 postnet_layers: int = 0, postnet_channels: int = 256, mel_loss: str = "l2", pitch: bool = False):
+                 attention_dim: int, attention_temperature: float, blank_logprob: float):
         super().__init__()
         self.blank_logprob = blank_logprob
-        self.mel_loss = mel_loss
         # Global log-mel statistics (set once from the training data, then checkpointed).
         self.register_buffer("feat_mean", torch.zeros(n_mels))
         self.register_buffer("feat_std", torch.ones(n_mels))
@@ -231,12 +204,6 @@ class AlignedFastSpeech(nn.Module):
         self.duration_predictor = DurationPredictor(dim, duration_channels, 3, dropout)
         self.aligner = Aligner(n_mels, dim, attention_dim, attention_temperature)
         self.mel_out = nn.Linear(dim, n_mels)
-        self.postnet = PostNet(n_mels, postnet_channels, postnet_layers, 5, dropout) if postnet_layers else None
-        if pitch:
-            self.pitch_predictor = DurationPredictor(dim, duration_channels, 3, dropout)
-            self.pitch_embed = nn.Conv1d(1, dim, 3, padding=1)
-        else:
-            self.pitch_predictor = self.pitch_embed = None
 
     def encode(self, tokens, text_lens):
         pad = lengths_to_padding(text_lens, tokens.shape[1])
@@ -246,46 +213,26 @@ class AlignedFastSpeech(nn.Module):
             x = block(x, pad)
         return x, emb, pad
 
-    def with_pitch(self, enc, pitch, pad):
-        """enc (B, N, dim) + the embedding of each symbol's pitch (B, N) (see the module docstring)."""
-        return enc + self.pitch_embed((pitch * (~pad))[:, None, :].to(enc.dtype)).transpose(1, 2) * (~pad)[..., None]
-
     def decode(self, enc, durations):
         x, lens = length_regulate(enc, durations)  # (B, T, dim)
         pad = lengths_to_padding(lens, x.shape[1])
         x = x + sinusoids(x.shape[1], x.shape[-1], x.device).to(x.dtype)
         for block in self.decoder:
             x = block(x, pad)
-        mel = self.mel_out(x)  # normalized log-mel
-        return (mel, mel + self.postnet(mel, pad) if self.postnet is not None else mel), lens  # (before, after the post-net)
+        return self.mel_out(x), lens  # normalized log-mel
 
-    def forward(self, tokens, text_lens, mel, mel_lens, log_prior, binarize: bool, pitch=None):
-        """Teacher-forced losses. tokens (B, N); mel (B, T, n_mels) raw log-mel; log_prior (B, T, N);
-        pitch (B, T) frame pitch (log2 of F0 over the utterance's median, 0 unvoiced), with `pitch` models only."""
+    def forward(self, tokens, text_lens, mel, mel_lens, log_prior, binarize: bool):
+        """Teacher-forced losses. tokens (B, N); mel (B, T, n_mels) raw log-mel; log_prior (B, T, N)."""
         target = (mel - self.feat_mean) / self.feat_std
         enc, emb, text_pad = self.encode(tokens, text_lens)
         soft, logprob = self.aligner(target, emb, text_pad, log_prior)
         hard = mas_batch(soft.clamp_min(1e-12).log(), text_lens, mel_lens)  # (B, T, N) 0/1
         durations = hard.sum(1).long()  # (B, N), Σ = mel_lens
-        pitch_loss, decoder_in = torch.zeros((), device=mel.device), enc
-        if self.pitch_embed is not None:
-            if pitch is None:
-                raise ValueError("this model is conditioned on pitch: pass the frames' pitch (data.Collator's batch['pitch'])")
-            voiced = (pitch != 0).float()  # (B, T)
-            # each symbol's mean over its voiced frames (0: none voiced), on the hard alignment
-            sym_pitch = (hard.transpose(1, 2) @ pitch[..., None].float())[..., 0] / \
-                (hard.transpose(1, 2) @ voiced[..., None])[..., 0].clamp_min(1)
-            pred_pitch = self.pitch_predictor(enc.detach(), text_pad).float()
-            pitch_loss = (((pred_pitch - sym_pitch) ** 2) * (~text_pad)).sum() / (~text_pad).sum()
-            decoder_in = self.with_pitch(enc, sym_pitch, text_pad)  # the predictors read enc, as at synthesis
         # Losses in fp32 whatever the compute dtype (FSDP2's bf16 outputs are cast up here; counts of
         # frames and symbols are not exact in bf16 above 256).
-        coarse, pred = (p.float() for p in self.decode(decoder_in, durations)[0])  # target: fp32 already (fp32 statistics buffers)
+        pred = self.decode(enc, durations)[0].float()  # target: fp32 already (fp32 statistics buffers)
         frames = (~lengths_to_padding(mel_lens, mel.shape[1]))[..., None].float()
-        dist = (lambda d: d.abs()) if self.mel_loss == "l1" else (lambda d: d ** 2)
-        mel_loss = (dist(pred - target) * frames).sum() / (frames.sum() * mel.shape[-1])
-        if self.postnet is not None:  # the decoder's own output is fitted too (Tacotron 2): the post-net only refines it
-            mel_loss = (mel_loss + (dist(coarse - target) * frames).sum() / (frames.sum() * mel.shape[-1])) / 2
+        mel_loss = (((pred - target) ** 2) * frames).sum() / (frames.sum() * mel.shape[-1])
         log_dur = self.duration_predictor(enc.detach(), text_pad).float()
         sym = (~text_pad).float()
         dur_loss = (((log_dur - torch.log1p(durations.float())) ** 2) * sym).sum() / sym.sum()
@@ -297,7 +244,6 @@ class AlignedFastSpeech(nn.Module):
         align_loss = forward_sum_loss(logprob, text_lens, mel_lens, self.blank_logprob)
         bin_loss = -(soft.clamp_min(1e-12).log() * hard).sum() / hard.sum()
         return dict(mel_loss=mel_loss, dur_loss=dur_loss, len_loss=len_loss, align_loss=align_loss, bin_loss=bin_loss,
-                    pitch_loss=pitch_loss,
                     pred=pred * self.feat_std + self.feat_mean, soft=soft, hard=hard, durations=durations)
 
     @torch.no_grad()
@@ -306,9 +252,7 @@ class AlignedFastSpeech(nn.Module):
         enc, _, text_pad = self.encode(tokens, text_lens)
         frames = torch.expm1(self.duration_predictor(enc, text_pad).float()) / pace
         durations = frames.round().clamp_min(1).long().masked_fill(text_pad, 0)
-        if self.pitch_embed is not None:
-            enc = self.with_pitch(enc, self.pitch_predictor(enc, text_pad), text_pad)
-        (_, pred), lens = self.decode(enc, durations)
+        pred, lens = self.decode(enc, durations)
         pred = pred.float()
         return pred * self.feat_std + self.feat_mean, lens, durations
 
@@ -319,10 +263,7 @@ def build_model(cfg) -> "AlignedFastSpeech":
         n_symbols=len(cfg.symbols) + 1, n_mels=cfg.n_mels, dim=cfg.dim, encoder_layers=cfg.encoder_layers,
         decoder_layers=cfg.decoder_layers, heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, kernel=cfg.conv_kernel,
         dropout=cfg.dropout, duration_channels=cfg.duration_channels, attention_dim=cfg.attention_dim,
-        attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob,
-        # a run from before these fields: no post-net, squared error
-        postnet_layers=getattr(cfg, "postnet_layers", 0), postnet_channels=getattr(cfg, "postnet_channels", 256),
-        mel_loss=getattr(cfg, "mel_loss", "l2"), pitch=getattr(cfg, "pitch_conditioning", False))
+        attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob)
 
 
 def load_tts(folder: str | Path, cfg=None, weights: dict | None = None):

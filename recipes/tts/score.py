@@ -189,7 +189,7 @@ def main():
     start = time.monotonic()
     rows, wavs, texts, floors = [], {}, {}, {}
     for i in range(len(dataset)):
-        utt_id, tokens, ref, *_ = dataset[i]
+        utt_id, tokens, ref = dataset[i]
         text = symbols.normalize(manifest[i]["text"])
         wav, pred, _ = synthesize(model, symbols, text, vocoder)
         sf.write(out / "wavs" / f"{utt_id}.wav", wav.numpy(), cfg.sample_rate, subtype="PCM_16")
@@ -200,8 +200,7 @@ def main():
             floors[utt_id] = floor_wav
         floor = frontend(floor_wav)
         batch = collate([dataset[i]])
-        tf = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False,
-                   batch["pitch"])
+        tf = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
         hard, soft = tf["hard"][0], tf["soft"][0]  # (T, N)
         index = hard.argmax(1)  # symbol of each frame
         steps = torch.diff(index)

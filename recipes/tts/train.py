@@ -42,7 +42,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Internal, NonNegative, Positive, Range,
                            ResumeSafe, exit_on_signals_during_start_up, parse_config)
 
-LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss", "pitch_loss")
+LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Config(DatasetConfig):
     symbols: str = " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()"  # the symbol table (text is NFKC-normalized and lowercased first); "auto": every symbol of the training transcripts (frontend.py)
     text_frontend: Literal["characters", "phonemes"] = "characters"  # model input: characters, or espeak-ng IPA phonemes of phonemizer_language (needs --symbols auto)
     phonemizer_language: str | None = None  # espeak-ng voice for --text_frontend phonemes: fr, es, it, ru, en-us, ... (None: en-us for the built-in voice; a voice of your own: read off its transcripts, frontend.guess_language)
-    phoneme_punctuation: bool = False  # phonemes: keep the marks that end a clause (, . ? ...) as symbols, for the pauses there (frontend.py)
+    phoneme_punctuation: bool = False  # phonemes: the marks that end a clause as symbols (`,` inside a sentence, `.` at its end), for the pauses there (frontend.py)
     unknown_chars: Literal["error", "drop"] = "error"  # a validation/test symbol outside the table: refuse, or leave it out of that text
     symbols_derived: Annotated[bool, ResumeSafe, Internal] = False  # written by training, not set (refused on the command line, not in --help; a checkpoint from before the field resumes): True when `symbols` came from the training transcripts (no charset check then; score.py repeats it)
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)
@@ -90,16 +90,11 @@ class Config(DatasetConfig):
     conv_kernel: Annotated[int, Count] = 3  # feed-forward conv kernel (symbols / frames)
     dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1
     duration_channels: Annotated[int, Count] = 128  # duration predictor conv channels
-    pitch_conditioning: bool = False  # FastPitch: each symbol's pitch embedded into its state (recorded in training, predicted at synthesis)
-    postnet_layers: Annotated[int, NonNegative] = 0  # Tacotron 2 post-net conv layers (kernel 5) refining the mel; 0 = none
-    postnet_channels: Annotated[int, Count] = 256  # its hidden channels
     attention_dim: Annotated[int, Count] = 80  # aligner key/query dimension
     attention_temperature: Annotated[float, Positive] = 0.005  # score = −temperature · squared distance (0.0005 stalls on a real voice: README)
     prior_scaling: Annotated[float, Positive] = 1.0  # ω of the beta-binomial prior (larger = sharper diagonal)
     blank_logprob: Annotated[float, Range(hi=0)] = -1.0  # score (a log-probability) of the CTC blank column in the forward-sum loss
     # --- losses ---
-    mel_loss: Literal["l2", "l1"] = "l2"  # distance of the predicted to the recorded normalized log-mel
-    pitch_loss_weight: Annotated[float, NonNegative] = 0.1  # the pitch predictor's (with pitch_conditioning)
     duration_loss_weight: Annotated[float, NonNegative] = 0.1
     length_loss_weight: Annotated[float, NonNegative] = 0.1  # utterance length (log frames) of the predicted durations; 0 = the per-symbol loss alone (speech ~17 % short on a real voice: README)
     align_loss_weight: Annotated[float, NonNegative] = 1.0  # forward-sum loss
@@ -198,7 +193,6 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
 # has one base whatever the voices' threads (the same command gives the same base on it, first or not).
 BASE_FIELDS = ("sample_rate", "n_mels", "win_length", "hop_length", "text_frontend", "dim", "encoder_layers",
                "decoder_layers", "num_heads", "ffn_dim", "conv_kernel", "duration_channels", "attention_dim",
-               "postnet_layers", "postnet_channels", "mel_loss", "pitch_conditioning",
                "seed", "mixed_precision", "deterministic", "builtin_corpus")
 
 
@@ -227,13 +221,13 @@ def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
 
 
 def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dict, dict]:
-    """The weighted sum of the mel, duration, alignment, pitch (a pitch-conditioned model's) and, from
-    binarization_start_steps on, the binarization losses; and (logged) each of them."""
+    """The weighted sum of the mel, duration, alignment and, from binarization_start_steps on, the
+    binarization losses; and (logged) each of them."""
     binarize = cfg.binarization_start_steps is not None and step >= cfg.binarization_start_steps  # same on every rank
     out = models["model"](batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"],
-                          binarize, batch["pitch"])
+                          binarize)
     loss = (out["mel_loss"] + cfg.duration_loss_weight * out["dur_loss"] + cfg.length_loss_weight * out["len_loss"]
-            + cfg.align_loss_weight * out["align_loss"] + cfg.pitch_loss_weight * out["pitch_loss"])
+            + cfg.align_loss_weight * out["align_loss"])
     if binarize:
         loss = loss + cfg.binarization_loss_weight * out["bin_loss"]
     return {"model": loss}, {"loss": loss, **{k: out[k] for k in LOSSES}}
@@ -245,8 +239,7 @@ def evaluate(model, loader, accelerator) -> dict:
     model.eval()
     totals = torch.zeros(len(LOSSES) + 1, device=accelerator.device)
     for batch in loader:
-        out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False,
-                    batch["pitch"])
+        out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
         n = float(len(batch["ids"]))
         totals += torch.tensor([out[k].item() * n for k in LOSSES] + [n], device=accelerator.device)
     totals = accelerator.reduce(totals, "sum")
@@ -261,10 +254,9 @@ def log_samples(model, items, rows, cfg: Config, writer, vocoder, step: int) -> 
     model.eval()
     collate = Collator(cfg)
     for i, row in enumerate(rows):
-        utt_id, tokens, mel, *_ = item = items.item(row)
+        utt_id, tokens, mel = item = items.item(row)
         batch = collate([item])
-        out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False,
-                    batch["pitch"])
+        out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
         pred, lens, _ = model.infer(tokens[None], torch.tensor([len(tokens)]))
         pred = pred[0, : int(lens[0])]
         lo, hi = float(mel.min()), float(mel.max())
@@ -319,7 +311,7 @@ def main(cfg: Config) -> None:
     state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=data.summary)
     if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None:  # evenly spaced rows: over the sorted ids
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
-            (utt_id, mel) for utt_id, _, mel, *_ in (data.train_items.item(row) for row in data.sample_rows(cfg.stats_utterances))))
+            (utt_id, mel) for utt_id, _, mel in (data.train_items.item(row) for row in data.sample_rows(cfg.stats_utterances))))
     metrics = start_logging(run, state)  # config.yaml, metrics.jsonl and trackers from state.step on
     writer = vocoder = None
     if accelerator.is_main_process and "tensorboard" in trackers(cfg.report_to):

@@ -44,7 +44,7 @@ slow = pytest.mark.slow
 
 
 tts = recipe_modules("tts", "audio", "data", "model")
-model, audio, data = tts.model, tts.audio, tts.data
+model, audio = tts.model, tts.audio
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
@@ -195,49 +195,6 @@ def test_length_loss_fits_the_utterance_length():
     assert len_loss.item() == pytest.approx((math.log1p(8) - math.log1p(20)) ** 2, rel=1e-5)
     len_loss.backward()
     assert out_layer.bias.grad.item() < 0  # gradient descent lengthens it
-
-
-def test_pitch_track_reads_a_tone_and_leaves_noise_and_silence_unvoiced():
-    """YIN on the mel's frames: one value per frame (samples // hop + 1), a harmonic tone's F0 within 1 %,
-    0 for white noise and for silence."""
-    sr, hop = 22050, 256
-    t = torch.arange(sr) / sr
-    for f0 in (70.0, 180.0, 440.0):
-        tone = sum(torch.sin(2 * math.pi * f0 * k * t) / k for k in range(1, 6))
-        track = audio.pitch_track(tone, sr, 1024, hop)
-        assert track.shape == (sr // hop + 1,)
-        assert abs(track[5:-5].median().item() / f0 - 1) < 0.01 and (track[5:-5] > 0).all()
-    torch.manual_seed(0)
-    mixed = torch.cat([0.5 * torch.sin(2 * math.pi * 200 * t), 0.1 * torch.randn(sr), torch.zeros(sr)])
-    track = audio.pitch_track(mixed, sr, 1024, hop)
-    assert (track[5:80] > 0).all() and (track[92:166] == 0).all() and (track[178:] == 0).all()
-
-
-def test_pitch_conditioning_feeds_the_recorded_pitch_and_predicts_it_at_synthesis():
-    """FastPitch's conditioning: the collator's per-frame pitch is log2(F0 / the utterance's median),
-    0 unvoiced; the teacher-forced mel depends on it, its loss trains the predictor, synthesis uses the
-    prediction; a pitch-conditioned model refuses a batch without pitch."""
-    collate = data.Collator(type("C", (), {"prior_scaling": 1.0})())
-    f0 = torch.tensor([0.0, 100.0, 200.0, 400.0, 100.0, 0.0] + [200.0] * 14)
-    batch = collate([("a", torch.tensor([1, 2, 3, 4]), torch.randn(20, 80), f0),
-                     ("b", torch.tensor([5, 6]), torch.randn(11, 80), torch.zeros(11))])
-    assert batch["pitch"][0, :6].tolist() == [0.0, -1.0, 0.0, 1.0, -1.0, 0.0] and (batch["pitch"][1] == 0).all()
-    torch.manual_seed(0)
-    m = model.AlignedFastSpeech(n_symbols=10, n_mels=80, dim=16, encoder_layers=1, decoder_layers=1, heads=2,
-                                ffn_dim=32, kernel=3, dropout=0.0, duration_channels=16, attention_dim=16,
-                                attention_temperature=0.005, blank_logprob=-1.0, pitch=True).eval()
-    args = (batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
-    out = m(*args, batch["pitch"])
-    assert out["pitch_loss"] > 0 and torch.isfinite(out["mel_loss"])
-    assert not torch.allclose(m(*args, batch["pitch"] * 2)["pred"], out["pred"])  # the decoder hears it
-    tf_dur = m(*args, batch["pitch"] * 2)["dur_loss"]
-    assert tf_dur == out["dur_loss"]  # the duration predictor reads the encoder as at synthesis, without the pitch
-    out["pitch_loss"].backward()
-    assert m.pitch_predictor.out.weight.grad.abs().sum() > 0 and m.embed.weight.grad is None  # detached input
-    mel, lens, _ = m.infer(batch["tokens"], batch["text_lens"])
-    assert mel.shape[0] == 2 and torch.isfinite(mel).all()
-    with pytest.raises(ValueError, match="conditioned on pitch"):
-        m(*args)
 
 
 def test_mcd_constants_and_dtw():
