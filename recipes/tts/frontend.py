@@ -145,6 +145,8 @@ class Symbols:
         self.chars, self.frontend, self.unknown = table, frontend, unknown
         self.index = {c: i + 1 for i, c in enumerate(table)}
         self.phonemize = Phonemizer(language, punctuation) if frontend == "phonemes" else None
+        # clause marks the phonemizer writes that this table lacks: left out of the texts (module docstring)
+        self.absent_marks = "".join(c for c in Phonemizer.MARKS if c not in self.index) if self.phonemize and punctuation else ""
 
     @classmethod
     def from_config(cls, cfg, table: str | None = None) -> Symbols:
@@ -162,7 +164,7 @@ class Symbols:
                                  "transcripts: add --symbols auto")
             return cls.from_config(cfg)
         probe = cls.from_config(cfg, table="")
-        return cls.from_config(cfg, table="".join(sorted(set().union(*(probe._units(t, table=False) for t in texts)))))
+        return cls.from_config(cfg, table="".join(sorted(set().union(*(probe._units(t, all_marks=True) for t in texts)))))
 
     def __len__(self) -> int:
         return len(self.chars) + 1  # with padding
@@ -171,14 +173,14 @@ class Symbols:
         """The normalized text (idempotent: score.py shows it and synthesizes from it)."""
         return normalize(text)
 
-    def _units(self, text: str, table: bool = True) -> str:
-        """The front end's symbols of `text`; with `table`, a clause mark the table lacks left out (module docstring)."""
+    def _units(self, text: str, all_marks: bool = False) -> str:
+        """The front end's symbols of `text`, without the clause marks the table lacks unless `all_marks`."""
         text = normalize(text)
         if self.phonemize is None:
             return text
         units = self.phonemize(text)
-        if table and self.phonemize.punctuation and not set(Phonemizer.MARKS) <= set(self.index):
-            units = " ".join("".join(c for c in units if c not in Phonemizer.MARKS or c in self.index).split())
+        if self.absent_marks and not all_marks:
+            units = " ".join(units.translate({ord(c): None for c in self.absent_marks}).split())
         return units
 
     def units(self, text: str) -> str:
