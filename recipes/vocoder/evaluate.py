@@ -13,6 +13,8 @@ STOI per one-third-octave band (`stoi_per_band`: pystoi's computation, not avera
 150 Hz to 3.8 kHz), mean over the utterances, to both files: where in frequency a vocoder loses STOI;
 and the same of a third signal, `vocoder_magnitude`: the magnitude the generator's head predicts, phased
 by Griffin-Lim instead of by the head: where it scores above the vocoder, the head's phase costs the difference.
+The vocoder synthesizes as the run says (`refine_iters` of its config.yaml: the phase refinement);
+--refine_iters N overrides it (0: the network's own output, what training optimized).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class EvalConfig:
     data_dir: Annotated[str | None, ExistingPath] = None  # LJSpeech layout; None = the corpus the vocoder trained on (built-in: regenerated if missing)
     num_test: Annotated[int | None, Count] = None  # the last num_test ids; None = the training run's --num_test
     griffin_lim_iters: Annotated[int, Count] = 60
+    refine_iters: Annotated[int | None, NonNegative] = None  # the vocoder's phase refinement; None = the run's (config.yaml), 0 = the network's output
     num_images: Annotated[int, NonNegative] = 2  # mel pictures of the first utterances
     per_band: bool = False  # also STOI per one-third-octave band (mean over utterances)
 
@@ -128,7 +131,7 @@ def main() -> None:
     for i, row in enumerate(test):
         wav = load_audio(row["path"], cfg.sample_rate)
         mel = frontend(wav)
-        outs = {"griffin_lim": griffin_lim(mel), "vocoder": vocode(generator, mel)}
+        outs = {"griffin_lim": griffin_lim(mel), "vocoder": vocode(generator, mel, args.refine_iters)}
         rows.append({"id": row["id"], **{f"{k}_{m}": v for k, out in outs.items() for m, v in scores(wav, out, mel).items()}})
         print(json.dumps(rows[-1]), flush=True)
         if args.per_band:
@@ -147,10 +150,12 @@ def main() -> None:
                                     for m in mels])
             Image.fromarray(image).save(folder / f"{row['id']}.png")
     means = {k: float(np.mean([r[k] for r in rows])) for k in rows[0] if k != "id"}
-    report = {"utterances": rows, "mean": means}
+    iters = generator.refine_iters if args.refine_iters is None else args.refine_iters
+    report = {"refine_iters": iters, "utterances": rows, "mean": means}
     table = ["| | PESQ (wb) ↑ | STOI ↑ | MCD (dB) ↓ |", "|---|---|---|---|"]
     for name in ("griffin_lim", "vocoder"):
-        table.append(f"| {name} | {means[f'{name}_pesq']:.3f} | {means[f'{name}_stoi']:.3f} | {means[f'{name}_mcd']:.2f} |")
+        name_shown = f"vocoder, refine_iters {iters}" if name == "vocoder" else name
+        table.append(f"| {name_shown} | {means[f'{name}_pesq']:.3f} | {means[f'{name}_stoi']:.3f} | {means[f'{name}_mcd']:.2f} |")
     if args.per_band:
         from pystoi.stoi import CF
 

@@ -50,16 +50,16 @@ class Generator(nn.Module):
     why it costs a fraction of HiFi-GAN's upsampling stack per audio second."""
 
     def __init__(self, n_mels: int, n_fft: int, hop_length: int, dim: int, hidden: int, layers: int,
-                 magnitude_prior_rate: int | None = None):
+                 sample_rate: int, magnitude_prior: bool = False, refine_iters: int = 0):
         super().__init__()
         self.n_fft, self.hop = n_fft, hop_length
-        # With a sample rate: the head predicts the log magnitude as a correction to the mel's least-squares
-        # inverse (FreeV, Lv et al. 2024: the magnitude Griffin-Lim starts from), so every bin's envelope
-        # over time comes from the mel itself. (n_fft/2 + 1, n_mels); not in the state dict: a formula.
-        inverse = None
-        if magnitude_prior_rate is not None:
-            basis = htk_mel_filterbank(n_fft // 2 + 1, n_mels, magnitude_prior_rate)  # (bins, n_mels)
-            inverse = torch.linalg.pinv(basis.T.double()).float()
+        self.refine_iters = refine_iters  # what `vocode` does after the network (`refine`); not a weight
+        # The mel's filters (n_fft/2 + 1, n_mels), and with the prior the head predicts the log magnitude as a
+        # correction to their least-squares inverse (FreeV, Lv et al. 2024: the magnitude Griffin-Lim starts
+        # from), so every bin's envelope over time comes from the mel itself. Not in the state dict: formulas.
+        basis = htk_mel_filterbank(n_fft // 2 + 1, n_mels, sample_rate)
+        self.register_buffer("mel_basis", basis, persistent=False)
+        inverse = torch.linalg.pinv(basis.T.double()).float() if magnitude_prior else None
         self.register_buffer("mel_inverse", inverse, persistent=False)
         self.embed = nn.Conv1d(n_mels, dim, 7, padding=3)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
@@ -90,6 +90,33 @@ class Generator(nn.Module):
         samples = (mel.shape[1] - 1) * self.hop  # the centred mel of these samples has mel.shape[1] frames
         wav = torch.istft(spec, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
         return (wav, phase) if with_phase else wav
+
+    def refine(self, mel: torch.Tensor, iters: int) -> torch.Tensor:
+        """(B, frames, n_mels) log-mel → (B, samples) waveform: the head's spectrum made to agree with the mel
+        and with itself, at synthesis only (README, "Phase refinement"). The head's phases need not be those of
+        any signal (an STFT whose neighbouring frames disagree at a harmonic cancels part of it in the overlap-add,
+        which is where the output's STOI was lost), and its magnitude is trained only through that overlap-add.
+        So: (1) each bin's magnitude is scaled so that the spectrum's mel is the input mel (the gain of each mel
+        band spread over its bins by the filters' weights: the fine structure between harmonics is the head's,
+        the band energies the mel's); (2) `iters` Griffin-Lim iterations with momentum 0.99 (Perraudin et al.
+        2013) start from the head's phases, not from random ones, and keep that magnitude."""
+        spec = self.spectrum(mel)  # (B, bins, T)
+        samples = (mel.shape[1] - 1) * self.hop
+        mag = spec.abs()
+        band_gain = torch.exp(mel.float()) / ((mag.transpose(1, 2) ** 2) @ self.mel_basis).clamp_min(1e-10)  # (B, T, n_mels)
+        weight = self.mel_basis.sum(1)  # (bins,): 0 above the top filter, where the gain is 1
+        gain = (band_gain @ self.mel_basis.T) / weight.clamp_min(1e-10)  # (B, T, bins)
+        gain = torch.where(weight > 0, gain, torch.ones_like(gain)).transpose(1, 2)
+        mag = (mag * gain.sqrt()).clamp(max=1e3)
+        phase = spec / spec.abs().clamp_min(1e-8)
+        previous = torch.zeros_like(spec)
+        for _ in range(iters):
+            wav = torch.istft(mag * phase, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
+            rebuilt = torch.stft(wav, self.n_fft, self.hop, self.n_fft, self.window, center=True, return_complex=True)
+            phase = rebuilt - (0.99 / 1.99) * previous  # the momentum step of "fast" Griffin-Lim
+            phase = phase / phase.abs().clamp_min(1e-8)
+            previous = rebuilt
+        return torch.istft(mag * phase, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,9 +318,9 @@ def htk_mel_filterbank(n_bins: int, n_mels: int, sample_rate: int) -> torch.Tens
 
 
 def build_generator(cfg) -> Generator:
-    prior = getattr(cfg, "magnitude_prior", False)  # exports older than the field have none
+    # exports older than these fields have neither (getattr: a config.yaml read without the Config class)
     return Generator(cfg.n_mels, n_fft_for(cfg.win_length), cfg.hop_length, cfg.dim, cfg.hidden_dim, cfg.layers,
-                     cfg.sample_rate if prior else None)
+                     cfg.sample_rate, getattr(cfg, "magnitude_prior", False), getattr(cfg, "refine_iters", 0))
 
 
 def build_discriminators(cfg) -> Discriminators:
@@ -326,7 +353,9 @@ def mel_mismatch(vocoder_cfg, tts_cfg) -> str | None:
 
 
 @torch.no_grad()
-def vocode(generator: Generator, mel: torch.Tensor) -> torch.Tensor:
-    """(frames, n_mels) log-mel → (samples,) float32 in [-1, 1]."""
-    wav = generator(mel.float()[None])[0]
-    return wav.clamp(-1.0, 1.0)
+def vocode(generator: Generator, mel: torch.Tensor, refine_iters: int | None = None) -> torch.Tensor:
+    """(frames, n_mels) log-mel → (samples,) float32 in [-1, 1]. With `refine_iters` (None: the run's
+    `refine_iters`) above 0, `Generator.refine`; 0: the network's own output (what training saw)."""
+    iters = generator.refine_iters if refine_iters is None else refine_iters
+    wav = generator.refine(mel.float()[None], iters) if iters else generator(mel.float()[None])
+    return wav[0].clamp(-1.0, 1.0)

@@ -80,6 +80,9 @@ class Config(DatasetConfig):
     # The head predicts a correction to the mel's least-squares inverse magnitude (what Griffin-Lim starts
     # from; FreeV) instead of the whole log magnitude: README, "The magnitude prior"
     magnitude_prior: bool = False
+    # At synthesis only (`vocode`, evaluate.py, the TTS tools): the head's magnitude scaled to the mel's band
+    # energies, then this many Griffin-Lim iterations from its phases. 0 = the network's output as trained.
+    refine_iters: Annotated[int, NonNegative, ResumeSafe] = 0  # README, "Phase refinement"
     # --- discriminators ---
     # Each list needs at least one value (an empty one would silently drop a discriminator; to train
     # the generator alone, raise --gan_start_steps); periods and n_fft are at most a training segment.
