@@ -58,7 +58,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from common.training.averaging import checkpoint_weights
 from common.training.checkpoint import resolve_checkpoint, run_dir_of
-from common.config import ConfigError, Count, ExistingPath, load_config, parse_config
+from common.config import ConfigError, Count, ExistingPath, NonNegative, load_config, parse_config
 from common.data.loading import load_audio
 from common.training.faults import UsageError, run_main
 from common.data.manifest import DataPolicy, prepare_manifest
@@ -85,6 +85,7 @@ class EvalConfig:
     output: str | None = None  # None = <output_dir>/eval/<checkpoint name> (beside it, never inside)
     griffin_lim_iters: Annotated[int, Count] = 60
     vocoder: Annotated[str | None, ExistingPath] = None  # a recipes/vocoder output_dir or final/ instead of Griffin-Lim
+    vocoder_refine_iters: Annotated[int | None, NonNegative] = None  # its phase refinement (recipes/vocoder README); None = the vocoder run's
     asr_checkpoint: Annotated[str | None, ExistingPath] = None  # ASR recipe output_dir: also measure intelligibility (WER/CER)
     asr_sample_rate: Annotated[int, Count] = 16000  # Hz of the audio handed to the ASR evaluator
     asr_recordings: bool = True  # also score the held-out *recordings* (the ASR's ceiling on this voice)
@@ -180,7 +181,7 @@ def main():
                   f"utterances ({', '.join(heard[:5])}{' ...' if len(heard) > 5 else ''}): they are left out of "
                   f"its scores", flush=True)
     if args.vocoder:
-        vocoder = neural_vocoder(args.vocoder, cfg)
+        vocoder = neural_vocoder(args.vocoder, cfg, args.vocoder_refine_iters)
     else:
         vocoder = make_vocoder(cfg, args.griffin_lim_iters)
     frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)

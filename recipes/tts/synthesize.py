@@ -29,7 +29,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from common.training.averaging import checkpoint_weights
 from common.training.checkpoint import resolve_checkpoint
-from common.config import ConfigError, Count, ExistingPath, Positive, load_config, parse_config
+from common.config import ConfigError, Count, ExistingPath, NonNegative, Positive, load_config, parse_config
 from common.training.faults import UsageError, run_main
 
 # recipe-local modules (this folder is on sys.path)
@@ -53,6 +53,7 @@ class SynthConfig:
     griffin_lim_iters: Annotated[int, Count] = 60
     griffin_lim_power: Annotated[float, Positive] = 1.0  # > 1 sharpens magnitudes before phase recovery
     vocoder: Annotated[str | None, ExistingPath] = None  # a neural vocoder (recipes/vocoder output_dir or its final/) instead of Griffin-Lim
+    vocoder_refine_iters: Annotated[int | None, NonNegative] = None  # its phase refinement (recipes/vocoder README); None = the vocoder run's
 
 
 def refuse(message: str) -> typing.NoReturn:
@@ -79,7 +80,7 @@ def vocoder_recipe():
         sys.modules.update(ours)
 
 
-def neural_vocoder(path: str, tts_cfg):
+def neural_vocoder(path: str, tts_cfg, refine_iters: int | None = None):
     """mel → waveform with the generator in `path` (a vocoder output_dir or its final/). The folder
     is verified (COMPLETE digests) and only its weights and config.yaml are read: the code is this
     repository's recipes/vocoder/model.py, never the copy the export carries for use elsewhere.
@@ -104,7 +105,7 @@ def neural_vocoder(path: str, tts_cfg):
     except Exception as e:  # noqa: BLE001 — sealed, yet not the generator its config.yaml describes
         refuse(f"--vocoder {folder}: its weights do not load into the generator its config.yaml describes "
                f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): re-run the training command that made it")
-    return lambda mel: code.vocode(generator, mel)
+    return lambda mel: code.vocode(generator, mel, refine_iters)
 
 
 def writable(path: Path, flag: str) -> None:
@@ -145,7 +146,7 @@ def main():
     for _, _, path in jobs:
         writable(path, "--output" if args.text is not None else "--output_dir")
     if args.vocoder is not None:
-        vocoder = neural_vocoder(args.vocoder, cfg)
+        vocoder = neural_vocoder(args.vocoder, cfg, args.vocoder_refine_iters)
     else:
         vocoder = make_vocoder(cfg, args.griffin_lim_iters, args.griffin_lim_power)
     for _, text, path in jobs:
