@@ -7,7 +7,8 @@
 The utterances: the last --num_test ids (sorted) of the corpus, the ones training held out (the TTS
 recipe holds out the same with the same --num_test). Writes, into the run's output_dir (for a
 checkpoints/step_X/ folder: <output_dir>/eval/step_X/; never into the sealed final/ or step folder),
-eval_test.json (per utterance and means), eval_test.md (the table) and <id>.png for the first
+eval_test.json (per utterance and means; `*_rtf`: seconds of synthesis per second of audio, this
+process's threads), eval_test.md (the table) and <id>.png for the first
 --num_images utterances (log-mels top to bottom: recording, Griffin-Lim, vocoder). --per_band true adds
 STOI per one-third-octave band (`stoi_per_band`: pystoi's computation, not averaged over its 15 bands,
 150 Hz to 3.8 kHz), mean over the utterances, to both files: where in frequency a vocoder loses STOI;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -131,8 +133,13 @@ def main() -> None:
     for i, row in enumerate(test):
         wav = load_audio(row["path"], cfg.sample_rate)
         mel = frontend(wav)
-        outs = {"griffin_lim": griffin_lim(mel), "vocoder": vocode(generator, mel, args.refine_iters)}
-        rows.append({"id": row["id"], **{f"{k}_{m}": v for k, out in outs.items() for m, v in scores(wav, out, mel).items()}})
+        outs, seconds = {}, {}
+        for name, synthesize in (("griffin_lim", griffin_lim), ("vocoder", lambda m: vocode(generator, m, args.refine_iters))):
+            start = time.perf_counter()
+            outs[name] = synthesize(mel)
+            seconds[f"{name}_rtf"] = (time.perf_counter() - start) / (len(wav) / cfg.sample_rate)  # s per audio s
+        rows.append({"id": row["id"], **{f"{k}_{m}": v for k, out in outs.items() for m, v in scores(wav, out, mel).items()},
+                     **seconds})
         print(json.dumps(rows[-1]), flush=True)
         if args.per_band:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -152,10 +159,10 @@ def main() -> None:
     means = {k: float(np.mean([r[k] for r in rows])) for k in rows[0] if k != "id"}
     iters = generator.refine_iters if args.refine_iters is None else args.refine_iters
     report = {"refine_iters": iters, "utterances": rows, "mean": means}
-    table = ["| | PESQ (wb) ↑ | STOI ↑ | MCD (dB) ↓ |", "|---|---|---|---|"]
+    table = ["| | PESQ (wb) ↑ | STOI ↑ | MCD (dB) ↓ | s per audio s |", "|---|---|---|---|---|"]
     for name in ("griffin_lim", "vocoder"):
         name_shown = f"vocoder, refine_iters {iters}" if name == "vocoder" else name
-        table.append(f"| {name_shown} | {means[f'{name}_pesq']:.3f} | {means[f'{name}_stoi']:.3f} | {means[f'{name}_mcd']:.2f} |")
+        table.append(f"| {name_shown} | {means[f'{name}_pesq']:.3f} | {means[f'{name}_stoi']:.3f} | {means[f'{name}_mcd']:.2f} | {means[f'{name}_rtf']:.3f} |")
     if args.per_band:
         from pystoi.stoi import CF
 

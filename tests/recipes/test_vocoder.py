@@ -14,6 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile as sf
 import torch
@@ -313,14 +314,20 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     assert done.returncode == 0, done.stderr
     audio, sr = sf.read(wav)
     assert sr == 22050 and len(audio) > 0 and abs(audio).max() > 0
+    raw = tmp_path / "raw.wav"  # the network's own output: another signal of the same length
+    done = synthesize("--checkpoint", str(tts), "--vocoder", str(voc), "--vocoder_refine_iters", "0", "--text", "a cat",
+                      "--output", str(raw))
+    assert done.returncode == 0, done.stderr
+    assert sf.read(raw)[0].shape == audio.shape and not np.allclose(sf.read(raw)[0], audio)
 
     scored = python([ROOT / "recipes" / "vocoder" / "evaluate.py", "--checkpoint", voc, "--num_test", "2",
                      "--num_images", "1", "--per_band", "true"], cwd=Path("/"))
     assert scored.returncode == 0, scored.stderr
     report = json.loads((voc / "eval_test.json").read_text())
     assert len(report["utterances"]) == 2 and set(report["mean"]) == {
-        f"{v}_{m}" for v in ("griffin_lim", "vocoder") for m in ("pesq", "stoi", "mcd")}
-    assert len(list(voc.glob("*.png"))) == 1 and "| vocoder |" in (voc / "eval_test.md").read_text()
+        f"{v}_{m}" for v in ("griffin_lim", "vocoder") for m in ("pesq", "stoi", "mcd", "rtf")}
+    assert report["refine_iters"] == 32  # config.yaml's: the run's own, unless --refine_iters says otherwise
+    assert len(list(voc.glob("*.png"))) == 1 and "| vocoder, refine_iters 32 |" in (voc / "eval_test.md").read_text()
     bands = report["stoi_bands"]  # --per_band: 15 bands per vocoder, the mean over bands is the STOI
     assert bands["utterances"] == 2 and len(bands["centre_hz"]) == len(bands["vocoder"]) == 15
     assert len(bands["vocoder_magnitude"]) == 15 and bands["vocoder_magnitude"] != bands["vocoder"]
