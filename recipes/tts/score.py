@@ -144,6 +144,9 @@ def run_asr(args: EvalConfig, wavs: dict[str, torch.Tensor], texts: dict[str, st
 
 def main():
     args = parse_config(EvalConfig)
+    if args.vocoder_refine_iters is not None and args.vocoder is None:
+        refuse("--vocoder_refine_iters refines a neural vocoder's output: give --vocoder too "
+               "(Griffin-Lim's own setting is --griffin_lim_iters)")
     torch.set_grad_enabled(False)
     try:
         folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read

@@ -127,6 +127,9 @@ def main():
     args = parse_config(SynthConfig)
     if (args.text is None) == (args.text_file is None):
         refuse("give exactly one of --text or --text_file")
+    if args.vocoder_refine_iters is not None and args.vocoder is None:
+        refuse("--vocoder_refine_iters refines a neural vocoder's output: give --vocoder too "
+               "(Griffin-Lim's own setting is --griffin_lim_iters)")
     try:
         folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read
         model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config), checkpoint_weights(folder))

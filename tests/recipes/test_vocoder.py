@@ -314,6 +314,10 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     assert done.returncode == 0, done.stderr
     audio, sr = sf.read(wav)
     assert sr == 22050 and len(audio) > 0 and abs(audio).max() > 0
+    for tool, extra in (("synthesize.py", ["--text", "a cat"]), ("score.py", [])):  # no vocoder to refine: refused
+        refused = python([ROOT / "recipes" / "tts" / tool, "--checkpoint", tts, "--vocoder_refine_iters", "4", *extra],
+                         cwd=Path("/"))
+        assert refused.returncode == 2 and "--vocoder_refine_iters refines a neural vocoder's output" in refused.stderr
     raw = tmp_path / "raw.wav"  # the network's own output: another signal of the same length
     done = synthesize("--checkpoint", str(tts), "--vocoder", str(voc), "--vocoder_refine_iters", "0", "--text", "a cat",
                       "--output", str(raw))
