@@ -1,5 +1,6 @@
 """A Vocos-style generator (Siuzdak 2023: ConvNeXt at the mel frame rate, an inverse-STFT head that
-predicts magnitude, optionally as a correction to the mel's least-squares inverse, and phase),
+predicts magnitude, optionally as a correction to the mel's least-squares inverse, and phase; at synthesis
+its spectrum optionally refined, `Generator.refine`),
 HiFi-GAN's multi-period discriminator and a multi-resolution STFT discriminator (UnivNet/Vocos), and the
 least-squares GAN, feature-matching, spectral-convergence, anti-wrapping phase and STOI envelope losses (the mel loss
 is train.py's: it needs the repository's mel front end).
