@@ -1,7 +1,7 @@
 """Coqui TTS's LJSpeech Glow-TTS recipe on one of our voices, for a wall-clock budget (run by Coqui's
 own interpreter, for benchmarks/peers/tts.py; never imported by this repository).
 
-    <coqui python> coqui_glowtts.py --data DIR --out DIR --minutes 30 --threads 1 [--language es]
+    <coqui python> coqui_glowtts.py --data DIR --out DIR --minutes 30 --threads 1 [--language es] [--variant small]
 
 DIR (written by tts.py): train.csv and validation.csv (LJSpeech metadata lines `id|text|text`, our
 recipe's split), test.jsonl ({"id", "text"} per held-out sentence) and wavs/ (the voice's audio).
@@ -14,6 +14,16 @@ language and cleaner (the recipe's are English; `multilingual_phoneme_cleaners` 
 other languages), audio resampled on load to their 22 050 Hz (our prompts are 16 kHz: our recipe
 resamples too), no test sentences synthesized after every epoch (the recipe's English defaults,
 Griffin-Lim on the training process's time), fp32 and no loader worker processes (one CPU thread).
+
+Their learning rate, as shipped: the Noam schedule's 4000 warm-up steps are counted in epochs (the
+trainer's `scheduler_after_epoch` default), and coqui-tts-trainer 0.4.0 never steps an epoch-stepped
+scheduler of a model with one optimizer (it records the optimizer as index None and looks for index 0
+at the epoch's end), so the recipe trains at 1e-3 x 4000^-1 = 2.5e-7 for ever (its log's
+`current_lr`). `--variant small` is the recipe with the two things a CPU user changes first (as
+benchmarks/peers/asr.py's SpeechBrain "small" does) and that bug worked around: our model's size
+(encoder 6 -> 3 layers, its width 192 and feed-forward 768 are ours; decoder 12 -> 4 flows of
+192 -> 128 channels: 7.30 M parameters against our 6.96 M, the recipe's 28.6 M) and our warm-up,
+100 optimizer steps (`scheduler_after_epoch=False`: Noam stepped per step, which the trainer does).
 At the budget the training stops after the step in flight; the model as it is then synthesizes every
 test sentence with Coqui's own `synthesize(..., use_griffin_lim=True)` (their Griffin-Lim, 60
 iterations), written as wavs/<id>.wav under --out, and result.json says how far it got.
@@ -37,6 +47,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, required=True, help="wall minutes since this process started")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--language", default="es", help="espeak-ng voice of the phonemizer")
+    parser.add_argument("--variant", choices=["shipped", "small"], default="shipped",
+                        help="shipped: the recipe's model; small: at our size and warm-up (module docstring)")
     args = parser.parse_args()
     t0 = float(os.environ.get("PEER_T0", time.time()))  # the launch (tts.py sets it): start-up counts
     deadline = t0 + 60 * args.minutes
@@ -60,6 +72,10 @@ def main() -> None:
         phoneme_language=args.language, phoneme_cache_path=str(out / "phoneme_cache"), print_step=25,
         print_eval=False, mixed_precision=False, output_path=str(out / "coqui"), datasets=[dataset],
         test_sentences=[])
+    if args.variant == "small":
+        config.encoder_params["num_layers"] = 3
+        config.num_flow_blocks_dec, config.hidden_channels_dec = 4, 128
+        config.lr_scheduler_params, config.scheduler_after_epoch = {"warmup_steps": 100}, False
     config.audio.resample = True
     model = GlowTTS(config)  # coqui-tts 0.28 builds its tokenizer and audio processor from the config
     ap = model.ap
@@ -92,7 +108,7 @@ def main() -> None:
     (out / "result.json").write_text(json.dumps({
         "stopped": stopped, "minutes": round(minutes, 3), "optimizer_steps": trainer.total_steps_done,
         "epochs": trainer.epochs_done, "sample_rate": ap.sample_rate,
-        "parameters": sum(p.numel() for p in model.parameters())}, indent=1))
+        "parameters": sum(p.numel() for p in model.parameters()), "variant": args.variant}, indent=1))
 
 
 if __name__ == "__main__":

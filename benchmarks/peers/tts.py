@@ -27,7 +27,7 @@ how many under 0.8) and MCD of the re-analysed log-mel against the recording's (
   at the budget SIGTERM (the recipe saves the step it is in),
   its last checkpoint (its weight average) synthesizes.
 - coqui: peers/coqui_glowtts.py in Coqui's own environment (what it changes in their recipe, and why:
-  its docstring).
+  its docstring); `--coqui_variant small`: at our model's size and warm-up.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def train_coqui(args, out: Path, split) -> dict:
         (data / f"{name}.csv").write_text("".join(f"{r['id']}|{r['text']}|{r['text']}\n" for r in split[name]))
     (data / "test.jsonl").write_text("".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n" for r in split["test"]))
     cmd = [args.coqui_python, str(HERE / "coqui_glowtts.py"), "--data", str(data), "--out", str(out / "coqui"),
-           "--minutes", str(args.minutes), "--threads", str(args.threads), "--language", args.language]
+           "--minutes", str(args.minutes), "--threads", str(args.threads), "--language", args.language,
+           "--variant", args.coqui_variant]
     proc, t0 = launch(cmd, ROOT, thread_env(str(args.threads)), out / "train.log")
     meter = CpuMeter(proc.pid)
     wait_metered(proc, t0 + 60 * args.minutes + 1800, meter)  # + the step in flight and the synthesis
@@ -114,7 +115,7 @@ def train_coqui(args, out: Path, split) -> dict:
     version = subprocess.run([args.coqui_python, "-c", "import TTS; print(TTS.__version__)"], capture_output=True,
                              text=True).stdout.strip()
     return {"wavs": str(out / "coqui" / "wavs"), "optimizer_steps": done["optimizer_steps"], "minutes": done["minutes"],
-            "parameters": done["parameters"],
+            "parameters": done["parameters"], "variant": args.coqui_variant,
             "train_cpu_s": round(meter.seconds), "version": f"coqui-tts {version}, Glow-TTS (recipes/ljspeech/glow_tts)"}
 
 
@@ -193,7 +194,8 @@ def report(args) -> None:
     for r in results:
         steps = f"{r['optimizer_steps']} ({r['minutes_budget']:g} min)" if "optimizer_steps" in r else "–"
         cpu = f"{r['train_cpu_s'] / 60:.0f}" if "train_cpu_s" in r else "–"
-        print(f"| {r['system']} | {steps} | {100 * r['cer']:.1f} / "
+        name = r["system"] + (f" ({r['variant']})" if r.get("variant", "shipped") != "shipped" else "")
+        print(f"| {name} | {steps} | {100 * r['cer']:.1f} / "
               f"{100 * r['cer_recordings']:.1f} % | {r['cer_ratio']:.2f} × | {r['length_median']:.3f} / "
               f"{r['length_worst_decile']:.3f} ({r['under_0_8']} of {r['utterances']}) | {r['mcd_vocoded']:.2f} | "
               f"{cpu} | {r.get('version', '–')} |")
@@ -212,6 +214,8 @@ def main() -> None:
     t.add_argument("--minutes", type=float, default=30.0)
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--coqui_python", default=".coqui/bin/python", help="Coqui TTS's interpreter (its own venv)")
+    t.add_argument("--coqui_variant", choices=["shipped", "small"], default="shipped",
+                   help="coqui: the recipe's model, or at our size and warm-up (coqui_glowtts.py's docstring)")
     t.add_argument("--ours_args", default="", help="ours: more train.py flags (last wins)")
     t.add_argument("--out", required=True, help="a new folder for this run")
     c = sub.add_parser("score", help="score a folder of <id>.wav (any system's synthesis of the held-out sentences)")
