@@ -24,6 +24,10 @@ benchmarks/peers/asr.py's SpeechBrain "small" does) and that bug worked around: 
 (encoder 6 -> 3 layers, its width 192 and feed-forward 768 are ours; decoder 12 -> 4 flows of
 192 -> 128 channels: 7.30 M parameters against our 6.96 M, the recipe's 28.6 M) and our warm-up,
 100 optimizer steps (`scheduler_after_epoch=False`: Noam stepped per step, which the trainer does).
+And the mel's upper edge at the recordings' Nyquist frequency when it is below theirs (8 kHz for
+16-kHz prompts; the recipe's 11 025 Hz): above it resampled recordings carry no energy, their mel
+channels are constant (7 of 80 on the Spanish prompts) and Glow-TTS's data-dependent ActNorm
+initialization divides by that zero spread: the log-likelihood starts at ~1e14 and never recovers.
 At the budget the training stops after the step in flight; the model as it is then synthesizes every
 test sentence with Coqui's own `synthesize(..., use_griffin_lim=True)` (their Griffin-Lim, 60
 iterations), written as wavs/<id>.wav under --out, and result.json says how far it got.
@@ -76,6 +80,9 @@ def main() -> None:
         config.encoder_params["num_layers"] = 3
         config.num_flow_blocks_dec, config.hidden_channels_dec = 4, 128
         config.lr_scheduler_params, config.scheduler_after_epoch = {"warmup_steps": 100}, False
+        nyquist = min(sf.info(str(f)).samplerate for f in (data / "wavs").iterdir()) / 2
+        if nyquist < config.audio.sample_rate / 2:
+            config.audio.mel_fmax = nyquist
     config.audio.resample = True
     model = GlowTTS(config)  # coqui-tts 0.28 builds its tokenizer and audio processor from the config
     ap = model.ap
