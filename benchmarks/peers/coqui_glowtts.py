@@ -19,15 +19,16 @@ Their learning rate, as shipped: the Noam schedule's 4000 warm-up steps are coun
 trainer's `scheduler_after_epoch` default), and coqui-tts-trainer 0.4.0 never steps an epoch-stepped
 scheduler of a model with one optimizer (it records the optimizer as index None and looks for index 0
 at the epoch's end), so the recipe trains at 1e-3 x 4000^-1 = 2.5e-7 for ever (its log's
-`current_lr`). `--variant small` is the recipe with the two things a CPU user changes first (as
-benchmarks/peers/asr.py's SpeechBrain "small" does) and that bug worked around: our model's size
-(encoder 6 -> 3 layers, its width 192 and feed-forward 768 are ours; decoder 12 -> 4 flows of
-192 -> 128 channels: 7.30 M parameters against our 6.96 M, the recipe's 28.6 M) and our warm-up,
-100 optimizer steps (`scheduler_after_epoch=False`: Noam stepped per step, which the trainer does).
-And the mel's upper edge at the recordings' Nyquist frequency when it is below theirs (8 kHz for
-16-kHz prompts; the recipe's 11 025 Hz): above it resampled recordings carry no energy, their mel
-channels are constant (7 of 80 on the Spanish prompts) and Glow-TTS's data-dependent ActNorm
-initialization divides by that zero spread: the log-likelihood starts at ~1e14 and never recovers.
+`current_lr`). `--variant small` is the recipe at our model's size and warm-up (as
+benchmarks/peers/asr.py's SpeechBrain "small" is) with the two things that keep it from training here
+worked around. Size: encoder 6 -> 3 layers (its width 192 and feed-forward 768 are ours), decoder
+12 -> 4 flows of 192 -> 128 channels: 7.30 M parameters against our 6.96 M (the recipe's 28.6 M).
+Warm-up: 100 optimizer steps (ours), the scheduler stepped per optimizer step (`scheduler_after_epoch`
+False, a path the trainer does step). And the mel's upper edge at the recordings' Nyquist frequency
+when it is below theirs (8 kHz for 16-kHz prompts; the recipe's 11 025 Hz): above it resampled
+recordings carry no energy, their mel channels are constant (7 of 80 on the Spanish prompts) and
+Glow-TTS's data-dependent ActNorm initialization divides by that zero spread: the log-likelihood
+starts at ~1e14 and does not recover.
 At the budget the training stops after the step in flight; the model as it is then synthesizes every
 test sentence with Coqui's own `synthesize(..., use_griffin_lim=True)` (their Griffin-Lim, 60
 iterations), written as wavs/<id>.wav under --out, and result.json says how far it got.
