@@ -158,6 +158,10 @@ def train(args) -> None:
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()):
         refuse(f"{out} is not empty; give a new --out")
+    if args.system == "ours" and args.coqui_variant != "shipped":
+        refuse("--coqui_variant is Coqui's model; for ours give train.py flags with --ours_args")
+    if args.system == "coqui" and args.ours_args:
+        refuse("--ours_args are our train.py's flags; Coqui's model is chosen with --coqui_variant")
     if args.system == "coqui" and not Path(args.coqui_python).is_file():
         refuse(f"--coqui_python {args.coqui_python} does not exist; install Coqui TTS as this file's header says")
     out.mkdir(parents=True, exist_ok=True)
