@@ -417,11 +417,11 @@ def report(args) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(9, 4.5))
-        colors = plt.get_cmap("tab20").colors  # one colour per curve (the default cycle repeats after 10)
+        colors = plt.get_cmap("tab20").colors  # one colour per curve: its 10 dark, then its 10 light ones
         style = {"ours": "o-", "speechbrain": "s--", "transformers": "^:"}  # and one line style per system
         for i, r in enumerate(results):
             ax.plot([k["point"] for k in r["points"]], [100 * k["cer"] for k in r["points"]],
-                    style.get(r["system"], "o-"), color=colors[(2 * i) % 20 + (2 * i) // 20 % 2],
+                    style.get(r["system"], "o-"), color=colors[(2 * i + i // 10) % 20],
                     label=f"{label(r)}, threads {r['threads']}")
         ax.set(xlabel="wall-clock minutes (2-core VM)", ylabel="test CER % (greedy)", ylim=(0, 100))
         ax.grid(alpha=0.3)
