@@ -310,7 +310,8 @@ def seal_problem(folder: str | Path, remedy: str = RE_EXPORT) -> str | None:
         return f"{odd}: a sealed folder holds only regular files and folders; remove it, or {remedy}"
     problem = verify_checkpoint(folder)
     if problem:
-        return f"damaged ({problem}): {remedy}" + (", or use a checkpoints/step_*/ folder" if remedy == RE_EXPORT else "")
+        step_folder = ", or use a checkpoints/step_*/ folder" if remedy == RE_EXPORT else ""
+        return f"damaged ({problem}): {remedy}{step_folder}"
     listed = set(read_marker(folder)["files"]) | {MARKER}
     extra = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                    if p.is_file() and "__pycache__" not in p.relative_to(folder).parts
@@ -440,7 +441,9 @@ def _name_taken(name: str, folder: Path) -> str | None:
     loaded = sys.modules.get(name)
     if loaded is not None:
         file = getattr(loaded, "__file__", None)
-        return None if file and Path(file).resolve() == mine else f"another module (this process already imported {name} from {file})"
+        if file and Path(file).resolve() == mine:
+            return None
+        return f"another module (this process already imported {name} from {file})"
     for finder in sys.meta_path:  # what `import name` would find without the export
         try:
             spec = finder.find_spec(name, None)
@@ -448,7 +451,9 @@ def _name_taken(name: str, folder: Path) -> str | None:
             continue
         if spec is not None:
             origin = spec.origin if spec.has_location else None
-            return None if origin and Path(origin).resolve() == mine else f"another module ({name} at {origin or spec.name})"
+            if origin and Path(origin).resolve() == mine:
+                return None
+            return f"another module ({name} at {origin or spec.name})"
     return None
 
 
@@ -522,7 +527,7 @@ def read_marker(folder: Path) -> dict:
     if not isinstance(files, dict):
         raise ValueError("no files object" if files is None else f"files is a {type(files).__name__}, not an object")
     for name, meta in files.items():
-        if name in ("", MARKER) or Path(name).is_absolute() or ".." in Path(name).parts:
+        if name in ("", MARKER) or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
             raise ValueError(f"entry {name!r} is not a file inside the folder")
         if not isinstance(meta, dict) or type(meta.get("bytes")) is not int or meta["bytes"] < 0:
             raise ValueError(f"entry {name!r} has no byte count")
@@ -861,8 +866,9 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     if accelerator.is_main_process:
         remove_leftovers(output_dir)
         for ckpt in reversed(list_checkpoints(output_dir)):
-            problem = (verify_checkpoint(ckpt) or _unloadable_pickle(ckpt) or _run_state_problem(ckpt)
-                       or _nonfinite_weights(ckpt))
+            # _odd_entry before any file is opened: a FIFO among the pickles would block the load for ever
+            problem = (verify_checkpoint(ckpt) or _odd_entry(ckpt) or _unloadable_pickle(ckpt)
+                       or _run_state_problem(ckpt) or _nonfinite_weights(ckpt))
             if problem is None:
                 choice = [str(ckpt)]
                 break

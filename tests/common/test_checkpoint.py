@@ -969,7 +969,8 @@ def test_a_malformed_marker_is_a_damaged_folder(tmp_path, kind):
     with pytest.raises(UsageError) as e:
         resolve_checkpoint(tmp_path)
     message = str(e.value)
-    assert message.startswith(f"--checkpoint {final}: damaged (malformed COMPLETE marker ({reason}") and "\n" not in message
+    assert message.startswith(f"--checkpoint {final}: damaged (malformed COMPLETE marker ({reason}")
+    assert "\n" not in message
 
 
 def test_a_checkpoint_with_a_malformed_marker_is_skipped_for_the_previous(tmp_path, caplog):
@@ -1016,3 +1017,18 @@ def test_a_sealed_folder_holds_only_regular_files_and_folders(tmp_path):
     (final / "tokenizer" / "vocab.json").unlink()
     os.mkfifo(final / "tokenizer" / "vocab.json")  # a sealed file replaced by a FIFO: never opened
     assert "tokenizer/vocab.json is a FIFO (named pipe)" in seal_problem(final)
+
+
+def test_a_checkpoint_holding_a_fifo_is_skipped_without_opening_it(tmp_path, caplog):
+    """An unlisted FIFO among a checkpoint's pickles would block the safe-load check for ever: the
+    checkpoint is skipped as damaged, for the one before it."""
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        train_step(model, opt, sched)
+        state.step = step
+        ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    os.mkfifo(ckpt / "scaler.pt")
+    with caplog.at_level("WARNING"):
+        assert choose_checkpoint(setup(seed=1)[0], tmp_path) == checkpoint_dir(tmp_path, 1)
+    assert (f"skipping damaged checkpoint {ckpt}: scaler.pt is a FIFO (named pipe), not a regular "
+            f"file") in caplog.text
