@@ -423,8 +423,11 @@ def import_export(folder: str | Path, module: str):
     for name in sorted(modules):
         taken = _name_taken(name, folder)
         if taken:
+            # imported from elsewhere (another export, perhaps): a process of its own has not imported it
+            imported = name in sys.modules and name not in sys.stdlib_module_names
             raise UsageError(f"{folder}: its sealed {name}.py has the name of {taken}: rename it in the export "
-                             f"(and its imports), or load this export's code in a process of its own")
+                             f"(and its imports)" + (", or load this export's code in a process of its own"
+                                                     if imported else ""))
     finder = _SealedFinder(folder, modules)
     sys.meta_path.insert(0, finder)
     try:

@@ -930,8 +930,7 @@ def test_import_export_refuses_a_module_that_shadows_another(tmp_path, monkeypat
     with pytest.raises(UsageError) as e:
         import_export(final, "shadow_model")
     assert str(e.value) == (f"{final}: its sealed {name}.py has the name of the standard library's {name} module: "
-                            f"rename it in the export (and its imports), or load this export's code in a process "
-                            f"of its own")
+                            f"rename it in the export (and its imports)")
     assert "shadow_model" not in sys.modules
     import colorsys
     import json as json_module
