@@ -98,7 +98,8 @@ def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=
     """Train `python script *args --output_dir <folder>.run` once (see the module docstring) and return
     the folder that holds a copy of its `final/` (an `--init_from` target). `args` must make it a run
     on the built-in corpus (`base_args`); the child's output goes to our stdout/stderr. Raises RunError
-    (one line, naming the command) when the child fails."""
+    (one line, naming the command) when the child fails, UsageError (one line, naming the cache folder
+    to delete) when the cached base fails its seal."""
     folder = base_folder(script, args, data_cache_dir)
     work = folder.with_name(folder.name + ".run")
     # The cache is where the base lives, not part of its key: `--data_cache_dir` unset, or set to the
@@ -119,4 +120,23 @@ def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=
                            f"its command, to run and read by hand: {' '.join(command)}")
         shutil.copytree(work / "final", tmp / "final")
 
-    return prepare_once(folder, build, timeout_s=6 * 3600.0, info={"command": command})
+    prepare_once(folder, build, timeout_s=6 * 3600.0, info={"command": command})
+    _check_cached(folder, work)
+    return folder
+
+
+def _check_cached(folder: Path, work: Path) -> None:
+    """Refuse a cached base whose `final/` fails its seal (`seal_problem`), in one line that names the
+    cache folder to delete: no training command made it, this run's own makes it again.
+
+    Not rebuilt here: every process of this run, and any other run on the machine that shares the
+    cache, may be reading the folder now (deleting it under them is not safe), and a sealed folder
+    that changed was changed by something (a disk fault, a hand) the user should hear of."""
+    from common.training.checkpoint import seal_problem
+    from common.training.faults import UsageError
+
+    remedy = (f"it is a cache: delete {folder} and re-run this command, which rebuilds it (exported again "
+              f"from its training run {work}, or trained again if that is gone)")
+    problem = seal_problem(folder / "final", remedy)
+    if problem:
+        raise UsageError(f"--init_from builtin: the cached base {folder / 'final'}: {problem}")

@@ -83,6 +83,7 @@ import pickle
 import re
 import shlex
 import shutil
+import stat
 import sys
 import threading
 import zipfile
@@ -287,28 +288,77 @@ RE_EXPORT = ("re-run the training command that made it (same --output_dir: a fin
              "again from its last checkpoint), or copy the whole folder again from where it was made")
 
 
-def seal_problem(folder: str | Path) -> str | None:
+def seal_problem(folder: str | Path, remedy: str = RE_EXPORT) -> str | None:
     """None when `folder` is as training wrote it: a `COMPLETE` marker, every file it lists present
     with its size and digest, and no file that it does not list (bar `__pycache__/`, which Python
-    writes beside imported code; `import_export` never reads it). Else what is wrong and what to do.
+    writes beside imported code; `import_export` never reads it). Else what is wrong and what to do:
+    `remedy`, how to get a good copy (the writer of a folder knows it: a cache, lm.py's folder).
+
+    Only regular files and real folders are accepted (`_odd_entry`): a folder that holds a symlinked
+    folder, a FIFO, a socket or a device is refused before any file is opened (reading a FIFO blocks
+    for ever). A symlink to a regular file is followed (a Hugging Face hub snapshot is made of them)
+    and its target must match the marker like any file.
 
     This proves integrity, not authorship: nothing was cut short or changed since the folder was
     sealed. Anyone can seal a folder of their own making; load only folders you trust."""
     folder = Path(folder)
     if not (folder / MARKER).is_file():
         return (f"no {MARKER} marker, so nothing says its files are whole and unchanged (an export that did not "
-                f"finish, a partial copy, or files put there by hand); it is not loaded: {RE_EXPORT}")
+                f"finish, a partial copy, or files put there by hand); it is not loaded: {remedy}")
+    odd = _odd_entry(folder)
+    if odd:
+        return f"{odd}: a sealed folder holds only regular files and folders; remove it, or {remedy}"
     problem = verify_checkpoint(folder)
     if problem:
-        return f"damaged ({problem}): {RE_EXPORT}, or use a checkpoints/step_*/ folder"
-    listed = set(json.loads((folder / MARKER).read_text())["files"]) | {MARKER}
+        step_folder = ", or use a checkpoints/step_*/ folder" if remedy == RE_EXPORT else ""
+        return f"damaged ({problem}): {remedy}{step_folder}"
+    listed = set(read_marker(folder)["files"]) | {MARKER}
     extra = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                    if p.is_file() and "__pycache__" not in p.relative_to(folder).parts
                    and str(p.relative_to(folder)) not in listed)
     if extra:
         return (f"{extra[0]} is not covered by its {MARKER} marker (added after the folder was sealed"
-                + (f", with {len(extra) - 1} more" if len(extra) > 1 else "") + f"): remove it, or {RE_EXPORT}")
+                + (f", with {len(extra) - 1} more" if len(extra) > 1 else "") + f"): remove it, or {remedy}")
     return None
+
+
+def _odd_entry(folder: Path) -> str | None:
+    """The first entry under `folder` that is neither a regular file (or a symlink to one) nor a real
+    folder, said as "<relative path> is a <kind>"; None when there is none. Only `os.stat`/`lstat`:
+    nothing is opened (opening a FIFO blocks until someone writes to it)."""
+    for root, dirs, files in os.walk(folder):  # followlinks=False: a symlinked folder is listed, not entered
+        for name in sorted(dirs + files):
+            path = Path(root) / name
+            relative = path.relative_to(folder)
+            if name in dirs and path.is_symlink():
+                return f"{relative} is a symlink to a folder (nothing checks what it holds)"
+            try:
+                mode = os.stat(path).st_mode  # follows a symlink to its target
+            except OSError:
+                return f"{relative} is a broken symlink"
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                return f"{relative} is {_kind(mode)}, not a regular file"
+    return None
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words, from its `st_mode`."""
+    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "no regular file"
+
+
+def regular_file_problem(path: str | Path) -> str | None:
+    """None when `path` is a regular file (or a symlink to one); else what it is, in words, found with
+    `os.stat` alone: a tool about to open a file the user named (an LM's .arpa) says so in one line
+    instead of blocking for ever on a FIFO or reading a device."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    return None if stat.S_ISREG(mode) else f"is {_kind(mode)}, not a regular file"
 
 
 class _SealedSource(importlib.machinery.SourceFileLoader):
@@ -333,6 +383,9 @@ class _SealedSource(importlib.machinery.SourceFileLoader):
 
 
 class _SealedFinder(importlib.abc.MetaPathFinder):
+    """Finds a sealed folder's top-level modules by their own names; in `sys.meta_path` only while
+    `import_export` imports one of them."""
+
     def __init__(self, folder: Path, modules: dict[str, str]):
         self.folder, self.modules = folder, modules
 
@@ -347,21 +400,64 @@ def import_export(folder: str | Path, module: str):
     """Import `module` (e.g. "tts_model") from an exported `final/` outside this repository: the
     folder is verified first (`resolve_checkpoint`), and the module and the folder's modules it
     imports come from their sealed source, checked against the marker's digests as they are read.
-    (A plain `sys.path.insert(0, folder)` + `import` runs the folder's code before anything checks it.)"""
+    (A plain `sys.path.insert(0, folder)` + `import` runs the folder's code before anything checks it.)
+
+    Scope: the folder's modules are found, by their own names, only during this call (the finder
+    leaves `sys.meta_path` when it returns): a later import of any other name never reaches the
+    folder. They import each other at the top, as the exports' code does (`write_code`); what they
+    imported stays in `sys.modules` under those names, as any import does. A sealed module whose name
+    is already taken, by the standard library (`json.py`), by a module this process can import from
+    elsewhere, or by another export imported before, is refused in one line before anything is
+    imported: while the finder is in place it would replace that module for every importer (a
+    library importing `json` meanwhile), and one process holds one module per name. Why not import
+    them under private names instead (`_export_1.json`), which nothing could shadow: the exports'
+    code imports its siblings by plain names (`from tts_frontend import ...`), and their classes
+    carry their module's name; `write_code` prefixes every exported module (`tts_`, `vocoder_`), so
+    plain names collide with nothing."""
     folder = resolve_checkpoint(folder, flag="import_export")
-    files = json.loads((folder / MARKER).read_text())["files"]
+    files = read_marker(folder)["files"]
     modules = {name[:-3]: meta["sha256"] for name, meta in files.items()
                if name.endswith(".py") and "/" not in name and "sha256" in meta}
     if module not in modules:
         raise UsageError(f"{folder}: no sealed {module}.py in it (sealed modules: {', '.join(sorted(modules)) or 'none'})")
-    for name in modules:  # Python keeps one module per name: a second export's code cannot join the first's
-        loaded = getattr(sys.modules.get(name), "__file__", None)
-        if loaded and Path(loaded) != folder / f"{name}.py":
-            raise UsageError(f"{folder}: this process already imported {name} from {loaded}: load each export's "
-                             f"code in a process of its own")
-    sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _SealedFinder) and f.folder == folder)]
-    sys.meta_path.insert(0, _SealedFinder(folder, modules))
-    return importlib.import_module(module)
+    for name in sorted(modules):
+        taken = _name_taken(name, folder)
+        if taken:
+            # imported from elsewhere (another export, perhaps): a process of its own has not imported it
+            imported = name in sys.modules and name not in sys.stdlib_module_names
+            raise UsageError(f"{folder}: its sealed {name}.py has the name of {taken}: rename it in the export "
+                             f"(and its imports)" + (", or load this export's code in a process of its own"
+                                                     if imported else ""))
+    finder = _SealedFinder(folder, modules)
+    sys.meta_path.insert(0, finder)
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def _name_taken(name: str, folder: Path) -> str | None:
+    """What else module `name` is in this process, in words (None: only `folder`'s `name`.py)."""
+    mine = (folder / f"{name}.py").resolve()
+    if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+        return f"the standard library's {name} module"
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        file = getattr(loaded, "__file__", None)
+        if file and Path(file).resolve() == mine:
+            return None
+        return f"another module (this process already imported {name} from {file})"
+    for finder in sys.meta_path:  # what `import name` would find without the export
+        try:
+            spec = finder.find_spec(name, None)
+        except Exception:  # noqa: BLE001 — a third-party finder's own failure is no answer
+            continue
+        if spec is not None:
+            origin = spec.origin if spec.has_location else None
+            if origin and Path(origin).resolve() == mine:
+                return None
+            return f"another module ({name} at {origin or spec.name})"
+    return None
 
 
 def unfinished_export(folder: str | Path) -> str | None:
@@ -403,16 +499,64 @@ def seal_files(folder: Path) -> dict[str, dict]:
     return {str(p.relative_to(folder)): metas[p] for p in paths}
 
 
-def verify_checkpoint(ckpt: Path) -> str | None:
-    """None if every file listed in the marker is present with its size and digest, else what is wrong."""
+# The digests a marker may hold, with their length in hex digits: SHA-256, and the blake2b of
+# markers written before it (16-byte digests, `file_digest`).
+_DIGESTS = {"sha256": 64, "blake2b": 32}
+
+
+def read_marker(folder: Path) -> dict:
+    """`folder`'s `COMPLETE` marker, checked to be what `_write_checkpoint` / `seal_export` write: a JSON
+    object whose `files` maps each relative path inside the folder to {"bytes": its size, "sha256"
+    (or, in older markers, "blake2b"): its hex digest}, with `step` a count where present. Every
+    reader of a marker goes through here, so a malformed one is a `ValueError` saying what is wrong
+    (a damaged folder, skipped or refused like a digest mismatch), never a KeyError or TypeError
+    later; OSError when it cannot be read (it is not opened unless it is a regular file)."""
+    path = folder / MARKER
+    problem = regular_file_problem(path)
+    if problem:
+        raise OSError(f"{MARKER} {problem}")
     try:
-        files = json.loads((ckpt / MARKER).read_text())["files"]
-    except (OSError, ValueError, KeyError) as e:
-        return f"unreadable {MARKER} marker ({e})"
+        marker = json.loads(path.read_bytes())
+    except RecursionError:  # json's parser recurses once per nested [ or {
+        raise ValueError("not JSON: nested too deeply") from None
+    except ValueError as e:  # UnicodeDecodeError too
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(marker, dict):
+        raise ValueError(f"a JSON {type(marker).__name__}, not an object")
+    step = marker.get("step", 0)
+    if type(step) is not int or step < 0:
+        raise ValueError(f"step {step!r} is not a step count")
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        raise ValueError("no files object" if files is None else f"files is a {type(files).__name__}, not an object")
+    for name, meta in files.items():
+        if name in ("", MARKER) or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(f"entry {name!r} is not a file inside the folder")
+        if not isinstance(meta, dict) or type(meta.get("bytes")) is not int or meta["bytes"] < 0:
+            raise ValueError(f"entry {name!r} has no byte count")
+        digests = [k for k in _DIGESTS if isinstance(meta.get(k), str)
+                   and re.fullmatch(f"[0-9a-f]{{{_DIGESTS[k]}}}", meta[k])]
+        if not digests:
+            raise ValueError(f"entry {name!r} has no sha256 digest")
+    return marker
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """None if every file listed in the marker is present with its size and digest, else what is wrong
+    (a malformed marker included: `read_marker`)."""
+    try:
+        files = read_marker(ckpt)["files"]
+    except OSError as e:
+        return f"unreadable {MARKER} marker ({e.strerror or e})"
+    except ValueError as e:
+        return f"malformed {MARKER} marker ({e})"
     for name, meta in files.items():
         path = ckpt / name
-        if not path.is_file():
+        if not path.exists():
             return f"{name} is missing"
+        odd = regular_file_problem(path)
+        if odd:
+            return f"{name} {odd}"
         if path.stat().st_size != meta["bytes"]:
             return f"{name} has {path.stat().st_size} bytes, {meta['bytes']} were written"
         algorithm = "sha256" if "sha256" in meta else "blake2b"
@@ -725,8 +869,9 @@ def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
     if accelerator.is_main_process:
         remove_leftovers(output_dir)
         for ckpt in reversed(list_checkpoints(output_dir)):
-            problem = (verify_checkpoint(ckpt) or _unloadable_pickle(ckpt) or _run_state_problem(ckpt)
-                       or _nonfinite_weights(ckpt))
+            # _odd_entry before any file is opened: a FIFO among the pickles would block the load for ever
+            problem = (verify_checkpoint(ckpt) or _odd_entry(ckpt) or _unloadable_pickle(ckpt)
+                       or _run_state_problem(ckpt) or _nonfinite_weights(ckpt))
             if problem is None:
                 choice = [str(ckpt)]
                 break
@@ -790,7 +935,7 @@ def _run_state_problem(ckpt: Path) -> str | None:
     would fail on it after loading the weights."""
     try:
         registered = json.loads((ckpt / "train_state.json").read_text()).get("registered") or []
-        step = json.loads((ckpt / MARKER).read_text())["step"]
+        step = read_marker(ckpt)["step"]
     except (OSError, ValueError, AttributeError, KeyError):
         return f"train_state.json or {MARKER} cannot be read"
     if RunState.__qualname__ not in registered:

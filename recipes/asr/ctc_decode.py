@@ -141,27 +141,53 @@ def lm_labels(tokenizer) -> list[str]:
     return ["", *(tokenizer.sp.id_to_piece(i) for i in range(tokenizer.sp.get_piece_size()))]
 
 
+# What an LM folder that fails its seal needs: lm.py writes it again in seconds.
+LM_REDO = "re-run lm.py to write it again (a new --output_dir), or copy the whole folder again from where it was made"
+
+
+def lm_source(path: Path) -> Path:
+    """The LM file `path` names, checked before anything opens it: a folder written by lm.py must match
+    its COMPLETE marker (`seal_problem`: every file whole, nothing added, only regular files), a
+    final/language_model/ its export's; a bare .arpa/.bin file must be a regular file (a FIFO would
+    block kenlm for ever; a user's own file has no marker to check). Raises LmError (one line)."""
+    from common.training.checkpoint import MARKER, regular_file_problem, seal_problem
+
+    if path.is_dir():
+        # lm.py's folder has its own marker; an export's language_model/ is covered by the export's
+        sealed = path.parent if not (path / MARKER).exists() and (path.parent / MARKER).exists() else path
+        problem = seal_problem(path, LM_REDO) if sealed == path else seal_problem(sealed)
+        if problem:
+            raise LmError(f"{sealed}: {problem}")
+        files = sorted(p for p in path.iterdir() if p.suffix in (".arpa", ".bin", ".binary"))
+        if len(files) != 1 or not (path / "unigrams.txt").is_file():
+            raise LmError(f"{path}: expected one .arpa/.bin file and unigrams.txt (a folder from lm.py), found "
+                          f"{sorted(p.name for p in path.iterdir())}")
+        return files[0]
+    if path.suffix not in (".arpa", ".bin", ".binary"):
+        raise LmError(f"{path}: not an LM folder from lm.py nor an .arpa/.bin file")
+    problem = regular_file_problem(path)
+    if problem:
+        raise LmError(f"{path} {problem}: give an .arpa/.bin file, or the folder lm.py wrote")
+    return path
+
+
 def load_lm_decoder(path: str | Path, tokenizer, alpha: float | None = None, beta: float | None = None):
     """A pyctcdecode `BeamSearchDecoderCTC` over `tokenizer`'s classes with the LM at `path`: a folder
     written by lm.py (or a final/language_model/), or an .arpa/.bin file (then every 1-gram is a known
-    word). `alpha`/`beta` None: the folder's attrs.json (pyctcdecode's defaults for a bare file)."""
+    word), checked first (`lm_source`). `alpha`/`beta` None: the folder's attrs.json (pyctcdecode's
+    defaults for a bare file)."""
     try:
         import kenlm
         from pyctcdecode import Alphabet, BeamSearchDecoderCTC, LanguageModel
     except ImportError as e:
         raise LmError(f"LM decoding needs pyctcdecode and kenlm ({e}); pip install -r requirements-lm.txt") from None
     path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".arpa", ".bin", ".binary"))
-        if len(files) != 1 or not (path / "unigrams.txt").is_file():
-            raise LmError(f"{path}: expected one .arpa/.bin file and unigrams.txt (a folder from lm.py), found "
-                          f"{sorted(p.name for p in path.iterdir())}")
-        lm_file, unigrams = files[0], (path / "unigrams.txt").read_text(encoding="utf-8").split()
+    lm_file = lm_source(path)
+    if lm_file != path:  # a folder, sealed: its unigrams and settings
+        unigrams = (path / "unigrams.txt").read_text(encoding="utf-8").split()
         attrs = json.loads((path / "attrs.json").read_text()) if (path / "attrs.json").is_file() else {}
-    elif path.suffix in (".arpa", ".bin", ".binary"):
-        lm_file, unigrams, attrs = path, None, {}
     else:
-        raise LmError(f"{path}: not an LM folder from lm.py nor an .arpa/.bin file")
+        unigrams, attrs = None, {}
     try:
         model = kenlm.Model(str(lm_file))
     except (OSError, RuntimeError) as e:

@@ -20,9 +20,10 @@ scores; <output> defaults to <output_dir>/decode/<checkpoint name>/ (e.g. output
 beside the checkpoint, never inside it (final/ and step folders are sealed by their digests); prints WER and CER. In N processes each process decodes its share and the main process
 scores the gathered results, each utterance exactly once.
 
---lm (a folder from lm.py, a final/language_model/, or an .arpa file) decodes with pyctcdecode's beam
-search and the LM (shallow fusion, `--beam_width` hypotheses) and, from the same log-posteriors,
-greedily: <name> is <split>-lm and its .json holds both scores (`wer`, `cer` with the LM;
+--lm (a folder from lm.py, a final/language_model/, or an .arpa file) is checked before kenlm reads it
+(the folder against its COMPLETE marker, or its export's; a bare file must be a regular file), then
+decodes with pyctcdecode's beam search and the LM (shallow fusion, `--beam_width` hypotheses) and,
+from the same log-posteriors, greedily: <name> is <split>-lm and its .json holds both scores (`wer`, `cer` with the LM;
 `wer_no_lm`, `cer_no_lm` greedy). `--tune_lm` first decodes the validation split (the checkpoint's
 valid_split, never the test split) for every --lm_alphas × --lm_betas pair and keeps the pair with the
 lowest WER (ties: the first); otherwise --lm_alpha/--lm_beta, or the LM folder's attrs.json.

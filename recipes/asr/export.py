@@ -10,9 +10,10 @@ own COMPLETE marker, like a training final/, so decode.py and the other tools ac
     asr = pipeline("automatic-speech-recognition", model="asr_step500", trust_remote_code=True)
     asr("speech.wav")  # or asr({"raw": samples_16khz, "sampling_rate": 16000})
 
---lm DIR (a folder from lm.py) ships a word n-gram LM in the export (language_model/, alphabet.json,
-processor class Wav2Vec2ProcessorWithLM): the pipeline then decodes with pyctcdecode's beam search and
-the LM (with `pyctcdecode` and `kenlm` installed; without them transformers warns and decodes greedily).
+--lm DIR (a folder from lm.py, checked against its COMPLETE marker first) ships a word n-gram LM in the
+export (language_model/, alphabet.json, processor class Wav2Vec2ProcessorWithLM): the pipeline then
+decodes with pyctcdecode's beam search and the LM (with `pyctcdecode` and `kenlm` installed; without
+them transformers warns and decodes greedily).
 --lm_alpha/--lm_beta (e.g. what decode.py --tune_lm chose) replace the LM folder's attrs.json.
 """
 

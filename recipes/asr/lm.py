@@ -5,9 +5,12 @@ shallow fusion (decode.py --lm, and final/language_model/ for transformers' pipe
 
 --checkpoint is a training output_dir, its final/, or a checkpoints/step_XXXXXXXX/ folder: the LM is
 built from that run's training transcripts (its data_dir, train_split, train_fraction), normalized by
-its tokenizer exactly as the CTC targets were. The output folder is what pyctcdecode's
-`LanguageModel.load_from_dir` reads: `lm.arpa`, `unigrams.txt` (the known words) and `attrs.json`
-(alpha: LM weight, beta: bonus per word, unk_score_offset: log10 penalty of an unknown word).
+its tokenizer exactly as the CTC targets were. The output folder holds pyctcdecode's layout:
+`lm.arpa`, `unigrams.txt` (the known words) and `attrs.json` (alpha: LM weight, beta: bonus per word,
+unk_score_offset: log10 penalty of an unknown word), sealed like every output here by a `COMPLETE`
+marker (each file's size and SHA-256) that decode.py and export.py check before reading it. It is
+written into `.<name>.tmp/` and renamed when sealed. (pyctcdecode's own `LanguageModel.load_from_dir`
+wants exactly three files: give it the export's `language_model/`, which export.py --lm writes.)
 
 Interpolated modified Kneser-Ney (Chen & Goodman 1998, as KenLM's lmplz estimates it): the highest
 order keeps raw counts; a lower-order n-gram counts the distinct words seen before it (its
@@ -33,6 +36,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -130,7 +135,11 @@ def write_arpa(model, path: str | Path) -> None:
 
 
 def write_lm_folder(texts: list[str], folder: str | Path, order: int = 3, attrs: dict | None = None) -> Path:
-    """`folder/{lm.arpa, unigrams.txt, attrs.json}` (pyctcdecode's layout) from normalized `texts`."""
+    """`folder/{lm.arpa, unigrams.txt, attrs.json}` (pyctcdecode's layout) from normalized `texts`, sealed
+    last with a COMPLETE marker (every file's size and digest) like every folder a tool reads:
+    decode.py and export.py check it before kenlm opens anything."""
+    from common.training.checkpoint import seal_export
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sentences = [t.split() for t in texts if t.split()]
@@ -138,6 +147,7 @@ def write_lm_folder(texts: list[str], folder: str | Path, order: int = 3, attrs:
     words = sorted({w for s in sentences for w in s})
     (folder / "unigrams.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
     (folder / "attrs.json").write_text(json.dumps({**DEFAULT_ATTRS, **(attrs or {})}) + "\n")
+    seal_export(folder)
     return folder
 
 
@@ -169,7 +179,11 @@ def main():
     tokenizer = checkpoint_tokenizer(folder)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech")
     train = labelled_subset(read_split(data_dir, cfg.train_split), cfg.train_fraction)
-    write_lm_folder([tokenizer.normalize(t) for t in train["text"]], out, args.order)
+    # Written aside, then renamed: a kill leaves .<name>.tmp/, never an unsealed --output_dir
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_lm_folder([tokenizer.normalize(t) for t in train["text"]], tmp, args.order)
+    os.rename(tmp, out)
     sizes = [line for line in (out / "lm.arpa").read_text().splitlines()[:args.order + 2] if line.startswith("ngram")]
     print(f"{out}: {args.order}-gram LM of {len(train)} training transcripts ({', '.join(sizes)})")
 

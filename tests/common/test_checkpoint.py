@@ -891,3 +891,143 @@ def test_a_train_state_carries_nothing_beside_its_fields(tmp_path):
     _save(accelerator, tmp_path, state, **parts)
     # `stage`: declared on the class (where the loop stands, never saved)
     assert set(vars(state)) == {f.name for f in dataclasses.fields(TrainState)} | {"stage"}
+
+
+def test_import_export_finds_the_folder_only_during_its_import(tmp_path, monkeypatch):
+    """The export's finder leaves `sys.meta_path` when `import_export` returns: a later import of a
+    sibling it did not import, or of any other name, never reaches the folder."""
+    import sys
+
+    from common.training.checkpoint import _SealedFinder, import_export
+
+    final = seal(tmp_path / "final", {"model.safetensors": "x", "config.yaml": "a: 1\n",
+                                      "scoped_a.py": "from scoped_b import VALUE\n", "scoped_b.py": "VALUE = 1\n",
+                                      "scoped_c.py": "VALUE = 'from the export'\n"})
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    for name in ("scoped_a", "scoped_b", "scoped_c"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert import_export(final, "scoped_a").VALUE == 1  # its sibling, by its name, during the import
+    assert not any(isinstance(f, _SealedFinder) for f in sys.meta_path)
+    with pytest.raises(ModuleNotFoundError):
+        import scoped_c  # noqa: F401 — not imported by scoped_a: not reachable afterwards
+
+
+@pytest.mark.parametrize("name", ["colorsys", "json"])
+def test_import_export_refuses_a_module_that_shadows_another(tmp_path, monkeypatch, name):
+    """A sealed module named like a standard-library one (imported yet or not) is refused in one line
+    that says so, before anything is imported: during the import it would replace that module for
+    every importer."""
+    import sys
+
+    from common.training.checkpoint import import_export
+    from common.training.faults import UsageError
+
+    final = seal(tmp_path / "final", {"model.safetensors": "x", "config.yaml": "a: 1\n",
+                                      "shadow_model.py": "VALUE = 1\n", f"{name}.py": "PLANTED = True\n"})
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delitem(sys.modules, "shadow_model", raising=False)
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    with pytest.raises(UsageError) as e:
+        import_export(final, "shadow_model")
+    assert str(e.value) == (f"{final}: its sealed {name}.py has the name of the standard library's {name} module: "
+                            f"rename it in the export (and its imports)")
+    assert "shadow_model" not in sys.modules
+    import colorsys
+    import json as json_module
+
+    assert not hasattr(colorsys, "PLANTED") and not hasattr(json_module, "PLANTED")
+
+
+MALFORMED_MARKERS = {  # COMPLETE's text → what verify_checkpoint says of it
+    "no sha256": ('{"files": {"config.yaml": {"bytes": 5}}}', "entry 'config.yaml' has no sha256 digest"),
+    "int entry": ('{"files": {"config.yaml": 5}}', "entry 'config.yaml' has no byte count"),
+    "bool bytes": ('{"files": {"config.yaml": {"bytes": true, "sha256": "%s"}}}' % ("0" * 64),
+                   "entry 'config.yaml' has no byte count"),
+    "files a list": ('{"files": ["config.yaml"]}', "files is a list, not an object"),
+    "no files": ('{"step": 1}', "no files object"),
+    "a list": ("[]", "a JSON list, not an object"),
+    "nested": ("[" * 200_000, "not JSON: nested too deeply"),
+    "outside": ('{"files": {"../x": {"bytes": 1, "sha256": "%s"}}}' % ("0" * 64),
+                "entry '../x' is not a file inside the folder"),
+    "step": ('{"step": "2", "files": {}}', "step '2' is not a step count"),
+    "binary": (b"\xff\xfe{", "not JSON"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_MARKERS))
+def test_a_malformed_marker_is_a_damaged_folder(tmp_path, kind):
+    """Every malformed COMPLETE marker is said as one reason (no KeyError, TypeError or
+    RecursionError), the same way for a checkpoint at resume and a folder a tool reads."""
+    from common.training.checkpoint import MARKER, resolve_checkpoint
+    from common.training.faults import UsageError
+
+    text, reason = MALFORMED_MARKERS[kind]
+    final = seal(tmp_path / "final", {"model.safetensors": "x", "config.yaml": "a: 1\n"})
+    (final / MARKER).write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert verify_checkpoint(final).startswith(f"malformed COMPLETE marker ({reason}")
+    with pytest.raises(UsageError) as e:
+        resolve_checkpoint(tmp_path)
+    message = str(e.value)
+    assert message.startswith(f"--checkpoint {final}: damaged (malformed COMPLETE marker ({reason}")
+    assert "\n" not in message
+
+
+def test_a_checkpoint_with_a_malformed_marker_is_skipped_for_the_previous(tmp_path, caplog):
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        train_step(model, opt, sched)
+        state.step = step
+        ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    marker["files"]["model.safetensors"] = 7
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    with caplog.at_level("WARNING"):
+        assert choose_checkpoint(setup(seed=1)[0], tmp_path) == checkpoint_dir(tmp_path, 1)
+    assert (f"skipping damaged checkpoint {ckpt}: malformed COMPLETE marker (entry 'model.safetensors' has no "
+            f"byte count)") in caplog.text
+
+
+def test_a_sealed_folder_holds_only_regular_files_and_folders(tmp_path):
+    """A symlinked folder (nothing checks what it holds), a FIFO (reading it blocks for ever), a
+    broken symlink: refused in one line before any file is opened. A symlink to a regular file (a
+    Hugging Face hub snapshot) is followed and checked like the file."""
+    from common.training.checkpoint import resolve_checkpoint, seal_problem
+    from common.training.faults import UsageError
+
+    final = seal(tmp_path / "final", {"model.safetensors": "x", "config.yaml": "a: 1\n", "tokenizer/vocab.json": "{}"})
+    blob = tmp_path / "blob"
+    blob.write_text("a: 1\n")
+    (final / "config.yaml").unlink()
+    (final / "config.yaml").symlink_to(blob)
+    assert seal_problem(final) is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cases = {"linked": lambda p: p.symlink_to(elsewhere, target_is_directory=True),
+             "fifo": os.mkfifo, "broken": lambda p: p.symlink_to(tmp_path / "gone")}
+    said = {"linked": "linked is a symlink to a folder (nothing checks what it holds)",
+            "fifo": "fifo is a FIFO (named pipe), not a regular file", "broken": "broken is a broken symlink"}
+    for name, make in cases.items():
+        make(final / name)
+        with pytest.raises(UsageError) as e:
+            resolve_checkpoint(final)
+        assert str(e.value).startswith(f"--checkpoint {final}: {said[name]}: a sealed folder holds only regular "
+                                       f"files and folders; remove it, or re-run the training command")
+        (final / name).unlink()
+    (final / "tokenizer" / "vocab.json").unlink()
+    os.mkfifo(final / "tokenizer" / "vocab.json")  # a sealed file replaced by a FIFO: never opened
+    assert "tokenizer/vocab.json is a FIFO (named pipe)" in seal_problem(final)
+
+
+def test_a_checkpoint_holding_a_fifo_is_skipped_without_opening_it(tmp_path, caplog):
+    """An unlisted FIFO among a checkpoint's pickles would block the safe-load check for ever: the
+    checkpoint is skipped as damaged, for the one before it."""
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        train_step(model, opt, sched)
+        state.step = step
+        ckpt = save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    os.mkfifo(ckpt / "scaler.pt")
+    with caplog.at_level("WARNING"):
+        assert choose_checkpoint(setup(seed=1)[0], tmp_path) == checkpoint_dir(tmp_path, 1)
+    assert (f"skipping damaged checkpoint {ckpt}: scaler.pt is a FIFO (named pipe), not a regular "
+            f"file") in caplog.text

@@ -82,8 +82,11 @@ def test_every_distribution_sums_to_one_in_kenlm(tmp_path, order):
 
 
 def test_refusals(tmp_path, monkeypatch):
+    from common.training.checkpoint import seal_export
+
     tok = asr.text.CharTokenizer()
     (tmp_path / "empty").mkdir()
+    seal_export(tmp_path / "empty")
     with pytest.raises(asr.ctc_decode.LmError, match="expected one .arpa/.bin file and unigrams.txt"):
         asr.ctc_decode.load_lm_decoder(tmp_path / "empty", tok)
     (tmp_path / "words.txt").write_text("a b\n")
@@ -97,6 +100,46 @@ def test_refusals(tmp_path, monkeypatch):
         asr.ctc_decode.load_lm_decoder(tmp_path / "broken.arpa", tok)
     with pytest.raises(ValueError, match="no words"):
         lm.write_lm_folder(["", " "], tmp_path / "none")
+
+
+def test_an_lm_is_checked_before_kenlm_opens_it(tmp_path):
+    """lm.py's folder is sealed: a changed, unsealed or added file is refused in one line saying how to
+    get a good one, and so is a FIFO in it or given as a bare .arpa (kenlm would block on it for ever),
+    before anything opens it. An export's language_model/ is checked against the export's marker."""
+    import os
+    import shutil
+
+    from common.training.checkpoint import MARKER, seal_export
+
+    tok = asr.text.CharTokenizer()
+    folder = lm.write_lm_folder(["a b", "a"], tmp_path / "lm", order=2)
+    assert (folder / MARKER).is_file()
+    asr.ctc_decode.load_lm_decoder(folder, tok)
+
+    def refused(path, *says):
+        with pytest.raises(asr.ctc_decode.LmError) as e:
+            asr.ctc_decode.load_lm_decoder(path, tok)
+        assert "\n" not in str(e.value) and all(s in str(e.value) for s in says), str(e.value)
+
+    arpa = (folder / "lm.arpa").read_text()
+    (folder / "lm.arpa").unlink()
+    os.mkfifo(folder / "lm.arpa")  # never opened: the check uses stat alone
+    refused(folder, f"{folder}: lm.arpa is a FIFO (named pipe), not a regular file", "re-run lm.py")
+    (folder / "lm.arpa").unlink()
+    (folder / "lm.arpa").write_text(arpa.replace("-0.", "-1."))
+    refused(folder, f"{folder}: damaged (lm.arpa is corrupted (digest mismatch)): re-run lm.py")
+    (folder / "lm.arpa").write_text(arpa)
+    asr.ctc_decode.load_lm_decoder(folder, tok)
+    (folder / MARKER).unlink()
+    refused(folder, "no COMPLETE marker", "re-run lm.py to write it again")
+    os.mkfifo(tmp_path / "pipe.arpa")
+    refused(tmp_path / "pipe.arpa", f"{tmp_path / 'pipe.arpa'} is a FIFO (named pipe), not a regular file: give an")
+    export = tmp_path / "export"
+    shutil.copytree(folder, export / "language_model")
+    seal_export(export)  # as export.py seals its folder, language_model/ with it
+    asr.ctc_decode.load_lm_decoder(export / "language_model", tok)
+    (export / "language_model" / "unigrams.txt").write_text("z\n")
+    refused(export / "language_model", f"{export}: damaged (language_model/unigrams.txt has 2 bytes")
 
 
 def test_bpe_pieces_decode_with_the_lm(tmp_path):
@@ -161,7 +204,7 @@ def test_lm_settings_that_cannot_work_are_refused(tiny_corpus, tmp_path, referen
     (tmp_path / "empty").mkdir()
     for extra, says in ((["--tune_lm"], "give the LM with --lm DIR"),
                         (["--lm", str(tmp_path / "missing")], "does not exist"),
-                        (["--lm", str(tmp_path / "empty")], "expected one .arpa/.bin file"),
+                        (["--lm", str(tmp_path / "empty")], "no COMPLETE marker"),
                         (["--lm", str(tmp_path / "empty"), "--decoding", "beam"], "drop --decoding beam")):
         proc = launch("decode.py", 1, [*common, *extra], tmp_path / "refused.log")
         errors = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
