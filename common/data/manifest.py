@@ -35,6 +35,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import datasets
 import soundfile as sf
@@ -285,13 +286,15 @@ def _fingerprint(listing: dict[str, Stamp], policy: DataPolicy) -> str:
 
 def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy: DataPolicy,
                      splits: str | None = None, is_main_process: bool = True,
-                     workers: int | None = None) -> datasets.Dataset:
+                     workers: int | None = None, seal: Callable[[Path], None] | None = None) -> datasets.Dataset:
     """Validated manifest of a LibriSpeech split (`splits` given) or an LJSpeech folder (`splits`
     None), as a `datasets.Dataset` with columns id, path, text, speaker, duration, sample_rate,
     digest (`common.data.datacheck.content_digest`).
 
     Every rank calls it (no collective): one validates, with `workers` processes (None: every
-    core this process may use), the others wait for its result.
+    core this process may use), the others wait for its result. `seal(folder)`, when given, writes
+    the folder's marker of digests last (`common.training.checkpoint.seal_export`, passed by
+    `common.data.source`): what lets another tool trust the manifest it reads back (`read_manifest`).
     """
     root = Path(root)
     parts = splits.split(",") if splits else ["metadata.csv", "wavs"]
@@ -304,6 +307,8 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
         good, problems = validate(rows, problems, policy, workers=workers, cache=cache, stats=listing)
         (tmp / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
         (tmp / "problems.jsonl").write_text("".join(json.dumps(p) + "\n" for p in problems))
+        if seal is not None:
+            seal(tmp)
 
     prepare_once(final, build)
     rows = [json.loads(line) for line in (final / "manifest.jsonl").read_text().splitlines()]
@@ -326,6 +331,34 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
         raise DataError(f"no usable entries in {source}: expected the "
                         f"{LJSPEECH_LAYOUT if not splits else LIBRISPEECH_LAYOUT}")
     return datasets.Dataset.from_list(rows)
+
+
+def read_manifest(folder: str | Path, columns: tuple[str, ...] = ("id", "text")) -> list[dict]:
+    """The rows of a manifest folder `prepare_manifest` wrote, read back by another tool (the TTS score
+    reads its ASR judge's training sentences): every line a JSON object whose `columns` hold text, and
+    at least one (training never starts on an empty manifest: `prepare_manifest` refuses it, so an
+    empty one was emptied since). Anything else is a `DataError` of one line naming the file and line."""
+    path = Path(folder) / "manifest.jsonl"
+    fix = f"it is not as the data check wrote it: delete {folder} and re-launch the run that wrote it (it is rebuilt)"
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "missing"
+        raise DataError(f"{path}: {what}, not the manifest; {fix}")
+    rows = []
+    for n, line, raw in _lines(path):
+        try:
+            row = json.loads(line) if line is not None else None
+        except ValueError:  # a blank line too
+            row = None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{n}: not a JSON object ({(line if line is not None else repr(raw))[:60]!r}); {fix}")
+        for column in columns:
+            if not isinstance(row.get(column), str):
+                what = "missing" if column not in row else f"{json.dumps(row[column])[:40]}, not text"
+                raise DataError(f"{path}:{n}: its {column!r} is {what}; {fix}")
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no rows (a training manifest never has none); {fix}")
+    return rows
 
 
 def manifest_summary(manifest: datasets.Dataset) -> dict:

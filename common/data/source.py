@@ -55,7 +55,9 @@ import soundfile as sf
 from common.data.loading import build_loaders
 from common.training.faults import UsageError
 from common.training.logs import get_logger
-from common.data.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest
+from common.data.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest, read_manifest
+from common.training.checkpoint import MARKER, seal_export, verify_checkpoint
+from common.training.prepare import COMPLETE_MARKER
 from common.data.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, audio_struct,
                            auto_partitions, batch_shortfall, batch_sizes, check_shards, open_shards, parquet_footer,
                            resolve_shards, shard_files, split_files)
@@ -106,7 +108,8 @@ class Source:
                             on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
 
         def check(name: str, subfolder: str | None):
-            return prepare_manifest(out, name, data_dir, policy, subfolder, is_main_process=accelerator.is_main_process)
+            return prepare_manifest(out, name, data_dir, policy, subfolder, is_main_process=accelerator.is_main_process,
+                                    seal=seal_export)  # sealed: other tools read it back (`run_manifests`)
 
         found = splits(data_dir, check)
         for name in found.keys() - {"train", "validation"}:
@@ -213,6 +216,28 @@ class RecipeData:
     def valid_rows(self, n: int):
         """The first `n` validation rows (the samples a recipe logs at each validation)."""
         return self.source.rows("validation", range(min(n, self.source.size("validation"))))
+
+
+def run_manifests(run_dir, prefix: str) -> list[dict] | None:
+    """Every row of the checked manifests a run's data check wrote for the splits whose names start
+    with `prefix` (<run_dir>/data/<name>-<fingerprint>/: all of them, a run resumed on changed data has
+    several), or None when it wrote none (a `datasets` source, a copied final/). Only published folders
+    count (not a builder's temporary one); each must match its COMPLETE marker (`verify_checkpoint`:
+    a manifest edited or emptied since is refused; a folder from before the marker has its lines
+    checked only), and its lines must be rows (`read_manifest`). `DataError` (one line) otherwise."""
+    name = re.compile(re.escape(prefix) + r".*-[0-9a-f]{16}")  # `prepare_manifest`'s <name>-<fingerprint>
+    folders = sorted(f for f in (Path(run_dir) / "data").glob(f"{prefix}*")
+                     if name.fullmatch(f.name) and (f / COMPLETE_MARKER).is_file())
+    if not folders:
+        return None
+    rows = []
+    for folder in folders:
+        problem = verify_checkpoint(folder) if (folder / MARKER).exists() else None
+        if problem:
+            raise DataError(f"{folder}: does not match its {MARKER} marker ({problem}): it changed since the data "
+                            f"check wrote it; delete {folder} and re-launch the run that wrote it (it is rebuilt)")
+        rows += read_manifest(folder)
+    return rows
 
 
 def audio_seconds(audio) -> float:

@@ -3,6 +3,7 @@
 checkpoint records of the files follows their contents; stream messages name the fix."""
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -16,7 +17,9 @@ import soundfile as sf
 
 from common.training.faults import RunError
 from common.data.manifest import DataError, data_change, manifest_summary
-from common.data.source import load_split, with_contents
+from common.data.source import load_split, run_manifests, with_contents
+from common.training.checkpoint import seal_export, verify_checkpoint
+from common.training.prepare import COMPLETE_MARKER
 from common.data.stream import ShardStream, open_shards, resolve_shards
 
 AUDIO = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -293,6 +296,10 @@ def test_a_folder_source_reads_the_recipes_splits_once_checked(tiny_corpus, tmp_
     assert src.kind == "folder" and src.data_dir == str(folder)
     assert sorted(p.name for p in (tmp_path / "out" / "data").iterdir() if p.is_dir()) >= ["test", "train", "valid"]
     assert f"{len(src.splits['test'])} test utterances held out" in caplog.text
+    # each checked manifest is sealed: what another tool reads back of it is what the check wrote
+    assert len(run_manifests(tmp_path / "out", "train")) == len(src.splits["train"])
+    [train_dir] = (tmp_path / "out" / "data").glob("train-*[0-9a-f]")
+    assert verify_checkpoint(train_dir) is None and "manifest.jsonl" in json.loads((train_dir / "COMPLETE").read_text())["files"]
     data = src.loaders(train=(Ids, collate_ids), valid=(Ids, collate_ids))
     assert data.summary == manifest_summary(src.splits["train"])
     assert data.durations == dict(zip(src.splits["train"]["id"], src.splits["train"]["duration"]))
@@ -330,3 +337,36 @@ def test_a_recipe_reads_a_label_column_as_it_reads_transcripts(tmp_path, streami
         Source.open(settings, ACCELERATOR, tmp_path / "out2", global_batch=1, num_workers=0, corpus=None, splits=None)
     assert str(e.value).startswith("--speaker_column_name speaker_id: no such column in ")
     assert "(it has audio, sentence, spk)" in str(e.value)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda f: (f / "manifest.jsonl").write_text(""), "does not match its COMPLETE marker (manifest.jsonl has 0 bytes"),
+    (lambda f: (f / "manifest.jsonl").write_text('{"id": "a", "text": "same words"}\n'), "manifest.jsonl is corrupted"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text(""), "no rows (a training manifest never"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text('{"id": "a", "text": "x"}\n\n'),
+     "manifest.jsonl:2: not a JSON object (''); it is not as the data check wrote it: delete"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text("[1]\n"), "manifest.jsonl:1: not a JSON object"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text('{"id": "a"}\n'), "its 'text' is missing"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text('{"id": "a", "text": null}\n'),
+     "its 'text' is null, not text"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").unlink() or (f / "manifest.jsonl").mkdir(),
+     "manifest.jsonl: a folder, not the manifest"),
+], ids=["emptied", "edited", "empty-unsealed", "blank-line", "not-an-object", "no-text", "null-text", "a-folder"])
+def test_a_runs_manifests_are_read_back_checked_in_one_line(tmp_path, damage, message):
+    """What another tool reads of a run's checked manifests (the TTS score: its ASR judge's training
+    sentences): a manifest changed since its seal, or (a folder from before seals) with a line that is
+    not a row, or none, is one `DataError` line naming the file; a builder's unpublished folder is not read."""
+    folder = tmp_path / "data" / "train-0123456789abcdef"
+    folder.mkdir(parents=True)
+    (folder / "manifest.jsonl").write_text('{"id": "a", "text": "some words"}\n')
+    seal_export(folder)
+    (folder / COMPLETE_MARKER).write_text("{}")
+    unpublished = tmp_path / "data" / "train-0123456789abcdef.tmp-host-1-abcd"
+    shutil.copytree(folder, unpublished)
+    (unpublished / "manifest.jsonl").write_text("torn")
+    assert run_manifests(tmp_path, "train") == [{"id": "a", "text": "some words"}]
+    assert run_manifests(tmp_path, "valid") is None
+    damage(folder)
+    with pytest.raises(DataError) as e:
+        run_manifests(tmp_path, "train")
+    assert message in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 2
