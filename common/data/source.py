@@ -112,7 +112,7 @@ class Source:
 
         def check(name: str, subfolder: str | None):
             return prepare_manifest(out, name, data_dir, policy, subfolder, is_main_process=accelerator.is_main_process,
-                                    seal=seal_export)  # sealed: other tools read it back (`run_manifests`)
+                                    seal=seal_export, text=text)  # sealed: other tools read it back (`run_manifests`)
 
         found = splits(data_dir, check)
         for name in found.keys() - {"train", "validation"}:

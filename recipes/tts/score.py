@@ -165,7 +165,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     if args.data_dir is None and cfg.dataset_name:  # a source's run holds out no test utterances
         print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
-              f"utterances: give --data_dir (an LJSpeech-layout folder of the same voice)", file=sys.stderr)
+              f"utterances: give --data_dir (an LJSpeech-layout folder or an audiofolder of the same voice)", file=sys.stderr)
         raise SystemExit(2)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "ljspeech")
