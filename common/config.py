@@ -296,11 +296,11 @@ class DatasetConfig(RunConfig):
     stream_partitions: Annotated[int | None, Count] = None  # --streaming: fixed parts of every epoch, a multiple of processes × data workers and of the global batch; they decide the batches. None = auto: up to 64, fewer where a small split would leave batches short of --per_device_train_batch_size (a resume keeps its checkpoint's)
     stream_block_rows: Annotated[int, Count] = 1000  # --streaming: consecutive rows shuffled and bucketed together (the shuffle buffer of each part)
 
-    # What a `datasets` source does not do (no duration or sample-rate rules; map-style: no data check;
-    # streams: no seconds-sized batches, no RAM cache): these must keep their defaults there, or the
-    # run would silently do something else.
+    # What a `datasets` source does not do (no duration or sample-rate rules; streams: no seconds-sized
+    # batches, no RAM cache): these must keep their defaults there, or the run would silently do
+    # something else. Both kinds check their rows (--data_check, --on_bad_data: common/data/source.py).
     NOT_FOR_DATASETS = ("wrong_sample_rate", "min_seconds", "max_seconds")
-    NOT_FOR_MAP_STYLE = ("data_check", "on_bad_data")
+    NOT_FOR_MAP_STYLE = ()
     NOT_FOR_STREAMS = ("max_batch_seconds", "num_buckets", "memory_cache_mb")
     # A recipe's settings of a --data_dir folder that a source replaces: {field: what to use instead}
     FOLDER_ONLY = {}
@@ -333,8 +333,7 @@ class DatasetConfig(RunConfig):
         for key in changed(tuple(self.FOLDER_ONLY)):
             raise ValueError(f"--{key} applies to a --data_dir folder: with --dataset_name {self.FOLDER_ONLY[key]}")
         for key in changed(self.NOT_FOR_DATASETS + (self.NOT_FOR_STREAMS if self.streaming else self.NOT_FOR_MAP_STYLE)):
-            what = ("a streamed source" if key in self.NOT_FOR_STREAMS else
-                    "a --dataset_name source without --streaming (no data check; a stream's rows are checked)"
+            what = ("a streamed source" if key in self.NOT_FOR_STREAMS else "a --dataset_name source without --streaming"
                     if key in self.NOT_FOR_MAP_STYLE else "a --dataset_name source (no duration or sample-rate check)")
             raise ValueError(f"--{key} does not apply to {what}: drop it"
                              + ("; streamed batches hold --per_device_train_batch_size utterances"

@@ -1,4 +1,9 @@
-"""Manifests from LibriSpeech / LJSpeech layouts, validated once before training starts.
+"""Manifests from LibriSpeech / LJSpeech layouts or `datasets` audiofolders, validated once before training starts.
+
+An audiofolder (`AUDIOFOLDER_LAYOUT`, `scan_audiofolder`) stands where the other layouts would: at
+<data_dir>/<split>/ for a recipe that reads splits (where LibriSpeech's split folders are), at
+<data_dir> for one that reads a folder (where LJSpeech's metadata.csv is); a metadata.csv whose first
+line holds a '|' is LJSpeech's. Its rows go through the same data check.
 
 `prepare_manifest` scans a corpus, reads every audio file once, and sorts entries into usable
 rows and problems: missing files, unreadable or corrupt audio, empty audio, too short or too long,
@@ -25,6 +30,7 @@ covers the file listing (names, sizes, mtimes, ctimes) and the policy, so a fixe
 """
 from __future__ import annotations
 
+import csv
 import glob
 import hashlib
 import json
@@ -35,6 +41,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import datasets
 import soundfile as sf
@@ -51,6 +58,12 @@ LIBRISPEECH_ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 LIBRISPEECH_LAYOUT = ("LibriSpeech layout: <data_dir>/<split>/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac "
                       "and <speaker>-<chapter>.trans.txt lines '<speaker>-<chapter>-<n> TEXT'")
 LJSPEECH_LAYOUT = "LJSpeech layout: <data_dir>/metadata.csv lines 'id|text|normalized text' and <data_dir>/wavs/<id>.wav"
+# `datasets`' audiofolder convention (its packaged_modules/folder_based_builder): a metadata file beside the
+# audio, `file_name` relative to the metadata file's folder; one such folder per split.
+AUDIOFOLDER_LAYOUT = ("audiofolder layout: <folder>/metadata.csv with a header line naming file_name (the audio's path "
+                      "inside <folder>), text or transcription, optionally speaker or speaker_id (or metadata.jsonl, "
+                      "one JSON object with those keys per line)")
+METADATA_FILES = ("metadata.csv", "metadata.jsonl")
 
 
 class DataError(RunError):
@@ -62,7 +75,7 @@ class DataError(RunError):
 
 
 def _layout_error(root: Path, missing: Path, layout: str) -> DataError:
-    """One line: what is missing, the layout expected, what the folder holds instead."""
+    """One line: what is missing, the layouts expected, what the folder holds instead."""
     try:
         found = sorted(p.name + ("/" if p.is_dir() else "") for p in Path(root).iterdir())
     except OSError:
@@ -70,9 +83,17 @@ def _layout_error(root: Path, missing: Path, layout: str) -> DataError:
     holds = f"it holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}" if found else "it is empty"
     if layout == LJSPEECH_LAYOUT and next(glob.iglob(os.path.join(glob.escape(str(root)), "*", "*", "*", "*.trans.txt")), None):
         holds += ": the LibriSpeech layout, which this recipe does not read from --data_dir"
-    return DataError(f"--data_dir {root}: {missing.name} not found ({holds}); expected the {layout}. "
+    nested = next((m.parent for name in METADATA_FILES for m in sorted(Path(root).glob(f"*/{name}"))), None)
+    if layout == LJSPEECH_LAYOUT and nested is not None:
+        holds += f": {nested.name}/ is an audiofolder; this recipe reads one folder: give --data_dir {nested}"
+    if layout != LJSPEECH_LAYOUT and audiofolder_metadata(Path(root)) is not None:
+        holds += (": one audiofolder for the whole corpus, and this recipe reads splits: give each its own folder, "
+                  "<data_dir>/<split>/metadata.csv")
+    per_split = " in each <data_dir>/<split>/" if layout != LJSPEECH_LAYOUT else " in <data_dir>"
+    return DataError(f"--data_dir {root}: {missing.name} not found ({holds}); expected the {layout}, or the "
+                     f"{AUDIOFOLDER_LAYOUT}{per_split}. "
                      f"A `datasets` source (a folder of data files such as <folder>/data/train-*.parquet, or a Hub "
-                     f"dataset name) is read with --dataset_name <it> instead of --data_dir; convert any other layout to this one")
+                     f"dataset name) is read with --dataset_name <it> instead of --data_dir; convert any other layout to one of these")
 
 
 @dataclass(frozen=True)
@@ -184,6 +205,114 @@ def scan_ljspeech(root: str | Path) -> tuple[list[dict], list[dict]]:
     return rows, problems
 
 
+def audiofolder_metadata(folder: Path) -> Path | None:
+    """`folder`'s audiofolder metadata file (`AUDIOFOLDER_LAYOUT`), or None. A metadata.csv whose first
+    line holds a '|' is LJSpeech's; a folder with both files is refused (`datasets` refuses it too)."""
+    found = [folder / name for name in METADATA_FILES if (folder / name).is_file()]
+    if len(found) == 2:
+        raise DataError(f"{folder}: both metadata.csv and metadata.jsonl: keep one (the {AUDIOFOLDER_LAYOUT})")
+    if not found:
+        return None
+    if found[0].name == "metadata.csv":
+        with open(found[0], "rb") as f:
+            if b"|" in f.readline():
+                return None
+    return found[0]
+
+
+def _metadata_rows(metadata: Path) -> tuple[list, list[tuple[str, dict | None]]]:
+    """(the columns, [(where, {column: value}, or None for a malformed line)]) of an audiofolder's metadata:
+    CSV with a header line (as `datasets` reads it, with pandas), or JSON lines (the columns: every key
+    of any line; a key a line lacks is null, as `datasets`' JSON reader fills it)."""
+    if metadata.suffix == ".csv":
+        lines = [(n, line) for n, line, _ in _lines(metadata, encoding="utf-8-sig")]
+        bad = next((n for n, line in lines if line is None), None)
+        if bad is not None:
+            raise DataError(f"{metadata}:{bad}: invalid UTF-8; save it as UTF-8 (the {AUDIOFOLDER_LAYOUT})")
+        lines = [(n, line) for n, line in lines if line.strip()]
+        if not lines:
+            raise DataError(f"{metadata}: empty, not even a header line; expected the {AUDIOFOLDER_LAYOUT}")
+        header = next(csv.reader([lines[0][1]]))
+        out = []
+        for n, line in lines[1:]:
+            fields = next(csv.reader([line]))
+            out.append((f"{metadata}:{n}", dict(zip(header, fields)) if len(fields) == len(header) else None))
+        return header, out
+    out, columns = [], {}
+    for n, line, _ in _lines(metadata):
+        if line is not None and not line.strip():
+            continue
+        try:
+            row = json.loads(line) if line is not None else None
+        except ValueError:
+            row = None
+        out.append((f"{metadata}:{n}", row if isinstance(row, dict) else None))
+        columns.update(dict.fromkeys(row if isinstance(row, dict) else ()))
+    return list(columns), [(where, row and {c: row.get(c) for c in columns}) for where, row in out]
+
+
+def _one_of(metadata: Path, columns: list, names: tuple[str, ...], required: bool) -> str | None:
+    """The one column of `names` that `columns` has (None if none and not `required`); a one-line refusal
+    when it has none that is required, or several."""
+    have = [c for c in names if c in columns]
+    if len(have) > 1 or (required and not have):
+        raise DataError(f"{metadata}: its columns ({', '.join(map(str, columns)) or 'none'}) have "
+                        f"{'both ' + ' and '.join(have) if have else 'no ' + ' or '.join(names)}; expected one "
+                        f"(the {AUDIOFOLDER_LAYOUT})")
+    return have[0] if have else None
+
+
+def scan_audiofolder(folder: str | Path, text: bool = True) -> tuple[list[dict], list[dict]]:
+    """An audiofolder (`AUDIOFOLDER_LAYOUT`): rows from its metadata file, the id each file's path inside
+    the folder without its extension ('/' as '-'). A header without file_name, or (`text`: the
+    recipe reads transcripts) without a text column, is a one-line `DataError`; a line of the wrong
+    shape, a file_name that leaves the folder (absolute, '..', a URL: `datasets` refuses them too), a
+    file named twice, an empty transcript (`text`) or speaker cell are problems, named or skipped."""
+    folder = Path(folder)
+    metadata = audiofolder_metadata(folder)
+    columns, lines = _metadata_rows(metadata)
+    _one_of(metadata, columns, ("file_name",), True)
+    text_col = _one_of(metadata, columns, ("text", "transcription"), text)
+    speaker_col = _one_of(metadata, columns, ("speaker", "speaker_id"), False)
+    rows, problems, seen = [], [], {}
+    for where, row in lines:
+        if row is None:
+            problems.append({"entry": where, "reason": "malformed line", "detail": f"expected {', '.join(columns)}"})
+            continue
+        name = row["file_name"] if isinstance(row["file_name"], str) else ""
+        rel = os.path.normpath(name).replace("\\", "/")
+        if not name.strip() or "://" in name or os.path.isabs(name) or rel == ".." or rel.startswith("../"):
+            problems.append({"entry": where, "reason": "file_name outside the folder", "detail": str(row["file_name"])[:80]})
+            continue
+        if rel in seen:
+            problems.append({"entry": where, "reason": "duplicate file", "detail": f"{name} (also {seen[rel]})"})
+            continue
+        seen[rel] = where
+        transcript = row[text_col] if text_col else ""
+        speaker = row[speaker_col] if speaker_col else folder.name
+        if text and not (isinstance(transcript, str) and transcript.strip()):
+            problems.append({"entry": where, "reason": "empty transcript", "detail": name[:80]})
+        elif speaker is None or not str(speaker).strip():
+            problems.append({"entry": where, "reason": f"no {speaker_col}", "detail": name[:80]})
+        else:
+            rows.append(dict(id=os.path.splitext(rel)[0].replace("/", "-"), path=str(folder / rel),
+                             text=str(transcript or "").strip(), speaker=str(speaker).strip(), where=where))
+    return rows, problems
+
+
+def scan_corpus(root: str | Path, splits: str | None, text: bool = True) -> tuple[list[dict], list[dict]]:
+    """The rows of `splits` (comma-joined subfolders; None: the whole folder), each an audiofolder
+    (`scan_audiofolder`) where it has the metadata, else LibriSpeech (splits) or LJSpeech (None)."""
+    if splits is None:
+        return scan_audiofolder(root, text) if audiofolder_metadata(Path(root)) else scan_ljspeech(root)
+    rows, problems = [], []
+    for split in splits.split(","):
+        found = (scan_audiofolder(Path(root) / split, text) if audiofolder_metadata(Path(root) / split)
+                 else scan_librispeech(root, split))
+        rows, problems = rows + found[0], problems + found[1]
+    return rows, problems
+
+
 # ---------------------------------------------------------------------------------------------
 # Checking one entry
 # ---------------------------------------------------------------------------------------------
@@ -271,13 +400,13 @@ def report(problems: list[dict], source: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _fingerprint(listing: dict[str, Stamp], policy: DataPolicy) -> str:
+def _fingerprint(listing: dict[str, Stamp], policy: DataPolicy, salt: str = "") -> str:
     # Every launch lists and stats every file (`list_files`, concurrent stats); nothing of the
     # listing is cached across launches. A cache keyed by folder mtimes would skip the stats, but a
     # file rewritten in place (same name) leaves its folder's mtime unchanged, and the old manifest
     # (old durations, a file now corrupt) would be reused silently. One stat per file is the price
     # of noticing that; the stats are reused by the check, which never stats a file again.
-    h = hashlib.blake2b(json.dumps(asdict(policy), sort_keys=True).encode(), digest_size=8)
+    h = hashlib.blake2b(json.dumps(asdict(policy), sort_keys=True).encode() + salt.encode(), digest_size=8)
     for path, (size, mtime_ns, ctime_ns) in listing.items():
         h.update(f"{path}\0{size}\0{mtime_ns}\0{ctime_ns}\n".encode())
     return h.hexdigest()
@@ -285,25 +414,33 @@ def _fingerprint(listing: dict[str, Stamp], policy: DataPolicy) -> str:
 
 def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy: DataPolicy,
                      splits: str | None = None, is_main_process: bool = True,
-                     workers: int | None = None) -> datasets.Dataset:
+                     workers: int | None = None, seal: Callable[[Path], None] | None = None,
+                     text: bool = True) -> datasets.Dataset:
     """Validated manifest of a LibriSpeech split (`splits` given) or an LJSpeech folder (`splits`
-    None), as a `datasets.Dataset` with columns id, path, text, speaker, duration, sample_rate,
-    digest (`common.data.datacheck.content_digest`).
+    None), or of an audiofolder in their place (`scan_corpus`; `text`: the recipe reads transcripts,
+    so its metadata needs them), as a `datasets.Dataset` with columns id, path, text, speaker,
+    duration, sample_rate, digest (`common.data.datacheck.content_digest`).
 
     Every rank calls it (no collective): one validates, with `workers` processes (None: every
-    core this process may use), the others wait for its result.
+    core this process may use), the others wait for its result. `seal(folder)`, when given, writes
+    the folder's marker of digests last (`common.training.checkpoint.seal_export`, passed by
+    `common.data.source`): what lets another tool trust the manifest it reads back (`read_manifest`).
     """
     root = Path(root)
-    parts = splits.split(",") if splits else ["metadata.csv", "wavs"]
+    parts = splits.split(",") if splits else ["."] if audiofolder_metadata(root) else ["metadata.csv", "wavs"]
     listing = list_files([root / part for part in parts])
-    final = Path(output_dir) / "data" / f"{name}-{_fingerprint(listing, policy)}"
+    # an audiofolder's scan depends on `text` too (a missing transcript column is refused or not)
+    salt = f"text={text}" if any(audiofolder_metadata(root / part) for part in parts if part != "metadata.csv") else ""
+    final = Path(output_dir) / "data" / f"{name}-{_fingerprint(listing, policy, salt)}"
     cache = Path(output_dir) / "data" / f"{name}.check-{policy.data_check}-v{CACHE_VERSION}.jsonl"
 
     def build(tmp: Path) -> None:
-        rows, problems = scan_librispeech(root, splits) if splits else scan_ljspeech(root)
+        rows, problems = scan_corpus(root, splits, text)
         good, problems = validate(rows, problems, policy, workers=workers, cache=cache, stats=listing)
         (tmp / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
         (tmp / "problems.jsonl").write_text("".join(json.dumps(p) + "\n" for p in problems))
+        if seal is not None:
+            seal(tmp)
 
     prepare_once(final, build)
     rows = [json.loads(line) for line in (final / "manifest.jsonl").read_text().splitlines()]
@@ -324,8 +461,36 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
                        + f" (list in {final / 'problems.jsonl'})")
     if not rows:
         raise DataError(f"no usable entries in {source}: expected the "
-                        f"{LJSPEECH_LAYOUT if not splits else LIBRISPEECH_LAYOUT}")
+                        f"{LJSPEECH_LAYOUT if not splits else LIBRISPEECH_LAYOUT}, or the {AUDIOFOLDER_LAYOUT}")
     return datasets.Dataset.from_list(rows)
+
+
+def read_manifest(folder: str | Path, columns: tuple[str, ...] = ("id", "text")) -> list[dict]:
+    """The rows of a manifest folder `prepare_manifest` wrote, read back by another tool (the TTS score
+    reads its ASR judge's training sentences): every line a JSON object whose `columns` hold text, and
+    at least one (training never starts on an empty manifest: `prepare_manifest` refuses it, so an
+    empty one was emptied since). Anything else is a `DataError` of one line naming the file and line."""
+    path = Path(folder) / "manifest.jsonl"
+    fix = f"it is not as the data check wrote it: delete {folder} and re-launch the run that wrote it (it is rebuilt)"
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "missing"
+        raise DataError(f"{path}: {what}, not the manifest; {fix}")
+    rows = []
+    for n, line, raw in _lines(path):
+        try:
+            row = json.loads(line) if line is not None else None
+        except ValueError:  # a blank line too
+            row = None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{n}: not a JSON object ({(line if line is not None else repr(raw))[:60]!r}); {fix}")
+        for column in columns:
+            if not isinstance(row.get(column), str):
+                what = "missing" if column not in row else f"{json.dumps(row[column])[:40]}, not text"
+                raise DataError(f"{path}:{n}: its {column!r} is {what}; {fix}")
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no rows (a training manifest never has none); {fix}")
+    return rows
 
 
 def manifest_summary(manifest: datasets.Dataset) -> dict:
@@ -419,6 +584,13 @@ def read_ljspeech(root: str | Path) -> datasets.Dataset:
     """LJSpeech-layout manifest (`metadata.csv` + `wavs/`), same columns as `read_librispeech`."""
     rows, problems = scan_ljspeech(root)
     return _with_durations(rows, problems, str(root))
+
+
+def read_corpus(root: str | Path, splits: str | None = None, text: bool = True) -> datasets.Dataset:
+    """A folder's manifest in whichever layout it is (`scan_corpus`: an audiofolder, else LibriSpeech
+    for `splits`, LJSpeech for None), same columns as `read_librispeech`."""
+    rows, problems = scan_corpus(root, splits, text)
+    return _with_durations(rows, problems, f"{root}" + (f" [{splits}]" if splits else ""))
 
 
 def _with_durations(rows: list[dict], problems: list[dict], source: str) -> datasets.Dataset:

@@ -28,24 +28,26 @@ recipe's own columns (`DatasetConfig.EXTRA_COLUMNS`, e.g. a label: --speaker_col
   batches), restored without reading what was consumed; changed shards refuse it.
 
 The data check: a stream's rows are checked before training as a folder's files are
-(`common.data.stream.check_shards`, once per shard, cached in <output_dir>/data): with --on_bad_data error
-(the default) a row whose audio does not decode or has no samples, or whose transcript (recipes that
-read one) is empty, refuses the run in one line naming its shard and row; with skip the bad rows are
-left out with counts logged; --data_check full decodes every sample. An audio cell must be encoded
-bytes or the path of a regular file (checked before soundfile opens it: an integer would be read as a
-file descriptor, 0 = stdin, and a FIFO blocks its opener); multi-channel audio is refused, as from a
-folder. A map-style source has no skip (`DatasetConfig.validate` refuses --on_bad_data and
---data_check there): its rows are read once for their durations, and the first row that the stream
-check would refuse (header mode) stops the run there in one line naming split and row (`DataError`,
-exit code 2), as do a 0-byte parquet file and data files whose columns disagree. Neither path has the folder check's duration and sample-rate
-rules (--min_seconds, --max_seconds, --wrong_sample_rate refused); audio at another rate is resampled
-on load, as from a folder with the default --wrong_sample_rate resample.
+(`common.data.stream.check_shards`, once per shard, cached in <output_dir>/data), and a map-style
+source's rows as `datasets` reads them for their durations (`_checked_row`, cached by `datasets`): with
+--on_bad_data error (the default) a row whose audio does not decode, has no samples or is shorter than
+`common.data.stream.MIN_SECONDS` (0.05 s), whose transcript (recipes that read one) is empty, or whose
+label (`EXTRA_COLUMNS`, e.g. a speaker) is null or blank, refuses the run in one line naming its shard or
+split and row (`DataError`, exit code 2); with skip the bad rows are left out with counts logged (a
+map-style source's rows keep their row-number ids); --data_check full decodes every sample (also finds
+silent and NaN audio). An audio cell must be encoded bytes or the path of a regular file (checked
+before soundfile opens it: an integer would be read as a file descriptor, 0 = stdin, and a FIFO blocks
+its opener); multi-channel audio is refused, as from a folder. A 0-byte parquet file and data files
+whose columns disagree stop a map-style run in one line too. Neither kind has the folder check's
+duration and sample-rate rules (--min_seconds, --max_seconds, --wrong_sample_rate refused); audio at
+another rate is resampled on load, as from a folder with the default --wrong_sample_rate resample.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -55,10 +57,13 @@ import soundfile as sf
 from common.data.loading import build_loaders
 from common.training.faults import UsageError
 from common.training.logs import get_logger
-from common.data.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest
-from common.data.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, audio_struct,
-                           auto_partitions, batch_shortfall, batch_sizes, check_shards, open_shards, parquet_footer,
-                           resolve_shards, shard_files, split_files)
+from common.data.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest, read_manifest
+from common.training.checkpoint import MARKER, seal_export, verify_checkpoint
+from common.training.prepare import COMPLETE_MARKER
+from common.data.datacheck import decoded_facts
+from common.data.stream import (MIN_SECONDS, BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source,
+                           audio_struct, auto_partitions, batch_shortfall, batch_sizes, check_shards, label_problem,
+                           open_shards, parquet_footer, resolve_shards, shard_files, split_files)
 
 logger = get_logger(__name__)  # main process only
 
@@ -106,7 +111,8 @@ class Source:
                             on_bad_data=cfg.on_bad_data, data_check=cfg.data_check)
 
         def check(name: str, subfolder: str | None):
-            return prepare_manifest(out, name, data_dir, policy, subfolder, is_main_process=accelerator.is_main_process)
+            return prepare_manifest(out, name, data_dir, policy, subfolder, is_main_process=accelerator.is_main_process,
+                                    seal=seal_export, text=text)  # sealed: other tools read it back (`run_manifests`)
 
         found = splits(data_dir, check)
         for name in found.keys() - {"train", "validation"}:
@@ -215,40 +221,90 @@ class RecipeData:
         return self.source.rows("validation", range(min(n, self.source.size("validation"))))
 
 
+def run_manifests(run_dir, prefix: str) -> list[dict] | None:
+    """Every row of the checked manifests a run's data check wrote for the splits whose names start
+    with `prefix` (<run_dir>/data/<name>-<fingerprint>/: all of them, a run resumed on changed data has
+    several), or None when it wrote none (a `datasets` source, a copied final/). Only published folders
+    count (not a builder's temporary one); each must match its COMPLETE marker (`verify_checkpoint`:
+    a manifest edited or emptied since is refused; a folder from before the marker has its lines
+    checked only), and its lines must be rows (`read_manifest`). `DataError` (one line) otherwise."""
+    name = re.compile(re.escape(prefix) + r".*-[0-9a-f]{16}")  # `prepare_manifest`'s <name>-<fingerprint>
+    folders = sorted(f for f in (Path(run_dir) / "data").glob(f"{prefix}*")
+                     if name.fullmatch(f.name) and (f / COMPLETE_MARKER).is_file())
+    if not folders:
+        return None
+    rows = []
+    for folder in folders:
+        problem = verify_checkpoint(folder) if (folder / MARKER).exists() else None
+        if problem:
+            raise DataError(f"{folder}: does not match its {MARKER} marker ({problem}): it changed since the data "
+                            f"check wrote it; delete {folder} and re-launch the run that wrote it (it is rebuilt)")
+        rows += read_manifest(folder)
+    return rows
+
+
 def audio_seconds(audio) -> float:
     """Duration of an audio cell, from its header."""
     info = sf.info(audio_source(audio))
     return info.frames / info.samplerate
 
 
-def _checked_row(cfg, split: str, text: bool):
-    """A `datasets.map` function (audio, text?, row index) → {"duration"} that refuses, in one line
-    naming the split and row, what the streamed check refuses: an audio cell that is not encoded
-    bytes or a regular file's path, audio that does not decode, has no frames or several channels
-    (refused as from a folder, not averaged), and (`text`) a transcript that is not a non-empty string."""
-    where = f"--dataset_name {cfg.dataset_name} split {split}"
+def _checked_row(cfg, split: str, text: bool, extra: tuple[str, ...] = ()):
+    """A `datasets.map` function (audio, text?, labels..., row index) → {"duration", "problem"} that finds
+    what the streamed check finds: an audio cell that is not encoded bytes or a regular file's path,
+    audio that does not decode, has no frames or several channels (refused as from a folder, not
+    averaged), is shorter than `MIN_SECONDS`, or (--data_check full: every sample decoded) is silent or
+    non-finite; (`text`) a transcript that is not a non-empty string; a label (`extra`) that is null or
+    blank. With --on_bad_data error the first such row stops the run in one line naming split and row;
+    with skip its `problem` says why, and `load_split` leaves it out."""
+    where, mode, skip = f"--dataset_name {cfg.dataset_name} split {split}", cfg.data_check, cfg.on_bad_data == "skip"
 
     def check(audio, *rest):
-        *transcript, row = rest
-        try:
-            info = sf.info(audio_source(audio))
-        except BadAudioCell as e:
-            problem = str(e)
-        except Exception as e:  # noqa: BLE001 — libsndfile raises several types for bad audio
-            # the message names a BytesIO at an address that changes every run
-            problem = "unreadable audio (" + re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its bytes", str(e))[:120] + ")"
-        else:
-            problem = ("multi-channel audio ({} channels)".format(info.channels) if info.channels != 1 else
-                       "empty audio" if info.frames == 0 else None)
+        *values, row = rest
+        transcript, labels = values[:int(text)], dict(zip(extra, values[int(text):]))
+        problem, seconds = _audio_problem(audio, mode), 0.0
+        if isinstance(problem, float):
+            problem, seconds = None, problem
+        found = label_problem(labels)
+        if problem is None and found:
+            problem = f"{found[0]} ({found[1]})"
         if problem is None and transcript and not (isinstance(transcript[0], str) and transcript[0].strip()):
             problem = "empty transcript" if isinstance(transcript[0], str) else \
                 f"transcript is not text ({type(transcript[0]).__name__})"
-        if problem:
-            raise DataError(f"{where} row {row}: {problem}; re-encode or remove it (a map-style source is not "
-                            f"filtered: --streaming true checks every row and --on_bad_data skip drops such rows)")
-        return {"duration": info.frames / info.samplerate}
+        if problem and not skip:
+            raise DataError(f"{where} row {row}: {problem}; re-encode or remove it, or --on_bad_data skip drops such rows"
+                            + ("" if mode == "full" else " (--data_check full also finds silent and NaN audio)"))
+        return {"duration": seconds, "problem": problem or ""}
 
     return check
+
+
+def _audio_problem(audio, mode: str) -> str | float:
+    """Why an audio cell is unusable (`_checked_row`), or its duration in seconds."""
+    try:
+        source = audio_source(audio)
+        if mode == "full":  # every sample decoded: also finds silent and non-finite audio
+            facts = decoded_facts(source, "full")
+        else:  # the header only, as loading the split always did
+            info = sf.info(source)
+            facts = {"frames": info.frames, "sample_rate": info.samplerate, "channels": info.channels}
+    except BadAudioCell as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001 — libsndfile raises several types for bad audio
+        facts = {"error": "unreadable audio", "detail": str(e)}
+    if "error" in facts:  # the message names a BytesIO at an address that changes every run
+        detail = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its bytes", facts.get("detail", ""))[:120]
+        return f"{facts['error']} ({detail})" if detail else facts["error"]
+    frames, sample_rate = facts["frames"], facts["sample_rate"]
+    if facts["channels"] != 1:
+        return f"multi-channel audio ({facts['channels']} channels)"
+    if frames == 0:
+        return "empty audio"
+    if facts.get("silent"):
+        return "empty audio (silent or non-finite samples)"
+    if frames < MIN_SECONDS * sample_rate:
+        return f"too short ({frames} samples < {MIN_SECONDS} s)"
+    return frames / sample_rate
 
 
 def _odd_schema(paths: list[str]) -> str:
@@ -304,11 +360,25 @@ def load_split(cfg, split: str, *, text: bool = True, extra: tuple[str, ...] = (
                         f"{split} holds {getattr(feature, 'dtype', type(feature).__name__)}, not audio (encoded "
                         f"bytes, a file path, or a datasets Audio column): name the audio column")
     ds = ds.cast_column("audio", datasets.Audio(decode=False))  # also from a column of bytes or paths
-    ds = ds.map(_checked_row(cfg, split, text), input_columns=["audio"] + (["text"] if text else []),
+    ds = ds.map(_checked_row(cfg, split, text, extra), input_columns=["audio"] + (["text"] if text else []) + list(extra),
                 with_indices=True, desc=f"{split}: durations from the audio headers")
-    if "id" not in ds.column_names:
+    if "id" not in ds.column_names:  # the row numbers before any row is skipped: the same rows keep their ids
         ds = ds.add_column("id", [f"{i:08d}" for i in range(len(ds))])
-    return ds, shard_files(local)
+    return _without_bad_rows(ds, f"--dataset_name {cfg.dataset_name} split {split}"), shard_files(local)
+
+
+def _without_bad_rows(ds, where: str):
+    """`ds` without the rows `_checked_row` found unusable (--on_bad_data skip), their counts logged."""
+    problems = ds["problem"]
+    bad = [i for i, problem in enumerate(problems) if problem]
+    if bad:
+        counts = Counter(problems[i].split(" (")[0] for i in bad)
+        logger.warning(f"skipping {len(bad)} of {len(ds)} rows of {where} ("
+                       + ", ".join(f"{n} {reason}" for reason, n in counts.most_common())
+                       + f"), e.g. row {bad[0]}: {problems[bad[0]]}")
+        keep = set(bad)
+        ds = ds.select([i for i in range(len(ds)) if i not in keep])
+    return ds.remove_columns("problem")
 
 
 def with_contents(manifest, contents: dict[str, str]) -> dict:

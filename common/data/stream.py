@@ -498,7 +498,19 @@ class StreamLoader:
 
 # ---- the data check: every row of every shard, once per shard ------------------------------------
 
-CHECK_VERSION = 2  # bump when what a shard's check finds changes meaning (older results are ignored)
+CHECK_VERSION = 3  # bump when what a shard's check finds changes meaning (older results are ignored)
+# s: audio from a `datasets` source shorter than this is "too short" (a folder's has --min_seconds): the
+# front ends' analysis windows are 25-46 ms, and a 1-sample clip crashed their padding mid-run.
+MIN_SECONDS = 0.05
+
+
+def label_problem(labels: dict) -> list | None:
+    """[reason, detail] when a label cell (`EXTRA_COLUMNS`: {key: value}, e.g. a speaker) is null or
+    blank (it would train as the speaker "None" or ""), else None."""
+    for key, value in labels.items():
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return [f"no {key}", f"its --{key}_column_name cell is {'null' if value is None else 'blank'}"]
+    return None
 
 
 def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: str | Path, *,
@@ -528,7 +540,8 @@ def check_shards(shards: list[Shard], columns: dict[str, str | None], out_dir: s
 
     if mode not in MODES or on_bad_data not in ("error", "skip"):
         raise ValueError(f"mode must be one of {MODES} and on_bad_data error or skip, not {mode!r}, {on_bad_data!r}")
-    key = f"{columns['audio']}\0{columns.get('text') or ''}"
+    labels = sorted(f"{k}={v}" for k, v in columns.items() if k not in ("audio", "text", "id", "duration") and v)
+    key = f"{columns['audio']}\0{columns.get('text') or ''}" + "".join(f"\0{label}" for label in labels)
     h = hashlib.blake2b(f"{CHECK_VERSION}\0{mode}\0{key}\n".encode(), digest_size=8)
     local = {s.path: _local_key(s.path, s.stamp) for s in shards}
     for s in shards:
@@ -578,15 +591,16 @@ def _check_all(shards: list[Shard], local: dict[str, str], key: str, mode: str, 
     todo = [i for i, bad in enumerate(found) if bad is None]
     if not todo:
         return found
-    audio, text = key.split("\0")
+    audio, text, *named = key.split("\0")
+    labels = [tuple(label.split("=", 1)) for label in named]  # (our key, the source's column)
     appender, pool = Appender(cache), None
     try:
         if workers == 1:
-            results = ((i, _check_shard(shards[i].path, audio, text or None, mode)) for i in todo)
+            results = ((i, _check_shard(shards[i].path, audio, text or None, mode, labels)) for i in todo)
         else:  # fork: the children read parquet and decode audio only (see common.data.datacheck._run)
             pool = ProcessPoolExecutor(min(workers, len(todo)), initializer=worker_init,
                                        mp_context=multiprocessing.get_context("fork"))
-            futures = {pool.submit(_check_shard, shards[i].path, audio, text or None, mode): i for i in todo}
+            futures = {pool.submit(_check_shard, shards[i].path, audio, text or None, mode, labels): i for i in todo}
             results = ((futures[f], f.result()) for f in as_completed(futures))
         for i, bad in results:
             found[i] = bad
@@ -621,17 +635,20 @@ def _read_check_cache(path: Path) -> dict[tuple[str, str, str], list]:
     return out
 
 
-def _check_shard(path: str, audio: str, text: str | None, mode: str) -> list[list]:
-    """[[row, reason, detail], ...] of one shard's unusable rows, read row group by row group."""
+def _check_shard(path: str, audio: str, text: str | None, mode: str, labels: list[tuple] = ()) -> list[list]:
+    """[[row, reason, detail], ...] of one shard's unusable rows, read row group by row group;
+    `labels`: (key, column) of each label (`EXTRA_COLUMNS`), whose every cell must hold a value."""
     import pyarrow.parquet as pq
 
     from common.data.datacheck import decoded_facts
 
     f, bad, r = pq.ParquetFile(path), [], 0
     for g in range(f.metadata.num_row_groups):
-        for row in f.read_row_group(g, columns=[c for c in (audio, text) if c]).to_pylist():
-            problem = None
-            if text is not None and not isinstance(row[text], str):
+        for row in f.read_row_group(g, columns=[c for c in (audio, text, *(c for _, c in labels)) if c]).to_pylist():
+            problem = label_problem({key: row[c] for key, c in labels})
+            if problem is not None:
+                pass  # a row without its label: its audio is not read
+            elif text is not None and not isinstance(row[text], str):
                 problem = ["transcript is not text", type(row[text]).__name__]
             elif text is not None and not row[text].strip():
                 problem = ["empty transcript", ""]
@@ -649,6 +666,8 @@ def _check_shard(path: str, audio: str, text: str | None, mode: str) -> list[lis
                     problem = ["empty audio", ""]
                 elif facts.get("silent"):
                     problem = ["empty audio", "silent or non-finite samples"]
+                elif facts["frames"] < MIN_SECONDS * facts["sample_rate"]:
+                    problem = ["too short", f"{facts['frames']} samples < {MIN_SECONDS} s"]
             if problem:
                 bad.append([r, *problem])
             r += 1

@@ -8,6 +8,9 @@ Manifests — `read_split(data_dir, split)`:
   or `audio` (a `datasets.Audio` column, read undecoded from its bytes or path; or a plain struct
   {`array`, `sampling_rate`}). Optional: `id` (default: the row number, zero-padded) and
   `duration` (seconds; default: read from the audio headers once). Other columns are ignored.
+- if `<data_dir>/<split>/metadata.csv` (or metadata.jsonl) exists, it is an audiofolder (`datasets`'
+  convention: a header line naming file_name, text or transcription, optionally speaker;
+  `common.data.manifest.scan_audiofolder`);
 - otherwise it is LibriSpeech layout (`common.data.manifest.read_librispeech`); several splits may be
   joined with commas (train-clean-100,train-clean-360).
 Utterances whose transcript is empty after normalization are left out (CTC and WER need text).
@@ -30,7 +33,7 @@ import torchaudio
 from common.data.loading import load_audio, sample_generator
 from common.training.distributed import derive_seed
 from common.model.features import LogMel
-from common.data.manifest import read_librispeech
+from common.data.manifest import read_corpus
 from text import normalize_text
 
 
@@ -86,10 +89,10 @@ def read_hf_split(folder: Path) -> datasets.Dataset:
     return ds
 
 
-def read_split(data_dir: str | Path, split: str, read_folder=read_librispeech) -> datasets.Dataset:
+def read_split(data_dir: str | Path, split: str, read_folder=read_corpus) -> datasets.Dataset:
     """Manifest with at least `id`, `text` (raw), `duration` (s) and `path` or `audio`; see above.
-    `read_folder(data_dir, split)` reads the LibriSpeech layout (train.py passes the checked
-    `common.data.manifest.prepare_manifest`)."""
+    `read_folder(data_dir, split)` reads the LibriSpeech layout or an audiofolder (train.py passes the
+    checked `common.data.manifest.prepare_manifest`)."""
     folder = Path(data_dir) / split
     return transcribed(read_hf_split(folder) if (folder / "state.json").is_file() else read_folder(data_dir, split), split)
 

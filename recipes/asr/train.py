@@ -49,7 +49,7 @@ class Config(DatasetConfig):
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/asr"
-    data_dir: str | None = None  # LibriSpeech-layout root or datasets.save_to_disk folder (manifest.py); None = built-in corpus
+    data_dir: str | None = None  # LibriSpeech-layout root, datasets.save_to_disk folder, or audiofolders <data_dir>/<split>/metadata.csv (manifest.py); None = built-in corpus
     eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
     # --- data ---
     train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360); --dataset_name: --train_split_name

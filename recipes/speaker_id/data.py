@@ -1,7 +1,7 @@
 """Speaker identification data: manifest rows → (id, log-mel features, speaker index) → padded batches.
 
 Each row names its speaker in `speaker`: a corpus folder's manifest has that column (LibriSpeech:
-the first field of the id), a `datasets` source's is read from --speaker_column_name
+the first field of the id; an audiofolder: its speaker or speaker_id column), a `datasets` source's is read from --speaker_column_name
 (`Config.EXTRA_COLUMNS`). The held-out utterances of the training voices are chosen by a hash of
 their ids (`held_out`), so the split never depends on the order rows are read in.
 """

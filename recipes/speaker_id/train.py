@@ -108,6 +108,10 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
                          corpus=lambda: resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "librispeech"),
                          splits=lambda data_dir, check: carve(check("train", cfg.train_split), cfg.heldout_fraction))
     speakers = sorted({str(s) for s in source.column("train", "speaker")[1]})
+    if len(speakers) < 2:  # e.g. an audiofolder without a speaker column: every row is its folder's voice
+        raise UsageError(f"the training split has {len(speakers)} speaker ({', '.join(speakers)}): identification needs "
+                         f"two or more; name each utterance's in a speaker column (an audiofolder's metadata.csv: "
+                         f"speaker or speaker_id)")
     known, (ids, found) = set(speakers), source.column("validation", "speaker")
     unseen = [(i, s) for i, s in zip(ids, found) if str(s) not in known]
     if unseen:

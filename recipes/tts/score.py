@@ -29,7 +29,8 @@ with --asr_vocoder_floor true, for the vocoder applied to the recordings' own me
 The judge must not have trained on the sentences it reads: those it did (its run's training
 manifests, words compared without case and punctuation) are named and left out of both ASR scores
 (`asr_judge` in the summary says which and how many were scored); a judge whose training sentences
-cannot be read is refused (`--asr_judge_check false` scores every sentence, unchecked).
+cannot be read, or whose manifests changed since its data check sealed them, is refused
+(`--asr_judge_check false` scores every sentence, unchecked).
 Writes <output>/<split>.json (summary), <output>/<split>.jsonl (per utterance), wavs/, and a
 spectrogram picture <output>/<first id>.png (synthesized above, recording below) and its
 alignment <output>/<first id>_alignment.png (soft above, hard below; symbols up, frames right).
@@ -61,7 +62,8 @@ from common.training.checkpoint import resolve_checkpoint, run_dir_of
 from common.config import ConfigError, Count, ExistingPath, NonNegative, load_config, parse_config
 from common.data.loading import load_audio
 from common.training.faults import UsageError, run_main
-from common.data.manifest import DataPolicy, prepare_manifest
+from common.data.manifest import DataError, DataPolicy, prepare_manifest
+from common.data.source import run_manifests
 from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
@@ -105,19 +107,24 @@ def judge_heard(asr_checkpoint: str, texts: dict[str, str]) -> list[str]:
     an intelligibility figure must come from sentences the judge never heard, or it flatters the
     synthesis (real prompt sets repeat sentences: 1-3 of each language's test prompts are also
     training prompts). Read from the judge's run: the training manifests its data preparation wrote,
-    `<run>/data/train-*/manifest.jsonl` (all of them: a run resumed on changed data has several)."""
+    `<run>/data/train-*/manifest.jsonl` (all of them: a run resumed on changed data has several), each
+    checked against its marker and line by line (`common.data.source.run_manifests`)."""
     try:
         folder = resolve_checkpoint(asr_checkpoint, "--asr_checkpoint")
     except UsageError as e:
         refuse(str(e))
     run_dir = run_dir_of(folder)
-    manifests = sorted(run_dir.glob("data/train-*/manifest.jsonl"))
-    if not manifests:
+    try:
+        rows = run_manifests(run_dir, "train")  # checked against their markers, line by line
+    except DataError as e:
+        refuse(f"--asr_checkpoint {asr_checkpoint}: which sentences this judge trained on cannot be read: {e}; "
+               f"or pass --asr_judge_check false")
+    if rows is None:
         refuse(f"--asr_checkpoint {asr_checkpoint}: which sentences this judge trained on cannot be checked (no "
                f"{run_dir}/data/train-*/manifest.jsonl: a run trained from a data folder keeps them, a `datasets` "
                f"source or a copied final/ does not): judge with such a run, or pass --asr_judge_check false")
     words = lambda text: " ".join(re.findall(r"\w+", text.casefold()))  # noqa: E731
-    heard = {words(json.loads(line)["text"]) for m in manifests for line in m.read_text().splitlines()}
+    heard = {words(row["text"]) for row in rows}
     return sorted(i for i, text in texts.items() if words(text) in heard)
 
 
@@ -158,7 +165,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     if args.data_dir is None and cfg.dataset_name:  # a source's run holds out no test utterances
         print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
-              f"utterances: give --data_dir (an LJSpeech-layout folder of the same voice)", file=sys.stderr)
+              f"utterances: give --data_dir (an LJSpeech-layout folder or an audiofolder of the same voice)", file=sys.stderr)
         raise SystemExit(2)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, args.data_cache_dir or cfg.data_cache_dir,
                                                  cfg.builtin_corpus, "ljspeech")

@@ -53,7 +53,7 @@ class Config(DatasetConfig):
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/tts"
-    data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv); None = built-in corpus
+    data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv) or an audiofolder (metadata.csv: file_name,text); None = built-in corpus
     sample_rate: int = 22050  # Hz
     max_seconds: float = 30.0  # longer utterances are refused by the data check (a real voice's prompt set has 20-30 s ones)
     max_batch_seconds: float = 40.0  # padded seconds of audio per batch, per process

@@ -86,7 +86,7 @@ def main() -> None:
     from common.training.checkpoint import resolve_checkpoint
     from common.data.loading import load_audio
     from common.model.features import mel_frontend
-    from common.data.manifest import read_ljspeech
+    from common.data.manifest import read_corpus
     from common.model.vocoding import GriffinLim, mcd_dtw
     from tools.corpus import resolve_data_dir
 
@@ -111,10 +111,10 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     if args.data_dir is None and cfg.dataset_name:  # a source's run holds out no test utterances
         print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
-              f"utterances: give --data_dir (an LJSpeech-layout folder)", file=sys.stderr)
+              f"utterances: give --data_dir (an LJSpeech-layout folder or an audiofolder)", file=sys.stderr)
         raise SystemExit(2)
     data_dir = args.data_dir or resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech")
-    manifest = read_ljspeech(data_dir).sort("id")
+    manifest = read_corpus(data_dir, text=False).sort("id")  # LJSpeech layout or an audiofolder
     num_test = args.num_test or cfg.num_test
     test = manifest.select(range(len(manifest) - num_test, len(manifest)))
     frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)

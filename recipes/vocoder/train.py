@@ -52,7 +52,7 @@ class Config(DatasetConfig):
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/vocoder"
-    data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv); None = built-in corpus
+    data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv) or an audiofolder (metadata.csv: file_name,...); None = built-in corpus
     sample_rate: int = 22050  # Hz: the TTS recipe's
     max_seconds: float = 15.0  # longer utterances are refused by the data check
     max_batch_seconds: float = 24.0  # padded seconds of whole utterances per batch, per process (each gives one segment)

@@ -206,3 +206,89 @@ def test_a_librispeech_folder_given_to_an_ljspeech_recipe_is_named(tmp_path):
     assert ("metadata.csv not found (it holds train-clean-100/: the LibriSpeech layout, which this recipe does not "
             "read from --data_dir); expected the LJSpeech layout") in str(e.value)
     assert "--dataset_name" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- audiofolder: `datasets`' convention, read by --data_dir with the same data check -------------
+
+def audiofolder(folder, metadata: str, files=("a.wav", "clips/b.wav", "c.flac"), name="metadata.csv"):
+    """`folder` with 1 s files of 16 kHz audio and `metadata` as its metadata file."""
+    for f in files:
+        (folder / f).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(folder / f, np.full(16000, 0.1, "float32"), 16000)
+    (folder / name).write_text(metadata)
+    return folder
+
+
+GOOD_CSV = "file_name,transcription,speaker\na.wav,hello there,s1\n./clips/b.wav,\"well, yes\",s2\nc.flac,no,s1\n"
+
+
+def test_an_audiofolder_is_read_by_data_dir_for_a_folder_or_a_split(tmp_path):
+    """<data_dir>/metadata.csv (a recipe that reads one folder: TTS, vocoder) or <data_dir>/<split>/metadata.csv
+    (one that reads splits: ASR, speaker ID), CSV or JSON lines: rows with ids from the paths, the data
+    check's columns, and a manifest folder re-used until a file changes."""
+    policy = DataPolicy(16000)
+    root = audiofolder(tmp_path / "voice", GOOD_CSV)
+    ds = prepare_manifest(tmp_path / "out", "all", root, policy, None)
+    assert ds["id"] == ["a", "c", "clips-b"] and ds["text"] == ["hello there", "no", "well, yes"]
+    assert ds["speaker"] == ["s1", "s1", "s2"] and ds["path"][2] == str(root / "clips" / "b.wav")
+    assert ds["duration"] == [1.0, 1.0, 1.0] and all(ds["digest"])
+    assert len(manifest_dirs(tmp_path / "out", "all")) == 1
+    jsonl = "".join(f'{{"file_name": "{f}", "text": "{t}"}}\n' for f, t in (("a.wav", "one"), ("clips/b.wav", "two")))
+    split = audiofolder(tmp_path / "corpus" / "train", jsonl, name="metadata.jsonl")
+    ds = prepare_manifest(tmp_path / "out", "train", tmp_path / "corpus", policy, "train")
+    assert ds["id"] == ["a", "clips-b"] and ds["speaker"] == ["train", "train"]  # no speaker column: the folder's name
+    sf.write(split / "a.wav", np.full(8000, 0.1, "float32"), 16000)  # changed: checked again
+    assert prepare_manifest(tmp_path / "out", "train", tmp_path / "corpus", policy, "train")["duration"] == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("metadata,message", [
+    ("path,text\na.wav,x\n", "its columns (path, text) have no file_name; expected one (the audiofolder layout"),
+    ("file_name,speaker\na.wav,s\n", "its columns (file_name, speaker) have no text or transcription; expected one"),
+    ("file_name,text,transcription\na.wav,x,y\n", "have both text and transcription; expected one"),
+    ("", "metadata.csv: empty, not even a header line"),
+], ids=["no-file_name", "no-text", "two-texts", "empty"])
+def test_an_audiofolder_header_it_cannot_read_is_one_line(tmp_path, metadata, message):
+    root = audiofolder(tmp_path, metadata, files=("a.wav",))
+    with pytest.raises(DataError) as e:
+        prepare_manifest(tmp_path / "out", "all", root, DataPolicy(16000), None)
+    assert message in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 2
+
+
+def test_an_audiofolder_without_transcripts_serves_a_recipe_that_reads_none(tmp_path):
+    root = audiofolder(tmp_path, "file_name,speaker\na.wav,s\n", files=("a.wav",))
+    ds = prepare_manifest(tmp_path / "out", "all", root, DataPolicy(16000), None, text=False)
+    assert ds["text"] == [""] and ds["speaker"] == ["s"]
+
+
+def test_an_audiofolders_bad_lines_are_named_or_skipped(tmp_path, caplog):
+    """A path that leaves the folder (refused unread, as `datasets` does), a file named twice, an empty
+    transcript or speaker, a line of the wrong shape, a missing file: named with their lines, or skipped."""
+    (tmp_path / "outside.wav").write_bytes(b"")
+    lines = ["file_name,text,speaker", "a.wav,fine,s", "../outside.wav,x,s", "/etc/passwd,x,s", "clips/../a.wav,again,s",
+             "c.flac,,s", "clips/b.wav,x,", "a.wav", "gone.wav,x,s"]
+    root = audiofolder(tmp_path / "voice", "\n".join(lines) + "\n")
+    with pytest.raises(DataError) as e:
+        prepare_manifest(tmp_path / "out", "all", root, DataPolicy(16000), None)
+    found = {line.split(": ", 1)[0].rsplit(":", 1)[1]: line.split(": ", 1)[1] for line in str(e.value).splitlines()[1:-1]}
+    assert found == {"3": "file_name outside the folder (../outside.wav)", "4": "file_name outside the folder (/etc/passwd)",
+                     "5": f"duplicate file (clips/../a.wav (also {root / 'metadata.csv'}:2))", "6": "empty transcript (c.flac)",
+                     "7": "no speaker (clips/b.wav)", "8": "malformed line (expected file_name, text, speaker)",
+                     "9": found["9"]}
+    assert found["9"].startswith("missing")
+    ds = prepare_manifest(tmp_path / "out", "all", root, DataPolicy(16000, on_bad_data="skip"), None)
+    assert ds["id"] == ["a"] and "skipping 7 of 8 entries" in caplog.text
+
+
+def test_a_layout_mistake_with_an_audiofolder_says_which_folder_to_give(tmp_path):
+    """A recipe that reads splits given one audiofolder for the whole corpus, and one that reads a
+    folder given a corpus of split audiofolders: one line naming what to give."""
+    audiofolder(tmp_path / "voice", GOOD_CSV)
+    with pytest.raises(DataError) as e:
+        prepare_manifest(tmp_path / "out", "train", tmp_path / "voice", DataPolicy(16000), "train")
+    assert "one audiofolder for the whole corpus, and this recipe reads splits: give each its own folder, " \
+           "<data_dir>/<split>/metadata.csv" in str(e.value)
+    audiofolder(tmp_path / "corpus" / "train", GOOD_CSV)
+    with pytest.raises(DataError) as e:
+        prepare_manifest(tmp_path / "out", "all", tmp_path / "corpus", DataPolicy(16000), None)
+    assert f"train/ is an audiofolder; this recipe reads one folder: give --data_dir {tmp_path / 'corpus' / 'train'}" \
+           in str(e.value) and "\n" not in str(e.value)

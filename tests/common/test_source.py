@@ -3,6 +3,7 @@
 checkpoint records of the files follows their contents; stream messages name the fix."""
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -16,7 +17,9 @@ import soundfile as sf
 
 from common.training.faults import RunError
 from common.data.manifest import DataError, data_change, manifest_summary
-from common.data.source import load_split, with_contents
+from common.data.source import load_split, run_manifests, with_contents
+from common.training.checkpoint import seal_export, verify_checkpoint
+from common.training.prepare import COMPLETE_MARKER
 from common.data.stream import ShardStream, open_shards, resolve_shards
 
 AUDIO = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -41,9 +44,9 @@ def source(folder, train: list, sentences=None, audio_type=AUDIO):
     return folder
 
 
-def cfg(folder):
-    return SimpleNamespace(dataset_name=str(folder), dataset_config_name=None, audio_column_name="audio",
-                           text_column_name="sentence")
+def cfg(folder, **changes):
+    return SimpleNamespace(**{"dataset_name": str(folder), "dataset_config_name": None, "audio_column_name": "audio",
+                              "text_column_name": "sentence", "data_check": "header", "on_bad_data": "error", **changes})
 
 
 @pytest.fixture(autouse=True)
@@ -139,8 +142,7 @@ def test_a_validation_split_too_small_for_its_readers_names_what_fixes_it(tmp_pa
 
     folder = source(tmp_path, [good()] * 8)
     settings = SimpleNamespace(**vars(cfg(folder)), train_split_name="train", eval_split_name="validation",
-                               seed=0, stream_partitions=2, stream_block_rows=8, per_device_train_batch_size=2,
-                               data_check="header", on_bad_data="error")
+                               seed=0, stream_partitions=2, stream_block_rows=8, per_device_train_batch_size=2)
     accelerator = SimpleNamespace(num_processes=2, is_main_process=True)
     with pytest.raises(RunError) as e:
         open_streams(settings, accelerator, tmp_path / "out", text=False, num_workers=0)
@@ -167,8 +169,7 @@ def test_a_shard_without_the_id_column_the_others_have_names_no_flag(tmp_path):
 
 def stream_settings(folder, partitions):
     return SimpleNamespace(**vars(cfg(folder)), train_split_name="train", eval_split_name="validation", seed=0,
-                           stream_partitions=partitions, stream_block_rows=1000, per_device_train_batch_size=8,
-                           data_check="header", on_bad_data="error")
+                           stream_partitions=partitions, stream_block_rows=1000, per_device_train_batch_size=8)
 
 
 def test_streamed_batches_hold_what_was_asked_or_the_run_says_which_partitions_would(tmp_path, caplog):
@@ -237,7 +238,7 @@ def open_settings(folder, streaming: bool, **changes):
     return SimpleNamespace(**{**vars(cfg(folder)), "streaming": streaming, "READS_TEXT": True, "EXTRA_COLUMNS": (), "train_split_name": "train",
                               "eval_split_name": "validation", "seed": 0, "stream_partitions": 2 if streaming else None,
                               "stream_block_rows": 8, "per_device_train_batch_size": 2 if streaming else None,
-                              "data_check": "header", "on_bad_data": "error", "max_batch_seconds": 1.0,
+                              "max_batch_seconds": 1.0,
                               "num_buckets": 2, "memory_cache_mb": 0, **changes})
 
 
@@ -293,6 +294,10 @@ def test_a_folder_source_reads_the_recipes_splits_once_checked(tiny_corpus, tmp_
     assert src.kind == "folder" and src.data_dir == str(folder)
     assert sorted(p.name for p in (tmp_path / "out" / "data").iterdir() if p.is_dir()) >= ["test", "train", "valid"]
     assert f"{len(src.splits['test'])} test utterances held out" in caplog.text
+    # each checked manifest is sealed: what another tool reads back of it is what the check wrote
+    assert len(run_manifests(tmp_path / "out", "train")) == len(src.splits["train"])
+    [train_dir] = (tmp_path / "out" / "data").glob("train-*[0-9a-f]")
+    assert verify_checkpoint(train_dir) is None and "manifest.jsonl" in json.loads((train_dir / "COMPLETE").read_text())["files"]
     data = src.loaders(train=(Ids, collate_ids), valid=(Ids, collate_ids))
     assert data.summary == manifest_summary(src.splits["train"])
     assert data.durations == dict(zip(src.splits["train"]["id"], src.splits["train"]["duration"]))
@@ -330,3 +335,83 @@ def test_a_recipe_reads_a_label_column_as_it_reads_transcripts(tmp_path, streami
         Source.open(settings, ACCELERATOR, tmp_path / "out2", global_batch=1, num_workers=0, corpus=None, splits=None)
     assert str(e.value).startswith("--speaker_column_name speaker_id: no such column in ")
     assert "(it has audio, sentence, spk)" in str(e.value)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda f: (f / "manifest.jsonl").write_text(""), "does not match its COMPLETE marker (manifest.jsonl has 0 bytes"),
+    (lambda f: (f / "manifest.jsonl").write_text('{"id": "a", "text": "same words"}\n'), "manifest.jsonl is corrupted"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text(""), "no rows (a training manifest never"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text('{"id": "a", "text": "x"}\n\n'),
+     "manifest.jsonl:2: not a JSON object (''); it is not as the data check wrote it: delete"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text("[1]\n"), "manifest.jsonl:1: not a JSON object"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text('{"id": "a"}\n'), "its 'text' is missing"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").write_text('{"id": "a", "text": null}\n'),
+     "its 'text' is null, not text"),
+    (lambda f: (f / "COMPLETE").unlink() or (f / "manifest.jsonl").unlink() or (f / "manifest.jsonl").mkdir(),
+     "manifest.jsonl: a folder, not the manifest"),
+], ids=["emptied", "edited", "empty-unsealed", "blank-line", "not-an-object", "no-text", "null-text", "a-folder"])
+def test_a_runs_manifests_are_read_back_checked_in_one_line(tmp_path, damage, message):
+    """What another tool reads of a run's checked manifests (the TTS score: its ASR judge's training
+    sentences): a manifest changed since its seal, or (a folder from before seals) with a line that is
+    not a row, or none, is one `DataError` line naming the file; a builder's unpublished folder is not read."""
+    folder = tmp_path / "data" / "train-0123456789abcdef"
+    folder.mkdir(parents=True)
+    (folder / "manifest.jsonl").write_text('{"id": "a", "text": "some words"}\n')
+    seal_export(folder)
+    (folder / COMPLETE_MARKER).write_text("{}")
+    unpublished = tmp_path / "data" / "train-0123456789abcdef.tmp-host-1-abcd"
+    shutil.copytree(folder, unpublished)
+    (unpublished / "manifest.jsonl").write_text("torn")
+    assert run_manifests(tmp_path, "train") == [{"id": "a", "text": "some words"}]
+    assert run_manifests(tmp_path, "valid") is None
+    damage(folder)
+    with pytest.raises(DataError) as e:
+        run_manifests(tmp_path, "train")
+    assert message in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 2
+
+
+def nan_wav() -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.array([0.1, np.nan] * 450, "float32"), 16000, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+def test_a_map_style_source_skips_bad_rows_and_full_mode_finds_nan_audio(tmp_path, caplog):
+    """--on_bad_data skip and --data_check full work on a map-style source as on a stream and a folder:
+    NaN audio (which the header check cannot see) is refused in full mode, or left out under skip with
+    the other bad rows, their counts logged; the rows kept keep their ids (row numbers in the source)."""
+    import logging
+
+    rows = [good(), {"bytes": nan_wav(), "path": None}, {"bytes": b"not audio", "path": None}, good(),
+            {"bytes": wav(frames=1), "path": None}]
+    folder = source(tmp_path, rows)
+    with pytest.raises(DataError) as e:
+        load_split(cfg(folder, data_check="full"), "train")
+    assert str(e.value).startswith(f"--dataset_name {folder} split train row 1: empty audio (silent or non-finite "
+                                   "samples); re-encode or remove it, or --on_bad_data skip drops such rows")
+    with caplog.at_level(logging.WARNING):
+        ds, _ = load_split(cfg(folder, data_check="full", on_bad_data="skip"), "train")
+    assert ds["id"] == ["00000000", "00000003"] and "problem" not in ds.column_names
+    assert "skipping 3 of 5 rows of --dataset_name" in caplog.text
+    assert "(1 empty audio, 1 unreadable audio, 1 too short), e.g. row 1: empty audio" in caplog.text
+    with pytest.raises(DataError) as e:  # the header check cannot see NaN: the first bad row it sees
+        load_split(cfg(folder), "train")
+    assert f"split train row 2: unreadable audio (" in str(e.value) and "--data_check full also finds" in str(e.value)
+
+
+def test_a_one_sample_clip_and_a_null_label_are_one_line_from_a_map_style_source(tmp_path):
+    """A 1-sample clip (a padding traceback in the feature statistics before) is "too short"; a null
+    or blank label cell (it trained as the speaker "None") is "no speaker"; skip leaves them out."""
+    folder = source(tmp_path, [good(), {"bytes": wav(frames=1), "path": None}])
+    assert refused(folder).startswith(f"--dataset_name {folder} split train row 1: too short (1 samples < 0.05 s)")
+    folder = source(tmp_path / "labels", [good(), good(), good()])
+    path = folder / "data" / "train-00000-of-00001.parquet"
+    pq.write_table(pq.read_table(path).append_column("spk", pa.array(["a", None, " "])), path)
+    settings = cfg(folder, speaker_column_name="spk")
+    with pytest.raises(DataError) as e:
+        load_split(settings, "train", text=False, extra=("speaker",))
+    assert str(e.value).startswith(f"--dataset_name {folder} split train row 1: no speaker (its --speaker_column_name "
+                                   f"cell is null)")
+    settings.on_bad_data = "skip"
+    ds, _ = load_split(settings, "train", text=False, extra=("speaker",))
+    assert ds["speaker"] == ["a"] and ds["id"] == ["00000000"]

@@ -167,3 +167,27 @@ def test_audio_cells_that_are_not_bytes_or_a_regular_file_are_named_without_bloc
         (1, "not a regular file", "a FIFO"), (2, "missing file", str(tmp_path / "gone.wav")),
         (3, "multi-channel audio", "2 channels"), (0, "audio is not bytes or a file path", "int 0"),
         (1, "audio is not bytes or a file path", "int 1")]
+
+
+def test_a_one_sample_clip_and_a_null_label_are_named_or_skipped(tmp_path, caplog):
+    """A clip shorter than the front ends' analysis window (1 sample: a padding traceback mid-run
+    before) and a label cell that is null or blank (it trained as the speaker "None") are bad rows
+    like the others: named in one line, or skipped with their counts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = write(tmp_path, [[good(i) for i in range(6)] + [("short", wav([0.1]), "a b")]])
+    with pytest.raises(RunError) as e:
+        check_shards(shards, COLUMNS, tmp_path / "out", workers=1)
+    assert f"{shards[0].path} row 6: too short (1 samples < 0.05 s)" in str(e.value) and "\n" not in str(e.value)
+    table = pq.read_table(shards[0].path)
+    pq.write_table(table.append_column("spk", pa.array(["a", None, "b", " ", "c", "d", "e"])), shards[0].path)
+    columns = {**COLUMNS, "speaker": "spk"}
+    shards = open_shards(resolve_shards(str(tmp_path)), columns)
+    with caplog.at_level(logging.WARNING, logger="common.data.stream"):
+        [kept] = check_shards(shards, columns, tmp_path / "out", on_bad_data="skip", workers=1)
+    assert kept.skip == (1, 3, 6) and "(2 no speaker, 1 too short)" in caplog.text
+    problems = [json.loads(line) for f in (tmp_path / "out").glob("stream-check-*/problems.jsonl")
+                for line in f.read_text().splitlines()]
+    assert [p["detail"] for p in problems if p["reason"] == "no speaker"] == [
+        "its --speaker_column_name cell is null", "its --speaker_column_name cell is blank"]

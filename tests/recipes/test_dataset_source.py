@@ -95,7 +95,7 @@ def source_cfg(source: Path, **changes):
     (["--dataset_name", "x", "--per_device_train_batch_size", "4"], "--per_device_train_batch_size sets streamed batches"),
     (["--dataset_name", "x", "--streaming", "true", "--per_device_train_batch_size", "4", "--num_buckets", "3"],
      "--num_buckets does not apply to a streamed source: drop it"),
-    (["--dataset_name", "x", "--on_bad_data", "skip"], "--on_bad_data does not apply to a --dataset_name source"),
+    (["--dataset_name", "x", "--min_seconds", "1"], "--min_seconds does not apply to a --dataset_name source"),
     (["--dataset_name", "x", "--train_split", "dev"], "with --dataset_name use --train_split_name and --eval_split_name"),
     (["--dataset_name", "x", "--streaming", "true", "--per_device_train_batch_size", "4", "--train_fraction", "0.5"],
      "--train_subset and --train_fraction choose utterances by id"),
@@ -330,12 +330,11 @@ def test_a_recipe_refuses_the_settings_of_a_folder_or_what_it_does_not_read(reci
     yaml = ROOT / "recipes" / recipe / "config.yaml"
     stream = ["--dataset_name", "x", "--streaming", "true", "--per_device_train_batch_size", "4",
               *(["--phonemizer_language", "en-us"] if recipe == "tts" else [])]  # a voice of one's own names it
-    cfg = parse_config(train.Config, [*stream, "--on_bad_data", "skip", "--data_check", "full"], default_yaml=yaml)
-    assert (cfg.on_bad_data, cfg.data_check) == ("skip", "full")  # a stream's rows are checked
+    for given in (stream, [*stream[:2], *stream[6:]]):  # a stream's rows are checked, and a map-style source's
+        cfg = parse_config(train.Config, [*given, "--on_bad_data", "skip", "--data_check", "full"], default_yaml=yaml)
+        assert (cfg.on_bad_data, cfg.data_check) == ("skip", "full")
     cases = [([*stream[:2], *stream[6:], "--num_valid", "3"], "--num_valid applies to a --data_dir folder: with "
               "--dataset_name --eval_split_name validates and no test utterances are held out"),
-             ([*stream[:2], *stream[6:], "--on_bad_data", "skip"], "--on_bad_data does not apply to a --dataset_name "
-              "source without --streaming"),
              ([*stream, "--max_seconds", "9"], "--max_seconds does not apply to a --dataset_name source")]
     if recipe == "vocoder":
         cases.append(([*stream, "--text_column_name", "s"], "--text_column_name: this recipe reads no transcripts"))

@@ -54,6 +54,36 @@ def test_help_lists_the_new_fields_and_a_bad_value_is_one_line():
         assert (proc.returncode, proc.stderr.splitlines()) == (2, [message]), proc.stderr
 
 
+def test_an_audiofolder_names_the_speakers_or_the_run_says_it_needs_them(tmp_path):
+    """--data_dir <folder>/train/metadata.csv: its speaker column is the label; without one every
+    utterance is the folder's voice, and a one-speaker run is refused in one line (not trained)."""
+    import numpy as np
+    import soundfile as sf
+    from accelerate import Accelerator
+
+    from common.config import parse_config
+    from common.training.faults import UsageError
+
+    train = recipe_modules("speaker_id", "train").train
+    split = tmp_path / "voices" / "train"
+    split.mkdir(parents=True)
+    for i in range(12):
+        sf.write(split / f"u{i:02d}.wav", np.sin(np.arange(12000) * (0.05 + 0.01 * (i % 2))).astype("float32"), 16000)
+    for header, rows, message in (("speaker", [f"s{i % 2}" for i in range(12)], None),
+                                  ("text", ["words"] * 12, "the training split has 1 speaker (train): identification")):
+        (split / "metadata.csv").write_text(f"file_name,{header}\n" + "".join(f"u{i:02d}.wav,{r}\n" for i, r in enumerate(rows)))
+        cfg = parse_config(train.Config, ["--data_dir", str(tmp_path / "voices"), "--heldout_fraction", "0.5",
+                                          "--output_dir", str(tmp_path / header)],
+                           default_yaml=ROOT / "recipes" / "speaker_id" / "config.yaml")
+        build = lambda: train.build_data(cfg, Accelerator(cpu=True), tmp_path / header, global_batch=1, num_workers=0)  # noqa: E731
+        if message is None:
+            assert build().train_items.speakers == ["s0", "s1"]
+            continue
+        with pytest.raises(UsageError) as e:
+            build()
+        assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):

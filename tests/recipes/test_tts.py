@@ -25,6 +25,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from common.training.averaging import checkpoint_weights
+from common.training.checkpoint import seal_export
 from common.data.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.test_asr import short_run
@@ -299,7 +300,7 @@ def test_score_leaves_out_the_sentences_its_asr_judge_trained_on(tiny_corpus, tm
     judge = short_run(reference, tiny_corpus, tmp_path / "judge")  # an ASR run; only its manifests matter here
     [manifest] = judge.glob("data/train-*/manifest.jsonl")
     kept = manifest.read_text()
-    manifest.unlink()
+    shutil.move(manifest.parent, tmp_path / "kept")
     score = lambda *extra: python([RECIPE / "score.py", "--checkpoint", tts, "--griffin_lim_iters", "2",  # noqa: E731
                                    "--asr_checkpoint", judge, "--asr_recordings", "false", "--output", tmp_path / "eval", *extra])
     refused = score()
@@ -312,7 +313,10 @@ def test_score_leaves_out_the_sentences_its_asr_judge_trained_on(tiny_corpus, tm
     assert summary["asr_judge"] == {"checked": False, "heard": [], "scored": 2} and 0 <= summary["asr"]["cer"]
     first, second = [json.loads(line) for line in (tmp_path / "eval" / "test.jsonl").read_text().splitlines()]
     planted = {"id": "9-9-9999", "text": first["text"].upper() + "!"}  # the judge heard this sentence
+    shutil.move(tmp_path / "kept", manifest.parent)
     manifest.write_text(kept + json.dumps({**json.loads(kept.splitlines()[0]), **planted}) + "\n")
+    (manifest.parent / "COMPLETE").unlink()
+    seal_export(manifest.parent)  # planted as if the judge's data check had written it (an edit is refused)
     proc = score("--asr_vocoder_floor", "true")
     assert proc.returncode == 0, proc.stderr
     assert f"the ASR judge trained on the sentences of 1 of the 2 test utterances ({first['id']})" in proc.stdout
@@ -322,6 +326,35 @@ def test_score_leaves_out_the_sentences_its_asr_judge_trained_on(tiny_corpus, tm
         trans = next((tmp_path / "eval" / part / "librispeech" / "test").rglob("*.trans.txt")).read_text()
         assert trans.count("\n") == 1 and second["text"].upper() in trans  # the ASR read only the unheard one
     assert 0 <= summary["asr_vocoder_floor"]["cer"] and "asr_recordings" not in summary
+
+
+def test_score_refuses_a_judge_whose_manifests_changed_or_are_not_rows(tmp_path, capsys):
+    """The judge's training manifests (an ASR run's <run>/data/train-*/) are read checked: edited since
+    their seal, emptied, or holding a line that is not a row with text, the score stops in one line
+    naming the file and the way out, not a traceback, and never judges on sentences it cannot see."""
+    score = recipe_modules("tts", "score").score
+    final = tmp_path / "judge" / "final"
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"weights")
+    seal_export(final)
+    data = tmp_path / "judge" / "data" / "train-0123456789abcdef"
+    data.mkdir(parents=True)
+    (data / "manifest.jsonl").write_text('{"id": "1", "text": "A radio."}\n')
+    (data / ".complete").write_text("{}")
+    seal_export(data)
+    assert score.judge_heard(str(tmp_path / "judge"), {"x": "a RADIO", "y": "a pencil"}) == ["x"]
+    for damage, message in (("", "does not match its COMPLETE marker (manifest.jsonl has 0 bytes"),
+                            ('{"id": "1", "text": null}\n', "its 'text' is null, not text"),
+                            ("\n", "manifest.jsonl:1: not a JSON object")):
+        (data / "manifest.jsonl").write_text(damage)
+        if damage != "":
+            (data / "COMPLETE").unlink(missing_ok=True)  # a folder from before seals: its lines are checked
+        with pytest.raises(SystemExit) as e:
+            score.judge_heard(str(tmp_path / "judge"), {"x": "a radio"})
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and message in err, err
+        assert err.startswith(f"error: --asr_checkpoint {tmp_path / 'judge'}: which sentences this judge trained on "
+                              f"cannot be read: ") and err.rstrip().endswith("or pass --asr_judge_check false")
 
 
 @slow
