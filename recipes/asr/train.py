@@ -361,7 +361,7 @@ def main(cfg: Config) -> None:
         save_config(cfg, folder / "config.yaml")
         shutil.copytree(tok_dir, folder / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
         export_hf(folder, load_file(folder / "model.safetensors"), cfg, tokenizer)
-        write_model_card(folder, recipe="asr", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
+        write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             ```python
             from transformers import pipeline
