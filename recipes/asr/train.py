@@ -13,6 +13,7 @@
         --config recipes/asr/config_librispeech_100h.yaml --data_dir /data/LibriSpeech
     # word and character error rates on the test split
     accelerate launch recipes/asr/decode.py --checkpoint outputs/asr --split test
+    python recipes/asr/transcribe.py --checkpoint outputs/asr --audio speech.wav  # any audio files
 
 Re-running the same command with the same --output_dir resumes from the newest complete checkpoint
 and ends bit-identical to a run that was never interrupted (on CPU; see the top README "Resume").
