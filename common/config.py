@@ -20,7 +20,9 @@ no recipe's field:
   take one of their values; `bool` fields take true/false (also yes/no, on/off, 1/0).
 - A list field's rules hold for each of its values (`list[Annotated[int, Count]]`, or the rule on
   the field); a list needs at least one value unless the field carries `MayBeEmpty` (an empty value
-  must never silently turn something off). On the command line it is comma-separated.
+  must never silently turn something off). On the command line it is comma-separated; one that
+  carries `SpaceSeparated` takes every value after its flag up to the next `--flag` instead
+  (`--audio *.wav`: a shell's glob, file names that may hold commas).
 - `Internal`: written by the program (recorded in the run's config.yaml): not in `--help`, refused on
   the command line.
 - `ResumeSafe`: may differ between a checkpoint and its re-launch (where to write, when to stop, how
@@ -192,6 +194,15 @@ class _MayBeEmpty(Rule):
 
 
 @dataclasses.dataclass(frozen=True)
+class _SpaceSeparated(Rule):
+    """A list field whose command-line values follow its flag as separate arguments, up to the next
+    `--flag` (`--audio a.wav b.flac`, what a shell makes of `--audio *.wav`): file names may hold commas."""
+
+    def __str__(self) -> str:
+        return "space-separated"
+
+
+@dataclasses.dataclass(frozen=True)
 class _Trackers(Rule):
     """`--report_to`: trackers accelerate knows and this environment has (common.training.logs.trackers;
     importing it is light: it looks modules up without importing them)."""
@@ -218,6 +229,7 @@ Folder = _Folder()
 ResumeSafe = _ResumeSafe()
 Internal = _Internal()
 MayBeEmpty = _MayBeEmpty()
+SpaceSeparated = _SpaceSeparated()
 Trackers = _Trackers()
 
 
@@ -577,7 +589,8 @@ def validate(cfg: Any, plain: Any = None) -> None:
             continue
         is_list = isinstance(value, (list, tuple))
         if is_list and not value and MayBeEmpty not in rules:
-            raise FieldError(name, f"--{name}: needs at least one value (comma-separated on the command line, "
+            separated = "space" if SpaceSeparated in rules else "comma"
+            raise FieldError(name, f"--{name}: needs at least one value ({separated}-separated on the command line, "
                                    f"a list in the YAML)")
         for item in value if is_list else (value,):
             if isinstance(item, float) and not math.isfinite(item) and not any(
@@ -779,8 +792,10 @@ def format_help(cls: type, prog: str, default_yaml: str | Path | None, yaml_valu
             shown = section
         shown_rules = [str(r) for r in rules]
         if _is_list(tp):  # a list's bounds hold for each of its values
-            shown_rules = [f"each {r}" if isinstance(r, Range) else str(r) for r in rules if r is not MayBeEmpty]
-            shown_rules += ["may be empty" if MayBeEmpty in rules else "at least one", "comma-separated"]
+            shown_rules = [f"each {r}" if isinstance(r, Range) else str(r) for r in rules
+                           if r not in (MayBeEmpty, SpaceSeparated)]
+            shown_rules += ["may be empty" if MayBeEmpty in rules else "at least one",
+                            str(SpaceSeparated) if SpaceSeparated in rules else "comma-separated"]
         rule_text = f" ({'; '.join(shown_rules)})" if shown_rules else ""
         if name in yaml_values:
             default = f"{yaml_values[name]!r} (from {Path(default_yaml).name})"
@@ -850,6 +865,12 @@ def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str,
         key, has_value, value = tok[2:].partition("=")
         key = key.replace("-", "_")  # --max-steps works too
         i += 1
+        if key in specs and SpaceSeparated in specs[key][1]:  # --audio a.wav b.flac: up to the next --flag
+            values = [value] if has_value else []
+            while i < len(argv) and not argv[i].startswith("--"):
+                values, i = values + [argv[i]], i + 1
+            pairs.append((key, values))
+            continue
         if not has_value:
             if i < len(argv) and not argv[i].startswith("--"):
                 value, i = argv[i], i + 1

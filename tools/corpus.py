@@ -23,6 +23,11 @@ therefore load a fresh instance for every utterance (dlopen, initialize, synthes
 libespeak-ng in the process (a phonemizer, say) can keep it mapped and its state alive.
 
 Usage: python -m tools.corpus --out DIR --profile tiny
+
+A build that stops part way (Ctrl-C, a kill, a failure) is kept as `<DIR>.partial` and the same
+command resumes it: the utterances it finished are kept once their digests check out (each
+rendering process journals them), the rest are rendered; the corpus is the same bytes as one
+made in one go.
 """
 
 from __future__ import annotations
@@ -516,8 +521,9 @@ def augment(x: np.ndarray, aug: Augmentation) -> np.ndarray:
 Job = tuple[str, str, str, int, int, "Augmentation | None"]
 
 
-def _render(job: Job) -> None:
-    """Synthesize one utterance and write it to `path` (FLAC at 16 kHz or WAV at 22.05 kHz)."""
+def _render(job: Job, journal: Path | None = None) -> None:
+    """Synthesize one utterance and write it to `path` (FLAC at 16 kHz or WAV at 22.05 kHz); then,
+    given a `journal` (`_journal`), append the file's path (relative to the journal's folder) and digest."""
     path, text, voice, rate, pitch, aug = job
     audio = synthesize(text, voice, rate, pitch)
     if aug is not None:
@@ -527,6 +533,51 @@ def _render(job: Job) -> None:
         sf.write(path, _to_int16(audio), LIBRISPEECH_SAMPLE_RATE, format="FLAC", subtype="PCM_16")
     else:
         sf.write(path, _to_int16(audio), ESPEAK_SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    if journal is not None:  # written after the whole file: a line names a finished utterance
+        with open(journal, "a") as f:
+            f.write(f"{os.path.relpath(path, journal.parent)}\t{hashlib.sha256(Path(path).read_bytes()).hexdigest()}\n")
+
+
+# =============================================================================================
+# Resuming an interrupted build: each rendering process journals the utterances it finished
+# =============================================================================================
+
+
+@functools.lru_cache(maxsize=1)
+def _journal_key() -> str:
+    """What an utterance's bytes depend on besides its job (module docstring): a journal written
+    under other versions is not trusted, its utterances are rendered again."""
+    from importlib.metadata import version
+
+    versions = (CORPUS_VERSION, espeak_version(), sf.__libsndfile_version__, version("torchaudio"), np.__version__)
+    return hashlib.sha256(repr(versions).encode()).hexdigest()[:12]
+
+
+def _journal(root: Path, shard: int) -> Path:
+    """Rendering process `shard`'s journal in `root`: one `<relative path>\t<sha256>` line per utterance."""
+    return root / f".rendered-{_journal_key()}.{shard}"
+
+
+def _unfinished(root: Path, jobs: list[Job]) -> list[Job]:
+    """The jobs an interrupted build of `root` left to do: an utterance is kept when a journal of
+    this key lists it and its file still has that digest (the one being written when the build
+    stopped has no line yet; a torn last line names nothing). Other keys' journals are removed."""
+    done: dict[str, str] = {}
+    for journal in sorted(root.glob(".rendered-*")):
+        if not journal.name.startswith(_journal(root, 0).name[:-1]):
+            journal.unlink()
+            continue
+        for line in journal.read_text().splitlines():
+            rel, _, digest = line.partition("\t")
+            if len(digest) == 64:
+                done[rel] = digest
+
+    def finished(job: Job) -> bool:
+        path = Path(job[0])
+        digest = done.get(os.path.relpath(path, root))
+        return digest is not None and path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+    return [job for job in jobs if not finished(job)]
 
 
 def _plan(root: Path, profile: str) -> tuple[list[Job], dict[Path, str], list[str]]:
@@ -642,10 +693,16 @@ def prepare_corpus(root: str | Path, profile: str = "default", workers: int | No
 
     `workers`: processes rendering utterances (None: one for the small profiles, every available
     core for the SSL ones). The bytes do not depend on it: each utterance is a function of its job.
-    Not atomic by itself: use `ensure_builtin_corpus` / `prepare_once` for shared directories.
+    Resumes: the utterances an interrupted build of `root` finished (`_unfinished`) are kept, the
+    others rendered, so the result is the same bytes as a build in one go.
+    Not atomic by itself: use `ensure_builtin_corpus` / `prepare_once(resumable=True)` for shared directories.
     """
     root = Path(root)
     jobs, text_files = _plan_ssl(root, profile) if profile in SSL_PROFILES else _plan(root, profile)[:2]
+    todo = _unfinished(root, jobs) if root.is_dir() else jobs
+    if len(todo) < len(jobs):
+        print(f"resuming the built-in corpus ({profile}) in {root}: {len(jobs) - len(todo)} of {len(jobs)} utterances "
+              f"kept from an interrupted build (each checked against its digest)", file=sys.stderr, flush=True)
     for path, content in text_files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content, encoding="utf-8")
@@ -660,20 +717,20 @@ def prepare_corpus(root: str | Path, profile: str = "default", workers: int | No
     helpers = []
     if workers > 1:
         plan = root / ".jobs.json"
-        plan.write_text(json.dumps([[*job[:5], asdict(job[5]) if job[5] else None] for job in jobs]))
+        plan.write_text(json.dumps([[*job[:5], asdict(job[5]) if job[5] else None] for job in todo]))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                              os.environ.get("PYTHONPATH", "")])}
         helpers = [subprocess.Popen([sys.executable, "-m", "tools.corpus", "--render", str(plan), f"{k}/{workers}",
                                      str(os.getpid())], env=env) for k in range(1, workers)]
-    mine = jobs[0::workers]
+    mine, kept = todo[0::workers], len(jobs) - len(todo)
     start, every = time.monotonic(), max(1, len(mine) // 10)
     try:
         for done, job in enumerate(mine, 1):
-            _render(job)
+            _render(job, _journal(root, 0))
             if done % every == 0 or done == len(mine):
                 spent = time.monotonic() - start
-                print(f"building the built-in corpus ({profile}) in {root}: {done * len(jobs) // len(mine)}/{len(jobs)} "
-                      f"utterances, {spent:.0f} s, ~{spent / done * (len(mine) - done):.0f} s left",
+                print(f"building the built-in corpus ({profile}) in {root}: {kept + done * len(todo) // len(mine)}/"
+                      f"{len(jobs)} utterances, {spent:.0f} s, ~{spent / done * (len(mine) - done):.0f} s left",
                       file=sys.stderr, flush=True)
     except BaseException:  # a signal, a failure: the workers stop with us
         for p in helpers:
@@ -685,6 +742,8 @@ def prepare_corpus(root: str | Path, profile: str = "default", workers: int | No
         raise RuntimeError(f"corpus worker(s) failed: {failed}")
     if helpers:
         plan.unlink()
+    for journal in root.glob(".rendered-*"):  # the corpus is whole: not part of it
+        journal.unlink()
     return root
 
 
@@ -694,7 +753,7 @@ def _render_shard(plan: str, shard: str, parent: str) -> None:
     for path, text, voice, rate, pitch, aug in jobs[k::n]:
         if os.getppid() != int(parent):  # the building process was killed (SIGKILL): stop too
             sys.exit(1)
-        _render((path, text, voice, rate, pitch, Augmentation(**aug) if aug else None))
+        _render((path, text, voice, rate, pitch, Augmentation(**aug) if aug else None), _journal(Path(plan).parent, k))
 
 
 
@@ -714,7 +773,7 @@ def ensure_builtin_corpus(cache_dir: str | Path | None = None, profile: str = "d
     Every rank/node may call it: one builds under a file lock, the others wait for its marker."""
     final_dir = builtin_corpus_dir(cache_dir, profile)
     build = functools.partial(prepare_corpus, profile=profile)
-    return prepare_once(final_dir, build, info={"profile": profile, "corpus_version": CORPUS_VERSION})
+    return prepare_once(final_dir, build, info={"profile": profile, "corpus_version": CORPUS_VERSION}, resumable=True)
 
 
 def resolve_data_dir(data_dir: str | None, cache_dir: str | None, profile: str, layout: str) -> str:
@@ -771,7 +830,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.monotonic()
     final_dir = Path(args.out) if args.out else builtin_corpus_dir(args.cache_dir, args.profile)
     prepare_once(final_dir, lambda tmp: prepare_corpus(tmp, args.profile, args.workers),
-                 info={"profile": args.profile, "corpus_version": CORPUS_VERSION})
+                 info={"profile": args.profile, "corpus_version": CORPUS_VERSION}, resumable=True)
     if args.subset is not None:
         if args.profile not in SSL_PROFILES:
             parser.error(f"--subset needs an SSL profile ({', '.join(SSL_PROFILES)})")

@@ -3,10 +3,20 @@
     apt-get install -y asterisk-core-sounds-fr asterisk-core-sounds-fr-g722
     python -m tools.real_prompts --lang fr --out data/prompts_fr
 
+Without root (or on a machine that is not Debian's), unpack the packages anywhere and point
+--sounds_root and --doc_root into the copy (`apt-get download` needs no root; the `.deb` files can
+come from any Debian mirror):
+
+    apt-get download asterisk-core-sounds-fr asterisk-core-sounds-fr-g722
+    for deb in asterisk-core-sounds-fr*.deb; do dpkg-deb -x "$deb" prompts_pkg; done
+    python -m tools.real_prompts --lang fr --out data/prompts_fr \
+        --sounds_root prompts_pkg/usr/share/asterisk/sounds --doc_root prompts_pkg/usr/share/doc
+
 Languages: fr (fr_CA, female), es (es_MX, female), it (it_IT, male), ru (ru_RU, female). The English
 packages are kept for an outside check of this work: `--lang en` is refused.
 
-What the packages hold: `/usr/share/asterisk/sounds/<lang>/` (a link to e.g. `fr_CA_f_June/`) with
+What the packages hold: `/usr/share/asterisk/sounds/<lang>/` (a link to e.g. `fr_CA_f_June/`, made
+by the package's install script: an unpacked copy has only `fr_CA_f_June/`, which is then used) with
 one audio file per prompt, `<prompt id>.g722` (G.722, 16 kHz, 7 kHz bandwidth; from the `-g722`
 package), in sub-folders for some (`digits/0`, `letters/a`); and the transcripts, lines
 `<prompt id>: <text>`, in `/usr/share/doc/asterisk-core-sounds-<lang>/core-sounds-<lang>.txt.gz`
@@ -113,12 +123,16 @@ def locate(lang: str, sounds_root: Path, doc_root: Path) -> tuple[Path, Path]:
     if lang not in LANGUAGES:
         raise Refusal(f"--lang {lang!r}: choose one of {', '.join(LANGUAGES)}")
     sounds = sounds_root / lang
+    voices = sorted(sounds_root.glob(f"{lang}_*/")) if not sounds.is_dir() else []
+    if len(voices) == 1:  # an unpacked package: no alternatives link <lang> → <lang>_<region>_<voice>
+        sounds = voices[0]
     doc = doc_root / f"asterisk-core-sounds-{lang}"
     transcripts = [p for p in (doc / f"core-sounds-{lang}.txt.gz", doc / f"core-sounds-{lang}.txt") if p.is_file()]
     if not transcripts or not sounds.is_dir() or not any(sounds.rglob("*.g722")):
         missing = "its transcripts" if not transcripts else "its G.722 audio"
         raise Refusal(f"the {lang} prompts are not installed ({missing} not found under "
-                      f"{doc if not transcripts else sounds}): {apt_line(lang)}")
+                      f"{doc if not transcripts else sounds}): {apt_line(lang)}, or without root unpack "
+                      f"the two packages (apt-get download; dpkg-deb -x) and give --sounds_root and --doc_root")
     try:
         import G722  # noqa: F401
     except ImportError:
@@ -190,13 +204,22 @@ def build(lang: str, out: Path, sounds_root: Path = Path(SOUNDS_ROOT), doc_root:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.real_prompts", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.real_prompts", description=__doc__.split("\n\n")[0],
+        epilog="Without root: apt-get download asterisk-core-sounds-LANG asterisk-core-sounds-LANG-g722, "
+               "dpkg-deb -x each .deb into DIR, then give --sounds_root DIR/usr/share/asterisk/sounds "
+               "--doc_root DIR/usr/share/doc.")
     parser.add_argument("--lang", required=True, help=f"one of {', '.join(LANGUAGES)}")
     parser.add_argument("--out", required=True, type=Path, help="output folder (must not exist)")
     parser.add_argument("--min_seconds", type=float, default=0.5, help="shorter prompts are left out (s)")
     parser.add_argument("--max_seconds", type=float, default=30.0, help="longer prompts are left out (s)")
-    parser.add_argument("--sounds_root", type=Path, default=Path(SOUNDS_ROOT), help=argparse.SUPPRESS)
-    parser.add_argument("--doc_root", type=Path, default=Path(DOC_ROOT), help=argparse.SUPPRESS)
+    parser.add_argument("--sounds_root", type=Path, default=Path(SOUNDS_ROOT),
+                        help="the packages' audio root: <root>/<lang>/ or <root>/<lang>_*/ (default: where apt-get "
+                             "installs it; give <dir>/usr/share/asterisk/sounds for packages unpacked with "
+                             "dpkg-deb -x into <dir>, no root needed)")
+    parser.add_argument("--doc_root", type=Path, default=Path(DOC_ROOT),
+                        help="the packages' documentation root, which holds the transcripts (default: where "
+                             "apt-get installs it; <dir>/usr/share/doc for unpacked packages)")
     args = parser.parse_args(argv)
     try:
         summary = build(args.lang, args.out, args.sounds_root, args.doc_root, args.min_seconds, args.max_seconds)

@@ -22,7 +22,7 @@ import torchaudio
 from torch.utils.data import DataLoader
 
 from common.training.distributed import derive_seed
-from common.training.faults import RunError
+from common.training.faults import RunError, UsageError
 from common.training.logs import get_logger
 
 logger = get_logger(__name__)  # main process only
@@ -33,6 +33,24 @@ def load_audio(path: str, sample_rate: int) -> torch.Tensor:
     wav = torch.from_numpy(wav).mean(dim=1)
     if sr != sample_rate:
         wav = torchaudio.functional.resample(wav, sr, sample_rate)
+    return wav
+
+
+def read_audio_file(path: str, sample_rate: int) -> torch.Tensor:
+    """`load_audio` of a file named on a tool's command line (transcribe.py, predict.py): any sample
+    rate and channel count, mixed down and resampled as the training data were. A file soundfile
+    cannot read, or one without samples or with non-finite ones, is a UsageError of one line."""
+    try:
+        wav = load_audio(path, sample_rate)
+    except (RuntimeError, OSError) as e:  # soundfile's LibsndfileError is a RuntimeError
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"{path}: soundfile cannot read it as audio ({reason}): give a file in a format it reads "
+                         f"(WAV, FLAC, OGG, ...: python -c 'import soundfile; print(soundfile.available_formats())')"
+                         ) from None
+    if not len(wav):
+        raise UsageError(f"{path}: it holds no samples: give a file with speech in it")
+    if not torch.isfinite(wav).all():
+        raise UsageError(f"{path}: it holds non-finite samples (NaN or Inf): give a file of finite samples")
     return wav
 
 

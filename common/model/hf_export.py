@@ -21,18 +21,21 @@ import textwrap
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
-from transformers import Wav2Vec2BertConfig
 
-from common.model.speech_frontend import CharCTCTokenizer, StackedLogMelFeatureExtractor
+if TYPE_CHECKING:  # transformers (~1 s to import) only where a transformers folder is written
+    from transformers import Wav2Vec2BertConfig
 
 FRONTEND_FILE = Path(__file__).with_name("speech_frontend.py")
 
 
 def save_feature_extractor(folder: str | Path, *, n_mels: int, stack_frames: int, sample_rate: int,
                            mean: torch.Tensor, std: torch.Tensor) -> None:
+    from common.model.speech_frontend import StackedLogMelFeatureExtractor  # imports transformers
+
     folder = Path(folder)
     extractor = StackedLogMelFeatureExtractor(feature_size=n_mels, sampling_rate=sample_rate,
                                               stack_frames=stack_frames, mean=mean.tolist(), std=std.tolist())
@@ -86,6 +89,10 @@ def save_hf_ctc(folder: str | Path, weights: dict[str, torch.Tensor], encoder_co
                 vocab: list[str] | None, vocab_size: int) -> None:
     """`weights`: the recipe's state dict (encoder.*, head.*, feat_mean, feat_std); `vocab`: the
     character tokens, index 0 the CTC blank, " " the word separator (None: no tokenizer written)."""
+    from transformers import Wav2Vec2BertConfig
+
+    from common.model.speech_frontend import CharCTCTokenizer
+
     folder = Path(folder)
     config = Wav2Vec2BertConfig(**{**encoder_config.to_dict(), "vocab_size": vocab_size, "pad_token_id": 0,
                                    "ctc_loss_reduction": "sum", "architectures": ["Wav2Vec2BertForCTC"],

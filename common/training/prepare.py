@@ -232,6 +232,7 @@ def prepare_once(
     poll_s: float = 1.0,
     stale_after_s: float = 120.0,
     info: dict | None = None,
+    resumable: bool = False,
 ) -> Path:
     """Run `build(tmp_dir)` once across the processes and machines sharing `final_dir`'s file
     system, and return `final_dir` once it is complete.
@@ -248,6 +249,11 @@ def prepare_once(
     A builder that stalls for longer than `stale_after_s` (but is alive) may be joined by a
     second one; both publish with an atomic rename, the first wins and the other's copy is
     dropped, so readers still only ever see one complete directory.
+
+    `resumable`: `build` can finish a folder an interrupted build left (it keeps what it can verify
+    there and writes the rest). The folder of a build that raised, or whose process died on this
+    host, is then kept as `<final_dir>.partial` and handed to the next builder instead of an empty
+    one (`_build_and_publish`). It is never published without its `.complete`, as any build.
     """
     final_dir = Path(final_dir)
     marker = final_dir / COMPLETE_MARKER
@@ -293,7 +299,7 @@ def prepare_once(
             if marker.is_file():  # completed between our check and taking the lock
                 return final_dir
             logger.info(f"preparing {final_dir} (this process, {host}:{pid}; others wait for it)")
-            return _build_and_publish(final_dir, build, host, pid, info)
+            return _build_and_publish(final_dir, build, host, pid, info, resumable)
         finally:
             heartbeat.stop()
             if _read_text(lock) == token:  # only release our own lock, never a successor's
@@ -314,24 +320,32 @@ def _started(fields: list[str]) -> float | None:
     return None
 
 
-def _remove_dead_builders_tmp(final_dir: Path, host: str) -> None:
-    """Temporary folders left by killed builders on this host (pid gone) are garbage. Other
-    hosts' leftovers are kept: we cannot tell whether their builder is alive."""
+def _remove_dead_builders_tmp(final_dir: Path, host: str, keep: Path | None = None) -> None:
+    """Temporary folders left by killed builders on this host (pid gone) are garbage; with `keep`
+    (a resumable build's `.partial` name), one of them becomes `keep` when it does not exist yet.
+    Other hosts' leftovers are kept: we cannot tell whether their builder is alive."""
     prefix = f"{final_dir.name}.tmp-{host}-"
-    for path in final_dir.parent.glob(glob.escape(prefix) + "*"):
+    for path in sorted(final_dir.parent.glob(glob.escape(prefix) + "*")):
         pid = path.name[len(prefix) :].rsplit("-", 1)[0]
         if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+            if keep is not None and not keep.exists():
+                os.rename(path, keep)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _build_and_publish(
-    final_dir: Path, build: Callable[[Path], None], host: str, pid: int, info: dict | None
+    final_dir: Path, build: Callable[[Path], None], host: str, pid: int, info: dict | None, resumable: bool = False
 ) -> Path:
-    _remove_dead_builders_tmp(final_dir, host)
+    partial = final_dir.with_name(f"{final_dir.name}.partial") if resumable else None  # we hold the lock: no writer
+    _remove_dead_builders_tmp(final_dir, host, keep=partial)
     # Random suffix: two containers can share a hostname and a pid.
     tmp = final_dir.with_name(f"{final_dir.name}.tmp-{host}-{pid}-{uuid.uuid4().hex[:8]}")
     try:
-        tmp.mkdir()
+        if partial is not None and partial.is_dir():
+            os.rename(partial, tmp)  # an interrupted build's files: `build` finishes them
+        else:
+            tmp.mkdir()
         build(tmp)
         n_files = fsync_tree(tmp)
         meta = {**(info or {}), "files": n_files, "built_by": f"{host}:{pid}", "built_at": time.time()}
@@ -355,5 +369,8 @@ def _build_and_publish(
         fsync_path(final_dir.parent)  # make the rename itself durable
         return final_dir
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if partial is not None and tmp.is_dir() and not partial.exists() and not (tmp / COMPLETE_MARKER).exists():
+            os.rename(tmp, partial)  # kept for the next builder (a Ctrl-C, a failed utterance, ...)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -13,6 +13,7 @@
         --config recipes/asr/config_librispeech_100h.yaml --data_dir /data/LibriSpeech
     # word and character error rates on the test split
     accelerate launch recipes/asr/decode.py --checkpoint outputs/asr --split test
+    python recipes/asr/transcribe.py --checkpoint outputs/asr --audio speech.wav  # any audio files
 
 Re-running the same command with the same --output_dir resumes from the newest complete checkpoint
 and ends bit-identical to a run that was never interrupted (on CPU; see the top README "Resume").
@@ -361,7 +362,7 @@ def main(cfg: Config) -> None:
         save_config(cfg, folder / "config.yaml")
         shutil.copytree(tok_dir, folder / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
         export_hf(folder, load_file(folder / "model.safetensors"), cfg, tokenizer)
-        write_model_card(folder, recipe="asr", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
+        write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             ```python
             from transformers import pipeline

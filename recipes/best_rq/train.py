@@ -202,7 +202,7 @@ def main(cfg: Config) -> None:
             folder / "encoder", state_dict={k[len("encoder."):]: v for k, v in weights.items() if k.startswith("encoder.")})
         save_feature_extractor(folder / "encoder", n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                                sample_rate=cfg.sample_rate, mean=weights["feat_mean"], std=weights["feat_std"])
-        write_model_card(folder, recipe="best_rq", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
+        write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             `encoder/` is a transformers folder:
 

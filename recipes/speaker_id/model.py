@@ -20,14 +20,18 @@ class SpeakerClassifier(StackedLogMelEncoder):
         super().__init__(config, n_mels=n_mels, stack_frames=stack_frames)
         self.head = nn.Linear(config.hidden_size, num_speakers)
 
-    def forward(self, feats, feat_lens, speakers):
-        """feats: (B, T, n_mels) raw log-mel, T a multiple of `stack`; feat_lens: (B,) valid frames;
-        speakers: (B,) speaker indices. Returns (loss: mean CE over the utterances, accuracy, the
-        number of utterances, the predicted speakers (B,))."""
+    def logits(self, feats, feat_lens):
+        """feats: (B, T, n_mels) raw log-mel, T a multiple of `stack`; feat_lens: (B,) valid frames.
+        Returns the speaker logits (B, num_speakers) (predict.py turns them into probabilities)."""
         hidden, out_lens = self.encode(self.normalize(feats), feat_lens)  # (B, L, hidden)
         valid = (torch.arange(hidden.shape[1], device=feats.device)[None, :] < out_lens[:, None]).unsqueeze(-1)
         pooled = torch.where(valid, hidden, 0).sum(1) / out_lens.clamp(min=1)[:, None].to(hidden.dtype)  # (B, hidden)
-        logits = self.head(pooled)  # (B, num_speakers)
+        return self.head(pooled)
+
+    def forward(self, feats, feat_lens, speakers):
+        """`logits`' inputs and speakers: (B,) speaker indices. Returns (loss: mean CE over the
+        utterances, accuracy, the number of utterances, the predicted speakers (B,))."""
+        logits = self.logits(feats, feat_lens)  # (B, num_speakers)
         loss = F.cross_entropy(logits.float(), speakers)
         pred = logits.argmax(-1)
         return loss, (pred == speakers).float().mean(), torch.tensor(len(speakers), device=feats.device), pred

@@ -9,7 +9,9 @@ Conformer encoder, with Hugging Face Accelerate. Made by copying recipes/best_rq
 Re-running the same command with the same --output_dir resumes from the newest complete checkpoint
 and ends bit-identical to a run that was never interrupted (on CPU; see README "Resume").
 Outputs: <output_dir>/final/{model.safetensors, config.yaml, speakers.json, encoder/} (encoder/: a
-transformers folder, AutoModel + AutoFeatureExtractor), <output_dir>/metrics.jsonl.
+transformers folder, AutoModel + AutoFeatureExtractor), <output_dir>/metrics.jsonl. Then, who speaks:
+
+    python recipes/speaker_id/predict.py --checkpoint outputs/speaker_id --audio a.wav b.flac
 
 Adapting it: the data (data.py), the model and its loss (model.py), what is logged and evaluated are
 yours to change; the seams above `main` (build_data, build_models, build_optimizers, compute_loss: README.md,
@@ -220,8 +222,8 @@ def main(cfg: Config) -> None:
             folder / "encoder", state_dict={k[len("encoder."):]: v for k, v in weights.items() if k.startswith("encoder.")})
         save_feature_extractor(folder / "encoder", n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                                sample_rate=cfg.sample_rate, mean=weights["feat_mean"], std=weights["feat_std"])
-        write_model_card(folder, recipe="speaker_id", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
-                         usage="""
+        write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
+                         usage=f"""
             `encoder/` is a transformers folder:
 
             ```python
@@ -232,7 +234,10 @@ def main(cfg: Config) -> None:
             hidden = encoder(**fe(samples, sampling_rate=16000, return_tensors="pt")).last_hidden_state
             ```
 
-            `speakers.json` names the classifier's outputs (`head.*` in `model.safetensors`) in order.""")
+            `speakers.json` names the classifier's outputs (`head.*` in `model.safetensors`) in order.
+            The whole classifier (encoder, head, speakers), from a checkout of speech-recipes:
+            `python recipes/{Path(__file__).parent.name}/predict.py --checkpoint <this folder> --audio a.wav b.flac`
+            prints the most probable speaker of each file and its probability.""")
 
     export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()

@@ -365,7 +365,7 @@ def main(cfg: Config) -> None:
         save_config(cfg, folder / "config.yaml")
         (folder / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
         write_code(folder, "tts", exported_code())  # the synthesis code: final/ loads without this repository
-        write_model_card(folder, recipe="tts", state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
+        write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
                          usage="""
             Needs torch, torchaudio, numpy, safetensors, PyYAML and transformers (pip), nothing of the
             repository that trained it (and espeakng-loader for a phoneme model):

@@ -442,7 +442,7 @@ def main(cfg: Config) -> None:
         save_config(cfg, folder / "config.yaml")  # holds the mel settings synthesize.py --vocoder checks
         # The model code under a name of its own (`model` would collide with a TTS model's on sys.path).
         write_code(folder, "vocoder", {"model": Path(__file__).with_name("model.py")})
-        write_model_card(folder, recipe="vocoder", state=state, data_dir=data.data_dir,
+        write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir,
                          metrics_path=out / "metrics.jsonl", usage="""
             Needs torch, safetensors and PyYAML (pip), nothing of the repository that trained it:
 

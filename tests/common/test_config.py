@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from common.config import (MAX_CONFIG_BYTES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath, ExistingPathOr, Internal,
-                           MayBeEmpty, NonNegative, Positive, Range, ResumeSafe, RunConfig, config_hash, config_to_dict,
+                           MayBeEmpty, NonNegative, Positive, Range, ResumeSafe, RunConfig, SpaceSeparated, config_hash, config_to_dict,
                            field_specs, parse_config, resume_safe_keys, save_config)
 from tests.recipe_import import RECIPES, recipe_modules
 
@@ -149,6 +149,37 @@ def test_help_lists_every_field_with_type_rules_default_and_comment(capsys):
     assert "  --save_steps int (≥ 1) = 10\n      optimizer steps between checkpoints" in out
     assert "  --gradient_accumulation_steps int (≥ 1) = 1\n" in out
     assert "  --dropout float (in [0, 1)) = 0.1\n" in out
+
+
+@dataclass
+class Files:
+    """A tool that takes files (recipes/asr/transcribe.py)."""
+
+    audio: list[Annotated[str, ExistingPath, SpaceSeparated]] = dataclasses.field(default_factory=list)  # files
+    tags: list[str] = dataclasses.field(default_factory=lambda: ["a"])  # comma-separated as ever
+    top_k: int = 1
+
+
+def test_a_space_separated_list_takes_every_value_up_to_the_next_flag(tmp_path, capsys):
+    """`--audio a.wav b,c.wav` (a shell's glob; a name with a comma): every argument up to the next
+    --flag, anywhere on the line; each must exist; none is refused saying how to give them."""
+    names = [tmp_path / "a.wav", tmp_path / "b,c.wav"]
+    for name in names:
+        name.write_bytes(b"")
+    cfg = parse_config(Files, ["--top_k", "2", "--audio", *map(str, names), "--tags", "x,y"])
+    assert (cfg.audio, cfg.tags, cfg.top_k) == ([str(n) for n in names], ["x", "y"], 2)
+    assert parse_config(Files, [f"--audio={names[1]}", str(names[0])]).audio == [str(names[1]), str(names[0])]
+    for argv, message in (([], "--audio: needs at least one value (space-separated on the command line, a list in "
+                                "the YAML)"),
+                          (["--audio", str(names[0]), str(tmp_path / "gone.wav")],
+                           f"--audio: {tmp_path / 'gone.wav'} does not exist (in [")):
+        with pytest.raises(SystemExit):
+            parse_config(Files, argv)
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    with pytest.raises(SystemExit):
+        parse_config(Files, ["--help"])
+    assert "  --audio list[str] (must exist; at least one; space-separated) = []" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------------

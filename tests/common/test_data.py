@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.data.loading import DurationBatchSampler, sample_generator
+from common.data.loading import DurationBatchSampler, load_audio, read_audio_file, sample_generator
+from common.training.faults import UsageError
 from common.training.distributed import derive_seed
 
 
@@ -138,3 +139,24 @@ def test_items_kept_in_memory_are_the_same_and_the_budget_holds():
     for inner.epoch in range(4):
         [kept[i] for i in range(4)]
     assert inner.reads == 8  # epochs 0 and 1 read (keys (i, 0) and (i, 1)); 2 and 3 come from RAM
+
+
+def test_an_audio_file_of_any_rate_and_channels_reads_as_the_data_layer_reads_it(tmp_path):
+    """read_audio_file (transcribe.py, predict.py): a 44.1 kHz stereo file is mixed down and
+    resampled as load_audio does; what soundfile cannot read, an empty file and non-finite samples
+    are one-line refusals (UsageError: exit code 2)."""
+    import soundfile as sf
+
+    t = np.arange(44100) / 44100
+    stereo = np.stack([0.3 * np.sin(2 * np.pi * 220 * t), 0.1 * np.sin(2 * np.pi * 330 * t)], axis=1)
+    sf.write(tmp_path / "stereo.flac", stereo, 44100, subtype="PCM_16")
+    wav = read_audio_file(str(tmp_path / "stereo.flac"), 16000)
+    assert wav.shape == (16000,) and torch.equal(wav, load_audio(str(tmp_path / "stereo.flac"), 16000))
+    (tmp_path / "notes.wav").write_text("not audio")
+    sf.write(tmp_path / "empty.wav", np.zeros((0, 1)), 16000)
+    sf.write(tmp_path / "nan.wav", np.array([0.0, np.nan, 0.0]), 16000, subtype="FLOAT")
+    for name, says in (("notes.wav", "soundfile cannot read it as audio (Error opening"),
+                       ("empty.wav", "it holds no samples"), ("nan.wav", "it holds non-finite samples")):
+        with pytest.raises(UsageError) as e:
+            read_audio_file(str(tmp_path / name), 16000)
+        assert str(e.value).startswith(f"{tmp_path / name}: {says}") and "\n" not in str(e.value)

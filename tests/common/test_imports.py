@@ -91,3 +91,14 @@ def test_the_groups_are_read_as_modules():
     assert {"data.source", "data.stream", "training.checkpoint", "model.encoder", "config"} <= set(edges)
     assert "data.stream" in edges["data.source"] and "training.checkpoint" in edges["data.source"]
     assert imports(ROOT / "tests/common/test_distributed.py")[0][0] == "training.distributed"
+
+
+def test_the_model_card_module_does_not_import_transformers():
+    """`write_model_card` and `write_code` (every recipe's export, the vocoder's included) cost no
+    transformers import (~1 s): only the functions that write a transformers folder import it."""
+    import subprocess
+    import sys
+
+    code = "import sys, common.model.hf_export; print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

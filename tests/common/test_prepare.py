@@ -84,6 +84,28 @@ def test_prepare_once_takes_over_a_stale_lock(tmp_path):
     assert time.monotonic() - start < 5
 
 
+def test_a_resumable_build_gets_what_a_killed_or_failed_builder_left(tmp_path):
+    """resumable=True: a killed builder's folder (dead pid on this host) and a failed build's are
+    handed to the next build (as `<final>.partial` in between); never published without `.complete`."""
+    final_dir = tmp_path / "data"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    leftover = tmp_path / f"data.tmp-{socket.gethostname()}-{int(dead.stdout)}-0123abcd"
+    leftover.mkdir()
+    (leftover / "first").write_text("1")
+
+    def fails_after_second(tmp: Path) -> None:
+        assert (tmp / "first").read_text() == "1"
+        (tmp / "second").write_text("2")
+        raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        prepare_once(final_dir, fails_after_second, poll_s=0.05, resumable=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.partial"]
+    seen = []
+    prepare_once(final_dir, lambda tmp: seen.append(sorted(p.name for p in tmp.iterdir())), poll_s=0.05, resumable=True)
+    assert seen == [["first", "second"]] and sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
 def test_prepare_once_waits_for_a_live_lock_then_times_out(tmp_path):
     final_dir = tmp_path / "data"
     lock = tmp_path / "data.lock"

@@ -4,6 +4,7 @@ run (and refusal of a mismatched one), decode.py scoring each test utterance exa
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
@@ -460,3 +461,39 @@ def test_init_from_best_rq_freeze_and_evaluate(tiny_corpus, tmp_path):
     assert summary["utterances"] == len(test_ids) and summary["processes"] == 2
     hyps, refs = [r["hyp"] for r in rows], [r["ref"] for r in rows]
     assert summary["cer"] == pytest.approx(jiwer.cer(refs, hyps))
+
+
+@pytest.mark.slow
+def test_transcribe_files_as_decode_py_does(tiny_corpus, tmp_path, reference):
+    """transcribe.py --audio: each test utterance gets decode.py's greedy text; a stereo float copy of
+    one (equal channels) reads as the file itself, a 22.05 kHz file is resampled; --output holds what
+    is printed; --lm decodes with the LM. (Files it refuses: tests/common/test_data.py.)"""
+    import numpy as np
+    import soundfile as sf
+
+    out = short_run(reference, tiny_corpus, tmp_path / "asr")
+    test = read_librispeech(tiny_corpus / "librispeech", "test")
+    mono, rate = sf.read(test[0]["path"], dtype="float32")
+    sf.write(tmp_path / "stereo.wav", np.stack([mono, mono], axis=1), rate, subtype="FLOAT")
+    lj = sorted((tiny_corpus / "ljspeech" / "wavs").glob("*.wav"))[0]  # 22.05 kHz
+    files = [*test["path"], str(tmp_path / "stereo.wav"), str(lj)]
+    proc = launch("transcribe.py", 1, ["--checkpoint", str(out), "--audio", *files, "--output",
+                                       str(tmp_path / "t.jsonl")], tmp_path / "transcribe.log")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    printed = [line.split("\t") for line in proc.stdout.splitlines() if "\t" in line]
+    assert [p for p, _ in printed] == files
+    assert [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()] == [
+        {"path": p, "text": t} for p, t in printed]
+    assert launch("decode.py", 1, ["--checkpoint", str(out), "--split", "test", "--data_dir",
+                                   str(tiny_corpus / "librispeech")], tmp_path / "decode.log").returncode == 0
+    decoded = {r["id"]: r["hyp"] for r in map(json.loads, (out / "decode" / "final" / "test-greedy.jsonl").read_text().splitlines())}
+    assert [t for _, t in printed[: len(test)]] == [decoded[i] for i in test["id"]]
+    assert printed[len(test)][1] == printed[0][1]  # the stereo copy
+
+    if importlib.util.find_spec("kenlm") and importlib.util.find_spec("pyctcdecode"):
+        lm = recipe_modules("asr", "lm").lm
+        lm.write_lm_folder([t.lower() for t in test["text"]], tmp_path / "lm", order=2)
+        with_lm = launch("transcribe.py", 1, ["--checkpoint", str(out), "--audio", *test["path"], "--lm",
+                                              str(tmp_path / "lm")], tmp_path / "lm.log")
+        assert with_lm.returncode == 0, with_lm.stdout[-3000:]
+        assert [line.split("\t")[0] for line in with_lm.stdout.splitlines() if "\t" in line] == list(test["path"])

@@ -98,3 +98,20 @@ def test_the_calls_that_stand_for_the_sequence_make_it_in_order():
     data = (ROOT / "common/data/loading.py").read_text()
     build = data[data.index("def build_loaders("):]
     assert "multiple_of=global_batch" in build
+
+
+def named_recipe_literals(source: str) -> list[str]:
+    """Calls in `source` that name a recipe with a string (`recipe="best_rq"`): a copied folder
+    would write the name of the one it was copied from (its model card, its run.json)."""
+    return [f"line {n.lineno}: {called(n)}(recipe={k.value.value!r})" for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Call) for k in n.keywords
+            if k.arg == "recipe" and isinstance(k.value, ast.Constant)]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_recipe_takes_its_name_from_its_folder(script):
+    """`cp -r recipes/best_rq recipes/my_ssl`: the copy's model card says `my_ssl model` and
+    `recipes/my_ssl/train.py` (was: `write_model_card(..., recipe="best_rq")` in every copy)."""
+    assert named_recipe_literals(script.read_text()) == []
+    assert named_recipe_literals('write_model_card(folder, recipe="best_rq", state=state)') == [
+        "line 1: write_model_card(recipe='best_rq')"]  # the check can fail

@@ -163,6 +163,24 @@ def test_model_card_lists_every_launch_of_a_resumed_run(tmp_path):
             "  - steps 6–9: `accelerate launch recipes/asr/train.py --max_steps 9` (1 process(es), in `/runs`)\n") in card
 
 
+def test_a_relaunch_that_trains_no_step_keeps_the_runs_last_validation_on_the_card(tmp_path):
+    """A finished run re-launched (it resumes at --max_steps, trains nothing and exports again):
+    metrics.jsonl, trimmed to the resumed step, keeps the earlier launch's rows, and the card reads
+    its last validation from them, not "(none logged)"."""
+    from common.training.logs import MetricsLog
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 2, "loss": 1.5, "eval_loss": 1.7}\n{"step": 3, "loss": 1.25}\n')
+    MetricsLog(SimpleNamespace(is_main_process=True), metrics, resume_step=3)  # the re-launch's start
+    launch = lambda step: {"from_step": step, "command": "accelerate launch recipes/asr/train.py --max_steps 3",  # noqa: E731
+                           "cwd": "/runs", "processes": 1}
+    state = SimpleNamespace(step=3, world_size=1, gradient_accumulation_steps=1, data={}, launches=[launch(0), launch(3)])
+    write_model_card(tmp_path, recipe="asr", state=state, data_dir="/d", metrics_path=metrics, usage="")
+    card = (tmp_path / "README.md").read_text()
+    assert '- last validation: `{"step": 2, "loss": 1.5, "eval_loss": 1.7}`' in card
+    assert '- last logged step: `{"step": 3, "loss": 1.25}`' in card
+
+
 @pytest.mark.slow
 def test_tts_export_loads_from_anywhere_and_score_writes_beside_it(tiny_corpus, tmp_path):
     """final/ copied elsewhere synthesizes in a process whose sys.path holds only that folder and

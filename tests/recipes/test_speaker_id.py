@@ -110,3 +110,61 @@ def test_interrupted_equals_continuous(tiny_corpus, tmp_path, nproc):
     rows = metrics(cut)
     assert [r["step"] for r in rows] == list(range(1, max_steps + 1))  # each step once
     assert "eval_acc" in rows[-1] and (cut / "final" / "speakers.json").exists()
+
+
+@pytest.mark.slow
+def test_predict_names_a_training_speaker_per_file(tiny_corpus, tmp_path, reference):
+    """predict.py --audio on held-out utterances, a stereo copy of one and a 44.1 kHz one: the
+    probabilities are those of the classifier on the training data path (FeatureDataset and
+    PaddingCollator, one utterance per batch), top_k of them most probable first, in stdout and
+    --output alike; a step folder (no speakers.json) is refused in one line."""
+    import json
+
+    import numpy as np
+    import soundfile as sf
+    import torch
+    import torchaudio
+
+    from common.config import load_config
+    from common.training.averaging import checkpoint_weights
+    from common.model.encoder import encoder_config_from
+    from tests.recipes.harness import python
+
+    out = reference("speaker_id", 1, lambda o: args_for(tiny_corpus, o, "--max_steps", "2", "--save_steps", "2",
+                                                         "--eval_steps", "0"))
+    rows = read_librispeech(tiny_corpus / "librispeech", "validation")
+    files = list(rows["path"])[:3]
+    mono, rate = sf.read(files[0], dtype="float32")
+    sf.write(tmp_path / "stereo.wav", np.stack([mono, mono], axis=1), rate, subtype="FLOAT")  # reads as files[0]
+    sf.write(tmp_path / "44k.wav", torchaudio.functional.resample(torch.from_numpy(mono), rate, 44100).numpy(), 44100)
+    files += [str(tmp_path / "stereo.wav"), str(tmp_path / "44k.wav")]
+    script = ROOT / "recipes" / "speaker_id" / "predict.py"
+    proc = python([script, "--checkpoint", out, "--audio", *files, "--top_k", "3", "--output", tmp_path / "p.jsonl"],
+                  stderr_to_stdout=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    written = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    printed = [line.split("\t") for line in proc.stdout.splitlines() if "\t" in line]
+    assert [r["path"] for r in written] == [p for p, *_ in printed] == files
+    assert [[f"{s}:{p:.4f}" for s, p in r["speakers"]] for r in written] == [ranked for _, *ranked in printed]
+
+    speakers = json.loads((out / "final" / "speakers.json").read_text())
+    modules = recipe_modules("speaker_id", "data", "model", "train")
+    cfg = load_config(out / "final", modules.train.Config)
+    model = modules.model.SpeakerClassifier(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                                            num_speakers=len(speakers)).eval()
+    model.load_state_dict(checkpoint_weights(out / "final"))
+    items = modules.data.FeatureDataset(rows, cfg.sample_rate, cfg.n_mels, speakers)
+    for i, row in enumerate(written[:3]):
+        batch = modules.data.PaddingCollator(cfg)([items[i]])
+        with torch.no_grad():
+            probs = model.logits(batch["feats"], batch["feat_lens"]).softmax(-1)[0]
+        top = probs.topk(3)
+        assert [s for s, _ in row["speakers"]] == [speakers[k] for k in top.indices.tolist()]
+        assert [p for _, p in row["speakers"]] == pytest.approx(top.values.tolist(), abs=1e-4)
+    assert written[3]["speakers"] == written[0]["speakers"]  # the stereo copy (equal channels)
+
+    step = python([script, "--checkpoint", out / "checkpoints" / "step_00000002", "--audio", files[0]],
+                  stderr_to_stdout=True)
+    assert step.returncode == 2 and step.stdout.strip().splitlines()[-1].endswith(
+        f"error: --checkpoint {out / 'checkpoints' / 'step_00000002'}: no speakers.json (the names of the classifier's "
+        f"outputs, written into final/ at the end of training): give the run's output_dir or its final/"), step.stdout

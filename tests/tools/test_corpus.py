@@ -203,6 +203,35 @@ def test_generation_is_byte_identical_across_processes(tiny_corpus, tmp_path):
     assert len(progress) >= 10 and progress[-1].split(": ")[1].startswith(f"{total}/{total} utterances"), proc.stderr
 
 
+def test_a_stopped_build_resumes_to_the_same_bytes(tiny_corpus, tmp_path, monkeypatch):
+    """The build fails at its 30th utterance: what it finished is kept in `<corpus>.partial`, and the
+    next call renders only the rest (and a kept file damaged since) into the corpus made in one go."""
+    synthesized, real = [], corpus.synthesize
+
+    def stops_at_30(*args):
+        synthesized.append(args)
+        if len(synthesized) == 30:
+            raise RuntimeError("stopped")
+        return real(*args)
+
+    monkeypatch.setattr(corpus, "synthesize", stops_at_30)
+    with pytest.raises(RuntimeError, match="stopped"):
+        ensure_builtin_corpus(tmp_path, "tiny")
+    final = builtin_corpus_dir(tmp_path, "tiny")
+    partial = final.with_name(final.name + ".partial")
+    assert not final.exists() and partial.is_dir()
+    damaged = sorted(partial.glob("librispeech/train/*/*/*.flac"))[0]
+    damaged.write_bytes(damaged.read_bytes()[:-1])  # changed after it was journaled: rendered again
+
+    synthesized.clear()
+    monkeypatch.setattr(corpus, "synthesize", lambda *args: synthesized.append(args) or real(*args))
+    ensure_builtin_corpus(tmp_path, "tiny")
+    total = sum(1 for p in tiny_corpus.rglob("*") if p.suffix in (".flac", ".wav"))
+    assert len(synthesized) == total - 29 + 1
+    assert _tree_digest(final) == _tree_digest(tiny_corpus)  # no journal left in it either
+    assert sorted(p.name for p in tmp_path.iterdir()) == [final.name]  # no .partial, no lock
+
+
 def test_common_never_imports_tools():
     """Imports run one way (recipes → tools → common): the training toolbox stands without tools/."""
     import ast

@@ -36,7 +36,8 @@ PROMPTS = ["activated", "agent-pass", "ascending-2tone", "conf-adminmenu", "for"
            "letters/e", "unlisted"]
 
 
-def _fake_package(root: Path) -> tuple[Path, Path]:
+def _fake_package(root: Path, link: bool = True) -> tuple[Path, Path]:
+    """`link` False: as `dpkg-deb -x` unpacks the packages (no install script: no `fr` link)."""
     from G722 import G722
 
     sounds, doc = root / "sounds", root / "doc"
@@ -46,7 +47,8 @@ def _fake_package(root: Path) -> tuple[Path, Path]:
         wav = (8000 * np.sin(2 * np.pi * (200 + 50 * i) * t)).astype(np.int16)
         (voice / prompt).parent.mkdir(parents=True, exist_ok=True)
         (voice / f"{prompt}.g722").write_bytes(bytes(G722(16000, 64000).encode(wav)))
-    (sounds / "fr").symlink_to(voice)  # Debian's alternatives link
+    if link:
+        (sounds / "fr").symlink_to(voice)  # Debian's alternatives link
     (doc / "asterisk-core-sounds-fr").mkdir(parents=True)
     (doc / "asterisk-core-sounds-fr" / "core-sounds-fr.txt.gz").write_bytes(
         gzip.compress(TRANSCRIPT.encode(), mtime=0))
@@ -125,6 +127,18 @@ def test_refusals_are_one_line(tmp_path):
     assert unwritable.returncode == 2 and unwritable.stdout == ""
     assert unwritable.stderr.strip().splitlines() == [unwritable.stderr.strip()]
     assert f"--out {tmp_path / 'a_file' / 'o'}: cannot create" in unwritable.stderr
+
+
+def test_unpacked_packages_need_no_root_and_the_flags_say_so(tmp_path):
+    """--sounds_root/--doc_root are in --help (they were hidden), and they take packages unpacked
+    with `dpkg-deb -x` (no root, no alternatives link `fr` → `fr_CA_f_June`): the same corpus."""
+    shown = subprocess.run([sys.executable, "-m", "tools.real_prompts", "--help"], cwd=REPO_ROOT,
+                           capture_output=True, text=True)
+    assert shown.returncode == 0 and "--sounds_root" in shown.stdout and "--doc_root" in shown.stdout
+    assert "dpkg-deb -x" in shown.stdout
+    build("fr", tmp_path / "installed", *_fake_package(tmp_path / "pkg"))
+    build("fr", tmp_path / "unpacked", *_fake_package(tmp_path / "deb", link=False))
+    assert _digests(tmp_path / "unpacked") == _digests(tmp_path / "installed")
 
 
 # The split sizes documented in tools/README.md (Debian 12, asterisk-core-sounds 1.6.1-1).

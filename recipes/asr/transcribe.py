@@ -1,0 +1,111 @@
+"""Transcribe audio files with a trained Conformer-CTC: one `path<TAB>transcript` line per file.
+
+    python recipes/asr/transcribe.py --checkpoint outputs/asr --audio speech.wav other.flac
+    python recipes/asr/transcribe.py --checkpoint outputs/asr/final --audio recordings/*.wav --decoding beam
+    # with a word n-gram LM (python recipes/asr/lm.py ... --output_dir outputs/asr/lm)
+    python recipes/asr/transcribe.py --checkpoint outputs/asr --lm outputs/asr/lm --audio speech.wav
+    python recipes/asr/transcribe.py --checkpoint outputs/asr --audio *.flac --output transcripts.jsonl
+
+--checkpoint is a training output_dir (its final/), a final/ folder, or a checkpoints/step_XXXXXXXX/
+folder, verified against its COMPLETE digests before it is read (as decode.py). --audio takes the
+files as separate arguments up to the next --flag (a shell glob works). Each is read with soundfile,
+mixed down to mono and resampled to the model's sample_rate as the training data were
+(common.data.loading.load_audio); a file that cannot be read is refused in one line before any file
+is decoded. Decoding is decode.py's (greedy, --decoding beam, or --lm with pyctcdecode's beam
+search), one file at a time in this process; to score a whole split with references, use decode.py.
+--output also writes one JSON line {"path", "text"} per file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
+
+from common.config import ConfigError, Count, ExistingPath, SpaceSeparated, load_config, parse_config
+
+
+@dataclass
+class TranscribeConfig:
+    """Transcribe audio files. Every field can be set as --key value; --audio takes several."""
+
+    checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
+    audio: list[Annotated[str, ExistingPath, SpaceSeparated]] = field(default_factory=list)  # audio files (any rate, any channels): --audio a.wav b.flac
+    decoding: Literal["greedy", "beam"] = "greedy"  # beam: CTC prefix beam search
+    beam_size: Annotated[int, Count] = 8  # prefixes kept by beam search
+    lm: Annotated[str | None, ExistingPath] = None  # word n-gram LM: lm.py's folder, final/language_model/ or an .arpa; None: no LM
+    beam_width: Annotated[int, Count] = 100  # hypotheses kept by the LM beam search
+    lm_alpha: float | None = None  # weight of the LM's natural-log probability; None: the LM folder's attrs.json
+    lm_beta: float | None = None  # score bonus per word; None: the LM folder's attrs.json
+    output: str | None = None  # also write {"path", "text"} JSON lines here; None: print only
+
+
+if __name__ == "__main__":  # --help and mistakes are answered before the slow imports below
+    ARGS = parse_config(TranscribeConfig)
+
+import torch  # noqa: E402
+
+from common.data.loading import read_audio_file  # noqa: E402
+from common.model.encoder import encoder_config_from  # noqa: E402
+from common.model.features import LogMel  # noqa: E402
+from common.model.hf_export import load_recipe_ctc_weights  # noqa: E402
+from common.training.checkpoint import resolve_checkpoint  # noqa: E402
+from common.training.faults import UsageError, run_main  # noqa: E402
+
+# recipe-local modules (this folder is on sys.path)
+from ctc_decode import LmError, ctc_decode, lm_decode, load_lm_decoder  # noqa: E402
+from model import ConformerCTC  # noqa: E402
+from text import checkpoint_tokenizer  # noqa: E402
+from train import Config  # noqa: E402
+
+
+def main(args: TranscribeConfig) -> None:
+    if not args.lm and (args.lm_alpha is not None or args.lm_beta is not None):
+        raise UsageError("--lm_alpha and --lm_beta set the LM decoding; give the LM with --lm DIR")
+    if args.lm and args.decoding != "greedy":
+        raise UsageError("--lm decodes with the LM beam search (--beam_width); drop --decoding beam")
+    folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any of its files is read
+    try:
+        cfg = load_config(folder, Config)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    tokenizer = checkpoint_tokenizer(folder)
+    try:
+        decoder = load_lm_decoder(args.lm, tokenizer, args.lm_alpha, args.lm_beta) if args.lm else None
+    except LmError as e:
+        raise UsageError(f"--lm {e}") from None
+    waves = [read_audio_file(path, cfg.sample_rate) for path in args.audio]  # every file checked before decoding
+    model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                         vocab_size=tokenizer.vocab_size)
+    try:
+        model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
+    except Exception as e:  # noqa: BLE001 — sealed, yet not this config's model (SafetensorError, a shape, a key)
+        raise UsageError(f"--checkpoint {folder}: its weights do not load into the model its config.yaml describes "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): re-run the training command "
+                         f"that made it") from None
+    model.eval()
+    logmel, s = LogMel(cfg.sample_rate, cfg.n_mels), cfg.stack_frames
+    rows = []
+    with torch.no_grad():
+        for path, wav in zip(args.audio, waves):
+            feats = logmel(wav)  # (frames, n_mels), 10 ms hop
+            n = feats.shape[0] // s * s  # whole 40 ms encoder frames only, as the training collator
+            padded = torch.zeros(1, max(n, s), cfg.n_mels)
+            padded[0, :n] = feats[:n]
+            log_probs, out_lens = model(padded, torch.tensor([n]))  # (1, frames / s, classes)
+            if decoder is None:
+                text = tokenizer.decode(ctc_decode(log_probs, out_lens, args.decoding, args.beam_size)[0])
+            else:
+                text = lm_decode(decoder, log_probs[0, : int(out_lens[0])].numpy(), args.beam_width)
+            rows.append({"path": path, "text": text})
+            print(f"{path}\t{text}", flush=True)
+    if args.output:
+        Path(args.output).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+if __name__ == "__main__":
+    run_main(lambda: main(ARGS))  # a refusal (UsageError): one line, exit code 2
