@@ -8,7 +8,7 @@ would train on to the end, holding the output folder: the re-launch made at once
 a SIGKILL to the launcher's pid alone does not.)
 
 `watch_launcher` polls, in a daemon thread, whether this process's parent is still the launcher it
-started under. Once it is not, it sends this process SIGTERM: the one path every stop takes
+found at its first look (below). Once it is not, it sends this process SIGTERM: the one path every stop takes
 (`common.config.exit_on_signals_during_start_up` during start-up, `common.training.faults.Preemption` after):
 save at the next step boundary, mark the run lock `stopping` so that a re-launch waits for the save,
 exit 75. Why not `prctl(PR_SET_PDEATHSIG)`: Linux only, it fires when the parent *thread* that
@@ -19,8 +19,9 @@ Only a process started by a launcher is watched (`launched`), decided from what 
 puts in its workers' environment: `python train.py` run under `nohup` from a shell that then exits
 must go on training, also with an `ACCELERATE_*` setting or two kept in that shell.
 
-The launcher can end before the watcher first looks (seconds of imports on a loaded machine): this
-process is then already an orphan, and its parent is whoever adopted it (init, a subreaper). So the
+The launcher can end before the watcher first looks (seconds of imports on a loaded machine), and
+neither torch's elastic agent nor accelerate names its own pid in a worker's environment (torch
+2.14, accelerate 1.15): this process is then already an orphan, and its parent is whoever adopted it (init, a subreaper). So the
 parent seen at that first look is the launcher only if it runs this very Python executable (a
 launcher starts its workers with its own `sys.executable`) or carries this process's launch
 variables (a wrapper the launcher started, e.g. `torchrun --no-python run.sh`); init, tini or
