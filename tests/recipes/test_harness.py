@@ -130,7 +130,7 @@ def test_a_failed_rank_stops_the_others_and_the_group_reports_1(tmp_path):
                       "time.sleep(60)\n")
     with open(tmp_path / "log", "w") as log:
         group = harness.fork([str(script)], 2, harness.base_env(), log)
-    assert group.wait(timeout=20) == 1
+    assert group.wait(timeout=120) == 1  # only a hang fails here: rank 0 not stopped would end with 0, below
     assert [r.returncode for r in group.ranks] == [-signal.SIGTERM, 2]
     with pytest.raises(NotImplementedError, match="accelerate_launch"):
         group.send_signal(signal.SIGTERM)
