@@ -21,11 +21,11 @@ must go on training, also with an `ACCELERATE_*` setting or two kept in that she
 
 The launcher can end before the watcher first looks (seconds of imports on a loaded machine), and
 neither torch's elastic agent nor accelerate names its own pid in a worker's environment (torch
-2.14, accelerate 1.15): this process is then already an orphan, and its parent is whoever adopted it (init, a subreaper). So the
-parent seen at that first look is the launcher only if it runs this very Python executable (a
-launcher starts its workers with its own `sys.executable`) or carries this process's launch
-variables (a wrapper the launcher started, e.g. `torchrun --no-python run.sh`); init, tini or
-`systemd --user` do neither, and the launcher counts as gone. A launcher of ours
+2.14, accelerate 1.15): this process is then already an orphan, and its parent is whoever adopted it
+(init, a subreaper). So the parent seen at that first look is the launcher only if it runs this very
+Python executable (a launcher starts its workers with its own `sys.executable`) or carries this
+process's launch variables (a wrapper the launcher started, e.g. `torchrun --no-python run.sh`);
+init, tini or `systemd --user` do neither, and the launcher counts as gone. A launcher of ours
 (`common.training.builtin_base`) names its pid in `LAUNCHER_PID_ENV`: no guess at all.
 """
 

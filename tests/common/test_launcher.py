@@ -61,6 +61,7 @@ SIMPLE = {"ACCELERATE_USE_CPU": "False", "ACCELERATE_MIXED_PRECISION": "no", "AC
           "ACCELERATE_DYNAMO_MODE": "default", "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
           "ACCELERATE_DYNAMO_USE_DYNAMIC": "False", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False"}
 START_UP = "during start-up: stopping (nothing to save yet; exit code 75)\n"
+GONE_BEFORE = "the launcher (already gone when this process looked: its parent is pid {reaper}) ended " + START_UP
 
 
 def ended(pid: int) -> bool:
@@ -80,8 +81,7 @@ def _log_has(log, line: str) -> bool:
      "[rank 0] the launcher (pid {launcher}) ended: saving a checkpoint at the next step boundary, then exiting "
      "(exit code 75); re-run the same command to resume\nsaved step "),
     # the launcher ended before the worker's first look: its parent is already the reaper
-    ("late", ELASTIC, "the launcher (already gone when this process looked: its parent is pid {reaper}) ended " + START_UP),
-    ("late", SIMPLE, "the launcher (already gone when this process looked: its parent is pid {reaper}) ended " + START_UP),
+    ("late", ELASTIC, GONE_BEFORE), ("late", SIMPLE, GONE_BEFORE),
     ("late", {LAUNCHER_PID_ENV: "{pid}"}, "the launcher (pid {launcher}) ended " + START_UP),  # builtin_base's
     # `nohup python train.py &`, its shell gone, with settings a user keeps in a shell: it trains on
     ("training", {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_CPU": "true", "MASTER_PORT": "29500"}, "went on"),
