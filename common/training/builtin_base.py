@@ -14,9 +14,9 @@ starts from the same folder.
 - Every process of a run may call it: one trains (`prepare_once`: a lock file and a completion marker,
   NFS-safe), the others wait. The child trains into `<folder>.run`, which a re-launch resumes
   exactly (the recipe's resume), so an interrupted base costs only the steps since its last checkpoint.
-- The child does not outlive us: it is started with the marker `common.training.launcher.launched`
-  looks for, so it watches its parent and saves and stops once we are gone; and it never sees this
-  run's distributed environment (it is one process of its own).
+- The child does not outlive us: its environment names our pid (`launcher.LAUNCHER_PID_ENV`), so it
+  watches us and saves and stops once we are gone (at once if we were gone before it looked); and it
+  never sees this run's distributed environment (it is one process of its own).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.training.launcher import LAUNCHER_PID_ENV
 from common.training.prepare import prepare_once
 
 KEYWORD = "builtin"  # the --init_from value that asks for this base
@@ -111,7 +112,7 @@ def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=
         log(f"the built-in base: training it once for this machine into {folder} (its run: {work}; "
             f"later voices with these settings start from it at once):\n  {' '.join(command)}")
         env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_ENV and not k.startswith("ACCELERATE_")}
-        env["ACCELERATE_MIXED_PRECISION"] = "no"  # launcher.launched(): the child stops once we are gone
+        env[LAUNCHER_PID_ENV] = str(os.getpid())  # launcher.launched(): the child stops once we are gone
         returncode = _wait_for(subprocess.Popen(command, env=env))
         if returncode != 0:
             from common.training.faults import RunError  # (torch: not for tools/corpus.py's cache_root)

@@ -12,9 +12,10 @@ from typing import Annotated, Literal
 import pytest
 import yaml
 
-from common.config import (MAX_CONFIG_BYTES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath, ExistingPathOr, Internal,
-                           MayBeEmpty, NonNegative, Positive, Range, ResumeSafe, RunConfig, SpaceSeparated, config_hash, config_to_dict,
-                           field_specs, parse_config, resume_safe_keys, save_config)
+from common.config import (MAX_CONFIG_BYTES, MAX_YAML_NODES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath,
+                           ExistingPathOr, Internal, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe, RunConfig,
+                           SpaceSeparated, config_hash, config_to_dict, field_specs, parse_config, resume_safe_keys,
+                           save_config)
 from tests.recipe_import import RECIPES, recipe_modules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,13 +319,27 @@ save_steps:
 """
 
 
-def test_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
+def _composed(monkeypatch) -> list:
+    """A list that grows by one for every YAML node the config loader composes."""
+    from common.config import _ConfigLoader
+
+    nodes, compose = [], _ConfigLoader.compose_node
+
+    def counted(self, parent, index):
+        nodes.append(1)
+        return compose(self, parent, index)
+
+    monkeypatch.setattr(_ConfigLoader, "compose_node", counted)
+    return nodes
+
+
+def test_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys, monkeypatch):
     y = tmp_path / "bomb.yaml"
     y.write_text(BILLION_LAUGHS)
-    start = time.monotonic()
+    nodes = _composed(monkeypatch)
     with pytest.raises(SystemExit) as e:
         parse_config(Full, ["--config", str(y)])
-    assert time.monotonic() - start < 2
+    assert len(nodes) < 10  # refused at the first anchor, a few nodes in: nothing expanded (9**9 lists)
     assert e.value.code == 2 and capsys.readouterr().err == (
         f"error: --config {y}: not valid YAML (line 2: anchors and aliases (&name, *name) are not allowed in a config)\n")
 
@@ -449,13 +464,20 @@ def test_start_up_exit_code_is_the_preemption_one():
 
 
 def test_ctrl_c_during_the_imports_of_a_recipe_is_one_line(tmp_path):
-    """Ctrl-C while train.py imports torch & co (~2-8 s after --help would have answered)."""
+    """Ctrl-C while train.py imports torch & co (~2-8 s after --help would have answered). The signal
+    is sent once the recipe's own imports have begun: `-X importtime` writes a line as each module
+    is imported, and the first torch module comes after the start-up handlers (train.py's order)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "recipes" / "best_rq" / "train.py"), "--output_dir",
-                             str(tmp_path / "out")], env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)  # the config is parsed (0.1 s); the heavy imports are under way
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", str(ROOT / "recipes" / "best_rq" / "train.py"),
+                             "--output_dir", str(tmp_path / "out")], env=env, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # "import time: <µs> | <cumulative µs> | <module>"
+        lines.append(line)
+        if line.startswith("import time:") and line.rsplit("|", 1)[-1].strip().startswith("torch"):
+            break
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, rest = proc.communicate(timeout=120)  # only a hung process fails here
+    err = "".join(line for line in [*lines, *rest.splitlines(keepends=True)] if not line.startswith("import time:"))
     assert proc.returncode == START_UP_SIGNAL_EXIT_CODE, err
     assert err == f"SIGINT during start-up: stopping (nothing to save yet; exit code {START_UP_SIGNAL_EXIT_CODE})\n"
     assert not (tmp_path / "out").exists()
@@ -545,32 +567,32 @@ def test_command_line_numbers_are_ascii(capsys, value):
     assert err == f"error: --save_steps: {value!r} has digits other than 0-9 (write the number with ASCII digits)\n"
 
 
-def test_a_huge_yaml_is_refused_at_once(tmp_path, capsys):
+def test_a_huge_yaml_is_refused_at_once(tmp_path, capsys, monkeypatch):
     y = tmp_path / "big.yaml"
     y.write_text("save_steps: [" + "1," * MAX_CONFIG_BYTES + "1]\n")
-    start = time.monotonic()
+    nodes = _composed(monkeypatch)
     err = _refused(Full, ["--config", str(y)], capsys)
-    assert time.monotonic() - start < 1
+    assert not nodes  # refused from its size, before parsing
     assert err == (f"error: --config {y}: {y.stat().st_size} bytes, more than a config's {MAX_CONFIG_BYTES} (a config "
                    f"is a short list of settings): name the right file\n")
-    # under the size cap, a list of many values stops at the value cap, well under a second
+    # under the size cap, a list of many values (~65,000) stops at the value cap: no node composed past it
     y.write_text("save_steps: [" + "1," * (MAX_CONFIG_BYTES // 2 - 16) + "1]\n")
-    start = time.monotonic()
     assert "more than 5000 values" in _refused(Full, ["--config", str(y)], capsys)
-    assert time.monotonic() - start < 2
+    assert len(nodes) == MAX_YAML_NODES + 1
 
 
-def test_config_that_is_not_a_file_is_named_and_never_opened(tmp_path, capsys):
+def test_config_that_is_not_a_file_is_named_and_never_opened(tmp_path, capsys, monkeypatch):
+    opened, open_ = [], os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append(str(path)) or open_(path, *a, **k))
     assert _refused(Full, ["--config", str(tmp_path)], capsys) == \
         f"error: --config {tmp_path}: is a directory, not a file: name a YAML file\n"
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
-    start = time.monotonic()
     assert _refused(Full, ["--config", str(fifo)], capsys) == \
         f"error: --config {fifo}: is a FIFO (named pipe), not a file: name a YAML file\n"
-    assert time.monotonic() - start < 2
     assert _refused(Full, ["--config", "/dev/zero"], capsys) == \
         "error: --config /dev/zero: is a device, not a file: name a YAML file\n"
+    assert not {str(tmp_path), str(fifo), "/dev/zero"} & set(opened)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -219,10 +219,9 @@ def test_consecutive_non_finite_losses_stop_the_run(tiny_corpus, tmp_path):
 
 def test_an_exception_on_one_rank_stops_every_rank_quickly(tiny_corpus, tmp_path):
     out = tmp_path / "run"
-    t0 = time.monotonic()
     log = run("best_rq", 2, args_for(tiny_corpus, out, *STEPS),
               env={"PYTHONPATH": str(SUPPORT), "INJECT_FAULT": "raise:1:3"}, expect_rc=1, timeout=120)
-    assert time.monotonic() - t0 < 60
+    assert "[harness] rank(s)" not in log  # rank 0 ended on its own, not SIGKILLed after the launcher's grace
     assert log.count("RuntimeError: injected failure") == 1 and "[rank 1] FAILED" in log
     assert log.count("Traceback") <= 2  # the failing rank's (+ the launcher's summary), none from rank 0
 

@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from common.training.launcher import launched
 from tests.recipes import harness
 
 PROBE = textwrap.dedent("""
@@ -95,6 +96,30 @@ def test_forked_ranks_get_the_real_launchers_environment(tmp_path):
         # nothing else added or changed (a variable the suite already had with that value is fine)
         other = {k for k in env.keys() | base.keys() if k not in expected and env.get(k) != base.get(k)}
         assert other == {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"}, other
+        assert launched(env) and launched(expected)  # common.training.launcher watches both
+
+
+WHO_LAUNCHED = ("import json, os; from common.training.launcher import launched, launcher_pid\n"
+                "print(json.dumps([launched(os.environ), launcher_pid(os.environ), os.getppid()]))\n")
+
+
+def test_the_launcher_is_found_as_under_the_real_one(tmp_path):
+    """common.training.launcher finds the real one-process launcher (`accelerate launch
+    --num_processes 1`, harness.command) as the worker's launcher, and the fork server as the forked
+    ranks' (as torch's elastic agent is theirs); a forked `python train.py` has none, as a real one."""
+    script = tmp_path / "who.py"
+    script.write_text(WHO_LAUNCHED)
+    real = subprocess.Popen(harness.command(str(script), 1, []),  # an absolute path: ROOT / it is it
+                            env=harness.base_env(), stdout=subprocess.PIPE, text=True, cwd=harness.ROOT)
+    out, _ = real.communicate(timeout=120)
+    assert json.loads(out.splitlines()[-1]) == [True, real.pid, real.pid]
+    with open(tmp_path / "ranks.log", "w") as log:
+        assert harness.fork([str(script)], 2, harness.base_env(), log).wait(timeout=120) == 0
+    with open(tmp_path / "plain.log", "w") as log:
+        assert harness.fork([str(script)], 1, harness.base_env(), log).wait(timeout=120) == 0
+    ranks = [json.loads(line) for line in (tmp_path / "ranks.log").read_text().splitlines()]
+    assert len(ranks) == 2 and all(launched and pid == parent for launched, pid, parent in ranks), ranks
+    assert json.loads((tmp_path / "plain.log").read_text())[0] is False
 
 
 def test_a_failed_rank_stops_the_others_and_the_group_reports_1(tmp_path):
@@ -105,7 +130,7 @@ def test_a_failed_rank_stops_the_others_and_the_group_reports_1(tmp_path):
                       "time.sleep(60)\n")
     with open(tmp_path / "log", "w") as log:
         group = harness.fork([str(script)], 2, harness.base_env(), log)
-    assert group.wait(timeout=20) == 1
+    assert group.wait(timeout=120) == 1  # only a hang fails here: rank 0 not stopped would end with 0, below
     assert [r.returncode for r in group.ranks] == [-signal.SIGTERM, 2]
     with pytest.raises(NotImplementedError, match="accelerate_launch"):
         group.send_signal(signal.SIGTERM)
