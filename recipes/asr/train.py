@@ -37,8 +37,31 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Fraction, NonNegative, Range,
-                           exit_on_signals_during_start_up, parse_config)
+from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Fraction, Names, NonNegative, Range,
+                           Rule, exit_on_signals_during_start_up, parse_config)
+
+SUBSETS_DIR = Path(__file__).with_name("subsets")
+
+
+def subset_file(name: str) -> Path:
+    """--train_subset: a named subset (subsets/<name>.txt) or a path."""
+    named = SUBSETS_DIR / f"{name}.txt"
+    return named if "/" not in name and named.is_file() else Path(name)
+
+
+@dataclass(frozen=True)
+class _SubsetFile(Rule):
+    """--train_subset's file must be there: a rule of this machine (a saved config read elsewhere is not held to it)."""
+
+    of_this_machine = True
+
+    def __str__(self) -> str:
+        return "10min, 1h or a file of utterance ids"
+
+    def check(self, value) -> str | None:
+        if subset_file(value).is_file():
+            return None
+        return f"{value} is not 10min, 1h ({SUBSETS_DIR}) nor a file of utterance ids"
 
 
 @dataclass
@@ -52,11 +75,11 @@ class Config(DatasetConfig):
     data_dir: str | None = None  # LibriSpeech-layout root or datasets.save_to_disk folder (manifest.py); None = built-in corpus
     eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
     # --- data ---
-    train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360); --dataset_name: --train_split_name
+    train_split: Annotated[str, Names] = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360); --dataset_name: --train_split_name
     valid_split: str = "validation"  # subfolder of data_dir; --dataset_name: --eval_split_name
     FOLDER_ONLY = dict.fromkeys(("train_split", "valid_split"), "use --train_split_name and --eval_split_name")
     train_fraction: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
-    train_subset: str | None = None  # fixed labelled subset: 10min or 1h (subsets/<name>.txt beside this file: of --builtin_corpus ssl10h) or a file of utterance ids
+    train_subset: Annotated[str | None, _SubsetFile()] = None  # fixed labelled subset: 10min or 1h (subsets/<name>.txt beside this file: of --builtin_corpus ssl10h) or a file of utterance ids
     n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
     # --- output tokens ---
     token_type: Literal["char", "bpe"] = "char"  # char: a-z, ', space + the training transcripts' other characters; bpe: SentencePiece trained on them
@@ -104,18 +127,6 @@ class Config(DatasetConfig):
         if self.train_subset is not None:
             if self.train_fraction < 1.0:
                 raise ValueError("--train_subset and --train_fraction both choose the labelled utterances: set one")
-            if not subset_file(self.train_subset).is_file():
-                raise ValueError(f"--train_subset {self.train_subset}: no such file; give 10min, 1h "
-                                 f"({SUBSETS_DIR}) or a file of utterance ids")
-
-
-SUBSETS_DIR = Path(__file__).with_name("subsets")
-
-
-def subset_file(name: str) -> Path:
-    """--train_subset: a named subset (subsets/<name>.txt) or a path."""
-    named = SUBSETS_DIR / f"{name}.txt"
-    return named if "/" not in name and named.is_file() else Path(name)
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback

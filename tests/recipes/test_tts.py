@@ -28,8 +28,8 @@ from common.training.averaging import checkpoint_weights
 from common.data.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.test_asr import short_run
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics, python,
-                                   resumed_positions, run)
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+                                   metrics, python, resumed_positions, run)
 
 SEED = 42
 RECIPE = ROOT / "recipes" / "tts"
@@ -48,7 +48,7 @@ model, audio = tts.model, tts.audio
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra]
+    return last_flag_wins(["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,7 +385,7 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     shim.chmod(0o755)
     base, out, voice = tmp_path / "base", tmp_path / "voice", tiny_corpus / "ljspeech"
     env = {**os.environ, "ACCELERATE": str(shim), "BASE": str(base), "OUT": str(out), "MAX_STEPS": "2",
-           "BASE_ARGS": " ".join([*TINY_MODEL, "--data_dir", str(voice), "--max_steps", "2", "--report_to", "none"]),
+           "BASE_ARGS": " ".join([*TINY_MODEL, "--data_dir", str(voice), "--max_steps", "2"]),
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
     def transfer():
