@@ -442,12 +442,13 @@ def test_init_from_builtin_trains_the_base_once_per_machine(tiny_corpus, tmp_pat
     wider = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "voice3", base_yaml, "--dim", "48"))
     assert "training it once" in wider and f"initialized from {base}/final" not in wider  # another shape, another base
 
-    # config.yaml as it is on the built-in voice: phonemes, English; builtin means from scratch
+    # config.yaml as it is on the built-in voice: phonemes, English; auto means from scratch
     itself = run("tts", 1, [*TINY_MODEL, "--max_steps", "2", "--output_dir", str(tmp_path / "builtin"),
                             "--builtin_corpus", "tiny", "--data_cache_dir", str(tiny_corpus.parent)])
-    assert "this is the built-in voice, trained from scratch" in itself and "initialized from" not in itself
+    assert "this run trains on the built-in corpus: from scratch (it is the base of other voices)" in itself
+    assert "initialized from" not in itself
     saved = yaml.safe_load((tmp_path / "builtin" / "final" / "config.yaml").read_text())
-    assert (saved["text_frontend"], saved["phonemizer_language"], saved["init_from"]) == ("phonemes", "en-us", "builtin")
+    assert (saved["text_frontend"], saved["phonemizer_language"], saved["init_from"]) == ("phonemes", "en-us", "auto")
     # a voice of one's own in phonemes: its language read off its transcripts (English here), or refused
     phonemes = ["--text_frontend", "phonemes", "--symbols", "auto", "--phonemizer_language", "none"]
     guessed = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "v5", base_yaml, *phonemes))
