@@ -21,12 +21,14 @@ no recipe's field:
 - A list field's rules hold for each of its values (`list[Annotated[int, Count]]`, or the rule on
   the field); a list needs at least one value unless the field carries `MayBeEmpty` (an empty value
   must never silently turn something off). On the command line it is comma-separated.
+- `Names`: a text field of comma-separated names (`--train_split a,b`): none may be empty.
 - `Internal`: written by the program (recorded in the run's config.yaml): not in `--help`, refused on
   the command line.
 - `ResumeSafe`: may differ between a checkpoint and its re-launch (where to write, when to stop, how
   often to log); every other field must match for a resume (`resume_safe_keys`).
 - A recipe re-declares a shared field to change its default (`max_steps: int = 1500`): the field
-  keeps RunConfig's rules, comment and place.
+  keeps RunConfig's rules, comment and place. It leaves out one it has no use for with `LEFT_OUT`
+  (RunConfig's docstring): not in `--help`, refused when given, not saved.
 - A Config may add cross-field checks in a `validate(self)` method that raises ValueError, and
   checks of what the user changed in `validate_changes(self, plain)`, where `plain` is the Config a
   plain run gets (the recipe's YAML over the class defaults), passed in by parse_config.
@@ -34,10 +36,12 @@ no recipe's field:
 Unknown keys are refused with the closest valid name (a typo must never silently train the
 default). A number is written with the digits 0-9 (int() also reads '١٢'). YAML files are read as YAML
 1.2's core schema (`_ConfigLoader`: `010` is 10, `1:30` and `0x10` are strings, a key given twice is
-refused). A mistake is one line on stderr and exit code 2, no traceback; a bad value from a YAML file
-names the file and the key's line, and a cross-field refusal (`validate`, `validate_changes`) the file and
-the lines of the keys it names that the file set. `--help` lists every field
-with its type, rules, effective default (the YAML's value where it sets one) and comment.
+refused; so is a flag given twice on the command line). A mistake is one line on stderr and exit code
+2, no traceback; a bad value from a YAML file names the file and the key's line, and a cross-field
+refusal (`validate`, `validate_changes`) the file and the lines of the keys it names that the file
+set. A run's saved config.yaml, read back by a tool (`load_config`), is held to the same rules but
+those about this machine, and a refusal names that file. `--help` lists every field with its type,
+rules, effective default (the YAML's value where it sets one) and comment.
 `exit_on_signals_during_start_up` makes a Ctrl-C during a training script's slow imports one line.
 """
 
