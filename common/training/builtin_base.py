@@ -88,7 +88,7 @@ def wants_base(init_from: str | None, on_builtin_corpus: bool, hours: float | No
     if on_builtin_corpus:
         return False, "this run trains on the built-in corpus: from scratch (it is the base of other voices)"
     if init_from == KEYWORD:
-        return True, "the built-in base, asked for"
+        return True, "asked for, whatever the data's size"
     if hours is None:
         return False, "a streamed source (its hours are not read ahead; streams are for large data)"
     if hours >= AUTO_MAX_HOURS:
@@ -100,10 +100,12 @@ def base_steps(script: Path, cfg) -> int:
     """The base's optimizer steps: `max_steps` of its YAML (--base_config, else the recipe's
     config.yaml), else the Config's default (`base_args` passes none of its own)."""
     yaml_path = Path(cfg.base_config) if cfg.base_config else script.resolve().with_name("config.yaml")
-    return int(load_yaml(yaml_path).get("max_steps", type(cfg).max_steps)) if yaml_path.is_file() else type(cfg).max_steps
+    default = type(cfg).max_steps
+    return int(load_yaml(yaml_path).get("max_steps", default)) if yaml_path.is_file() else default
 
 
-def plan_line(init_from: str, use: bool, why: str, steps: int, steps_per_s: float, cached: bool) -> str:
+def plan_line(init_from: str, use: bool, why: str, steps: int, steps_per_s: float, cached: bool,
+              on_builtin_corpus: bool) -> str:
     """The one log line of `start_from_base`: the choice, why, the base's cost, how to skip or force it.
     `steps_per_s`: the base's speed measured on a 2-core CPU (the recipe's README): the time is an
     estimate from the step count, said as one."""
@@ -116,7 +118,7 @@ def plan_line(init_from: str, use: bool, why: str, steps: int, steps_per_s: floa
     if use:
         return (f"--init_from {init_from}: {why}: first training the built-in base ({cost}), then this run "
                 f"from it; --init_from none skips it (from scratch)")
-    if init_from == AUTO and "built-in corpus" not in why:
+    if init_from == AUTO and not on_builtin_corpus:  # auto chose none: builtin forces the base
         return (f"--init_from auto: {why}: from scratch; --init_from builtin starts from the built-in base "
                 f"instead ({cost})")
     return f"--init_from {init_from}: {why}"
@@ -125,9 +127,10 @@ def plan_line(init_from: str, use: bool, why: str, steps: int, steps_per_s: floa
 def start_from_base(script: Path, cfg, args: list[str], hours: float | None, steps_per_s: float, log=print) -> bool:
     """Whether a fresh run of `cfg` (`--init_from builtin` or `auto`) starts from the built-in base
     trained with `args` (`base_args`), said in one line (`log`; see the module docstring)."""
-    use, why = wants_base(cfg.init_from, uses_builtin_corpus(cfg), hours)
+    on_builtin = uses_builtin_corpus(cfg)
+    use, why = wants_base(cfg.init_from, on_builtin, hours)
     cached = (base_folder(script, args, cfg.data_cache_dir) / COMPLETE_MARKER).is_file()
-    log(plan_line(cfg.init_from, use, why, base_steps(script, cfg), steps_per_s, cached))
+    log(plan_line(cfg.init_from, use, why, base_steps(script, cfg), steps_per_s, cached, on_builtin))
     return use
 
 

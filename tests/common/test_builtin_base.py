@@ -70,9 +70,10 @@ def test_the_bases_steps_are_its_yamls(tmp_path):
     lines = []
     start_from_base(ROOT / "recipes" / "asr" / "train.py", cfg, base_args(cfg, train.BASE_FIELDS), 50.0,
                     train.BASE_STEPS_PER_S, log=lines.append)
-    assert lines == ["--init_from builtin: the built-in base, asked for: first training the built-in base (470 steps "
-                     "on the built-in corpus, once per machine: roughly 1 min on 2 CPU cores at the 9.4 steps/s "
-                     "measured there, less on a GPU), then this run from it; --init_from none skips it (from scratch)"]
+    assert lines == ["--init_from builtin: asked for, whatever the data's size: first training the built-in base "
+                     "(470 steps on the built-in corpus, once per machine: roughly 1 min on 2 CPU cores at the 9.4 "
+                     "steps/s measured there, less on a GPU), then this run from it; --init_from none skips it "
+                     "(from scratch)"]
 
 
 def test_auto_above_the_threshold_starts_from_scratch_without_the_base(tmp_path, monkeypatch, caplog):
@@ -97,6 +98,6 @@ def test_help_says_what_auto_does_and_the_saved_config_keeps_auto(recipe):
     head = "  --init_from str | None (must exist, or builtin, or auto) = 'auto' (from config.yaml)\n"
     assert head in out
     comment = out.split(head)[1].splitlines()[0]
-    assert f"auto: under {AUTO_MAX_HOURS:g} h of training data, first trains a second model, the built-in base" in comment
+    assert f"auto: under {AUTO_MAX_HOURS:g} h of training data, first trains a second model" in comment
     assert "none: from scratch" in comment
     assert config_to_dict(parse_config(train.Config, [], default_yaml=yaml_path))["init_from"] == "auto"

@@ -125,15 +125,17 @@ def last_flag_wins(args) -> list[str]:
     args = [str(a) for a in args]
     while i < len(args):
         key, has_value, _ = args[i].partition("=")
-        takes_next = args[i].startswith("--") and not has_value and i + 1 < len(args) and not args[i + 1].startswith("--")
+        takes_next = (args[i].startswith("--") and not has_value and i + 1 < len(args)
+                      and not args[i + 1].startswith("--"))
         item = args[i : i + 1 + takes_next]
         i += len(item)
         name = key.replace("-", "_") if key.startswith("--") else None
-        if name in where:
+        if name is not None and name in where:
             items[where[name]] = item
-        else:
-            where[name] = len(items) if name else None
-            items.append(item)
+            continue
+        if name is not None:
+            where[name] = len(items)
+        items.append(item)
     return [a for item in items for a in item]
 
 
