@@ -23,12 +23,14 @@ no recipe's field:
   must never silently turn something off). On the command line it is comma-separated; one that
   carries `SpaceSeparated` takes every value after its flag up to the next `--flag` instead
   (`--audio *.wav`: a shell's glob, file names that may hold commas).
+- `Names`: a text field of comma-separated names (`--train_split a,b`): none may be empty.
 - `Internal`: written by the program (recorded in the run's config.yaml): not in `--help`, refused on
   the command line.
 - `ResumeSafe`: may differ between a checkpoint and its re-launch (where to write, when to stop, how
   often to log); every other field must match for a resume (`resume_safe_keys`).
 - A recipe re-declares a shared field to change its default (`max_steps: int = 1500`): the field
-  keeps RunConfig's rules, comment and place.
+  keeps RunConfig's rules, comment and place. It leaves out one it has no use for with `LEFT_OUT`
+  (RunConfig's docstring): not in `--help`, refused when given, not saved.
 - A Config may add cross-field checks in a `validate(self)` method that raises ValueError, and
   checks of what the user changed in `validate_changes(self, plain)`, where `plain` is the Config a
   plain run gets (the recipe's YAML over the class defaults), passed in by parse_config.
@@ -36,10 +38,12 @@ no recipe's field:
 Unknown keys are refused with the closest valid name (a typo must never silently train the
 default). A number is written with the digits 0-9 (int() also reads '١٢'). YAML files are read as YAML
 1.2's core schema (`_ConfigLoader`: `010` is 10, `1:30` and `0x10` are strings, a key given twice is
-refused). A mistake is one line on stderr and exit code 2, no traceback; a bad value from a YAML file
-names the file and the key's line, and a cross-field refusal (`validate`, `validate_changes`) the file and
-the lines of the keys it names that the file set. `--help` lists every field
-with its type, rules, effective default (the YAML's value where it sets one) and comment.
+refused; so is a flag given twice on the command line). A mistake is one line on stderr and exit code
+2, no traceback; a bad value from a YAML file names the file and the key's line, and a cross-field
+refusal (`validate`, `validate_changes`) the file and the lines of the keys it names that the file
+set. A run's saved config.yaml, read back by a tool (`load_config`), is held to the same rules but
+those about this machine, and a refusal names that file. `--help` lists every field with its type,
+rules, effective default (the YAML's value where it sets one) and comment.
 `exit_on_signals_during_start_up` makes a Ctrl-C during a training script's slow imports one line.
 """
 
@@ -97,7 +101,11 @@ class FieldError(ConfigError):
 
 class Rule:
     """A rule carried by a field. `check` returns what is wrong with a (non-None) value, or None;
-    `str(rule)` is how `--help` shows it."""
+    `str(rule)` is how `--help` shows it. `of_this_machine`: the rule checks what this machine has
+    now (a path exists, a tracker is installed), not what the value means: a saved config read back
+    elsewhere, or after its data moved (`load_config`), is not held to it."""
+
+    of_this_machine = False
 
     def check(self, value: Any) -> str | None:
         return None
@@ -132,6 +140,7 @@ class Range(Rule):
 @dataclasses.dataclass(frozen=True)
 class _ExistingPath(Rule):
     keywords: tuple[str, ...] = ()  # values that name something else than a path (ExistingPathOr)
+    of_this_machine = True
 
     def __str__(self) -> str:
         return "must exist" + "".join(f", or {k}" for k in self.keywords)
@@ -151,6 +160,8 @@ def ExistingPathOr(*keywords: str) -> _ExistingPath:  # noqa: N802 (a rule, spel
 class _Folder(Rule):
     """A folder the run writes into: it may not exist yet, but it must not be a file, nor lie under
     one (that fails only at the first write, after the slow start-up)."""
+
+    of_this_machine = True
 
     def __str__(self) -> str:
         return "a folder, made if missing"
@@ -207,6 +218,8 @@ class _Trackers(Rule):
     """`--report_to`: trackers accelerate knows and this environment has (common.training.logs.trackers;
     importing it is light: it looks modules up without importing them)."""
 
+    of_this_machine = True
+
     def __str__(self) -> str:
         return "installed trackers, comma-separated, or all/none"
 
@@ -217,6 +230,20 @@ class _Trackers(Rule):
             trackers(value)
         except ValueError as e:
             return str(e).split(": ", 1)[-1]
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Names(Rule):
+    """A text field of comma-separated names (`train-clean-100,train-clean-360`): none may be empty,
+    or `a,,b` would name the data folder itself as one of them."""
+
+    def __str__(self) -> str:
+        return "comma-separated names"
+
+    def check(self, value: Any) -> str | None:
+        if any(not name.strip() for name in str(value).split(",")):
+            return f"an empty name in {_shown(value)} (names are comma-separated: a,b)"
         return None
 
 
@@ -231,6 +258,7 @@ Internal = _Internal()
 MayBeEmpty = _MayBeEmpty()
 SpaceSeparated = _SpaceSeparated()
 Trackers = _Trackers()
+Names = _Names()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +267,17 @@ Trackers = _Trackers()
 
 @dataclasses.dataclass
 class RunConfig:
-    """Settings shared by the training recipes; a recipe's Config extends it with its own."""
+    """Settings shared by the training recipes; a recipe's Config extends it with its own.
+
+    A recipe that has no use for one of these (a vocoder has no log-mel statistics) leaves it out
+    with a class attribute naming it and saying why:
+
+        LEFT_OUT = {"stats_utterances": "the generator reads log-mels as they are (no mean/std)"}
+
+    A left-out field is not in `--help`, not written into the run's config.yaml, and refused in a
+    YAML file or on the command line with that reason; a saved config.yaml of the recipe that still
+    holds it (written before it was left out) is read without it. The dataclass keeps the attribute
+    (its default): the recipe's code must not read it."""
 
     # --- run ---
     output_dir: Annotated[str, Folder, ResumeSafe] = "outputs/run"  # checkpoints/, final/, metrics.jsonl; re-running with it resumes
@@ -401,13 +439,24 @@ def field_specs(cls: type) -> dict[str, tuple[Any, tuple[Rule, ...]]]:
             tp, rules = _split_rules(tp)
             inherited = specs.get(name, (None, ()))[1]
             specs[name] = (tp, inherited + tuple(r for r in rules if r not in inherited))
-    return {f.name: specs[f.name] for f in dataclasses.fields(cls)}
+    return {f.name: specs[f.name] for f in dataclasses.fields(cls) if f.name not in left_out(cls)}
+
+
+def left_out(cls: type) -> dict[str, str]:
+    """A Config's `LEFT_OUT` (RunConfig's docstring): {inherited field it has no use for: why}."""
+    names = getattr(cls, "LEFT_OUT", {})
+    wrong = [name for name in names if name not in {f.name for f in dataclasses.fields(cls)}]
+    if wrong:  # the recipe's own mistake, found by its first run
+        raise ConfigError(f"{cls.__name__}.LEFT_OUT names {wrong[0]!r}, which is not a field of it: name a shared field")
+    return dict(names)
 
 
 def resume_safe_keys(cfg_or_cls: Any) -> list[str]:
     """The fields marked `ResumeSafe`: they may differ between a checkpoint and its re-launch."""
     cls = cfg_or_cls if isinstance(cfg_or_cls, type) else type(cfg_or_cls)
-    return [name for name, (_, rules) in field_specs(cls).items() if ResumeSafe in rules]
+    # A left-out field is read by nothing: a checkpoint written before it was left out holds its
+    # value, which resuming without it changes nothing.
+    return [name for name, (_, rules) in field_specs(cls).items() if ResumeSafe in rules] + list(left_out(cls))
 
 
 def field_docs(cls: type) -> list[tuple[str | None, str, str]]:
@@ -417,7 +466,7 @@ def field_docs(cls: type) -> list[tuple[str | None, str, str]]:
     section and place where it was first declared; a re-declaration's comment, if any, wins.
     Sections come in order of first appearance, so a recipe's `# --- data ---` fields join
     RunConfig's data section and its own sections follow the shared ones."""
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = list(field_specs(cls))  # without the fields it leaves out
     found: dict[str, list] = {}  # name -> [section, comment]
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -547,18 +596,30 @@ def _unknown(key: str, known: typing.Iterable[str], source: str) -> ConfigError:
     return ConfigError(f"unknown config key {key!r} in {source}{hint}")
 
 
-def _apply(cfg: T, overrides: dict[str, Any], source: str) -> T:
+def _not_a_setting(cls: type, key: str, source: str) -> ConfigError:
+    """`key` (from `source`) is no field of `cls`: a field it leaves out (its reason), or a typo."""
+    why = left_out(cls).get(key)
+    if why is None:
+        return _unknown(key, field_specs(cls), source)
+    given = f"--{key}" if source == "command line" else f"{key!r} in {source}"
+    return ConfigError(f"{given}: not a setting of this recipe ({why}): drop it")
+
+
+def _apply(cfg: T, overrides: dict[str, Any], source: str, saved: bool = False) -> T:
+    """`cfg` with `overrides` (from `source`: "command line" or a YAML file) converted to the fields'
+    types. A bad value from a file names the file and the key's line, as a --config flag's (`saved`:
+    raised as it is, for load_config to name the file its own way)."""
     specs = field_specs(type(cfg))
     for key in overrides:
         if not isinstance(key, str) or key not in specs:
-            raise _unknown(str(key), specs, source)
+            raise _not_a_setting(type(cfg), str(key), source)
         if source == "command line" and Internal in specs[key][1]:
             raise ConfigError(f"--{key} is set by the program itself (recorded in the run's config.yaml), "
                               f"not on the command line: drop it")
     try:
         converted = {k: _convert(k, v, specs[k][0]) for k, v in overrides.items()}
     except FieldError as e:
-        raise (e if source == "command line" else _from_file(e, source, overrides)) from None
+        raise (e if source == "command line" or saved else _from_file(e, source, overrides)) from None
     return dataclasses.replace(cfg, **converted)
 
 
@@ -583,7 +644,21 @@ def validate(cfg: Any, plain: Any = None) -> None:
     """Check every field's rules (a list's: on each of its values), then the Config's own
     `validate_changes(plain)` (`plain`: what a plain run gets; None: the class defaults) and
     `validate()`; raises ConfigError."""
+    _check_fields(cfg)
+    try:
+        if callable(getattr(cfg, "validate_changes", None)):
+            cfg.validate_changes(plain if plain is not None else type(cfg)())
+        if callable(getattr(cfg, "validate", None)):
+            cfg.validate()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_fields(cfg: Any, of_this_machine: bool = True) -> None:
+    """Every field's rules (FieldError); `of_this_machine=False`: not those about this machine
+    (`Rule.of_this_machine`)."""
     for name, (_, rules) in field_specs(type(cfg)).items():
+        rules = tuple(r for r in rules if of_this_machine or not r.of_this_machine)
         value = getattr(cfg, name)
         if value is None or isinstance(value, bool):
             continue
@@ -600,13 +675,6 @@ def validate(cfg: Any, plain: Any = None) -> None:
                 problem = rule.check(item)
                 if problem:
                     raise FieldError(name, f"--{name}: {problem}" + (f" (in {_shown(list(value))})" if is_list else ""))
-    try:
-        if callable(getattr(cfg, "validate_changes", None)):
-            cfg.validate_changes(plain if plain is not None else type(cfg)())
-        if callable(getattr(cfg, "validate", None)):
-            cfg.validate()
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -857,7 +925,7 @@ def exit_on_signals_during_start_up() -> None:
 def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
     """(the --config value or None, [(key, value)]) from `--key value` / `--key=value` / bare `--flag`."""
     specs = field_specs(cls)
-    yaml_path, pairs, i = None, [], 0
+    yaml_path, pairs, i, given = None, [], 0, {}
     while i < len(argv):
         tok = argv[i]
         if not tok.startswith("--"):
@@ -879,7 +947,10 @@ def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str,
             elif key == "config" or key in specs:
                 raise ConfigError(f"--{key} needs a value (only true/false settings may be given bare)")
             else:
-                raise _unknown(key, specs, "command line")
+                raise _not_a_setting(cls, key, "command line")
+        if key in given:  # as a YAML key given twice is: which one was meant is not ours to guess
+            raise ConfigError(f"--{key} given twice on the command line ({given[key]!r}, then {value!r}): keep one")
+        given[key] = value
         if key == "config":
             yaml_path = value
         else:
@@ -942,20 +1013,37 @@ def load_config(folder: str | Path, cls: type[T]) -> T:
     field existed takes that field's class default, said in one logged line (the code that wrote it
     behaved as the default does: the rule for adding a field). A key `cls` does not have (a config of
     a newer version, or of another recipe) is refused: dropping it could silently change what the
-    tool rebuilds. Values are not checked against the fields' rules (a run's data_dir may be gone
-    since). Every problem is a ConfigError of one line."""
+    tool rebuilds. A key of a field `cls` leaves out (`LEFT_OUT`) is dropped: the recipe reads none.
+
+    Values are checked as parse_config checks them (every field's rules, then `validate()`), but for
+    the rules about this machine (a run's data_dir may be gone since: `Rule.of_this_machine`), so that
+    a changed file is refused here, not met as a crash deep in a tool. Not `validate_changes`: a run's
+    settings are compared with a plain run's on its own command line. Every problem is a ConfigError
+    of one line that names the file (and the key's line): no --config flag gave it."""
     path = Path(folder) / "config.yaml"
     try:
         loaded = load_yaml(path)
     except ConfigError as e:  # load_yaml's messages name the --config flag: this file is no flag's
         raise ConfigError(str(e).removeprefix("--config ")) from None
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [str(k) for k in loaded if k not in names]
+    names = list(field_specs(cls))
+    unknown = [str(k) for k in loaded if k not in names and k not in left_out(cls)]
     if unknown:
         raise ConfigError(f"{path}: {unknown[0]!r}{f' (and {len(unknown) - 1} more)' if len(unknown) > 1 else ''} "
                           f"is not a setting of {cls.__module__}.{cls.__name__}: written by a newer version of this "
                           f"code, or by another recipe; use the code (and recipe) that trained it")
-    cfg = _apply(cls(), loaded, str(path))
+    kept = YamlKeys({k: v for k, v in loaded.items() if k in names})
+    kept.lines = loaded.lines
+    try:
+        cfg = _apply(cls(), kept, str(path), saved=True)
+        _check_fields(cfg, of_this_machine=False)
+        if callable(getattr(cfg, "validate", None)):
+            cfg.validate()
+    except (ValueError, ConfigError) as e:  # FieldError is both
+        field = getattr(e, "field", None)
+        line = kept.lines.get(field) if field in kept else None
+        where = f"{path}, line {line}" if line else str(path)
+        raise ConfigError(f"{where}: {str(e).removeprefix('--')} (changed since its run wrote it, or written by "
+                          f"another version of this code: use the run's own file, or the code that trained it)") from None
     missing = [n for n in names if n not in loaded]
     if missing:
         shown = ", ".join(f"{n}={getattr(cfg, n)!r}" for n in missing)

@@ -128,6 +128,20 @@ def group_alive(pgid: int) -> bool:
         return False
 
 
+def with_flags(cmd: list[str], extra: str) -> list[str]:
+    """`cmd` (a train.py command of `--key value` flags) with the flags of `extra` (--ours_args, an
+    ablation) in place of its own: train.py refuses a flag given twice."""
+    extra_args = shlex.split(extra)
+    given = {a.split("=")[0].replace("-", "_") for a in extra_args if a.startswith("--")}
+    kept, i = [], 0
+    while i < len(cmd):
+        drop = cmd[i].startswith("--") and cmd[i].split("=")[0].replace("-", "_") in given
+        span = 2 if drop and "=" not in cmd[i] and i + 1 < len(cmd) and not cmd[i + 1].startswith("--") else 1
+        kept += [] if drop else cmd[i : i + span]
+        i += span
+    return kept + extra_args
+
+
 def thread_env(threads: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH")}
     if threads != "normal":
@@ -146,7 +160,7 @@ def train_ours(args, data: Path | None, out: Path, points: list[float]) -> tuple
     cmd += ["--data_dir", str(data)] if data else []
     cmd += [] if args.threads == "normal" else ["--num_threads", args.threads]
     cmd += [] if args.seed is None else ["--seed", str(args.seed)]
-    cmd += shlex.split(args.ours_args)  # an ablation: flags of recipes/asr/train.py, last wins
+    cmd = with_flags(cmd, args.ours_args)  # an ablation: flags of recipes/asr/train.py, in place of those above
     env = thread_env(args.threads) | {"PYTHONPATH": str(ROOT)}
     proc, t0 = launch(cmd, ROOT, env, out / "train.log")
     deadline, meter = t0 + 60 * points[-1], CpuMeter(proc.pid)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -46,7 +45,8 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from asr import CpuMeter, end_session, git_commit, launch, load_results, thread_env, wait_metered  # noqa: E402
+from asr import (CpuMeter, end_session, git_commit, launch, load_results, thread_env, wait_metered,  # noqa: E402
+                 with_flags)
 
 
 def refuse(msg: str) -> None:
@@ -76,7 +76,8 @@ def train_ours(args, out: Path) -> dict:
            "--max_seconds", "30", "--symbols", "auto", "--unknown_chars", "drop", "--text_frontend", "phonemes",
            "--phonemizer_language", args.language, "--init_from", "none", "--max_steps", "1000000",
            "--num_threads", str(args.threads),
-           "--report_to", "none", *shlex.split(args.ours_args)]
+           "--report_to", "none"]
+    cmd = with_flags(cmd, args.ours_args)  # in place of the flags above that it sets
     env = thread_env(str(args.threads)) | {"PYTHONPATH": str(ROOT)}
     proc, t0 = launch(cmd, ROOT, env, out / "train.log")
     deadline, meter = t0 + 60 * args.minutes, CpuMeter(proc.pid)
@@ -220,7 +221,7 @@ def main() -> None:
     t.add_argument("--coqui_python", default=".coqui/bin/python", help="Coqui TTS's interpreter (its own venv)")
     t.add_argument("--coqui_variant", choices=["shipped", "small"], default="shipped",
                    help="coqui: the recipe's model, or at our size and warm-up (coqui_glowtts.py's docstring)")
-    t.add_argument("--ours_args", default="", help="ours: more train.py flags (last wins)")
+    t.add_argument("--ours_args", default="", help="ours: more train.py flags (in place of the script's own)")
     t.add_argument("--out", required=True, help="a new folder for this run")
     c = sub.add_parser("score", help="score a folder of <id>.wav (any system's synthesis of the held-out sentences)")
     c.add_argument("--wavs", required=True, help="one <id>.wav per held-out sentence")

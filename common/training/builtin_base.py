@@ -17,6 +17,15 @@ starts from the same folder.
 - The child does not outlive us: its environment names our pid (`launcher.LAUNCHER_PID_ENV`), so it
   watches us and saves and stops once we are gone (at once if we were gone before it looked); and it
   never sees this run's distributed environment (it is one process of its own).
+
+`--init_from auto` (the recipes' config.yaml) takes the base only for small training data, below
+AUTO_MAX_HOURS: the built-in corpus's 0.82 h of synthetic speech is what a voice of 20-60 minutes
+lacks, and a small share of a larger corpus. `builtin` takes it always; `none` never. A fresh run says
+in one log line which it chose, why, what the base costs (its steps and an approximate time) and how to
+skip or force it (`start_from_base`). The choice is a pure function of the setting and of the training
+data's hours, made only at a fresh start: a resume loads its checkpoint instead, and its data is the
+checkpoint's (the data fingerprint, checked on resume). The saved config keeps `auto`, what was asked,
+so that a re-launch of the same command compares equal; the log line records the choice.
 """
 
 from __future__ import annotations
@@ -29,10 +38,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.config import load_yaml
 from common.training.launcher import LAUNCHER_PID_ENV
-from common.training.prepare import prepare_once
+from common.training.prepare import COMPLETE_MARKER, prepare_once
 
 KEYWORD = "builtin"  # the --init_from value that asks for this base
+AUTO = "auto"  # the --init_from value that asks for it on small training data only
+AUTO_MAX_HOURS = 10.0  # hours of training audio from which `auto` trains from scratch (12x the base's corpus)
 # What a launcher puts in a child's environment that must not reach the base's own process: it is a
 # run of one process, not a member of this run's process group.
 _DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -67,6 +79,60 @@ def base_folder(script: Path, args: list[str], data_cache_dir: str | None) -> Pa
 def uses_builtin_corpus(cfg) -> bool:
     """Whether a run trains on the built-in corpus (no --data_dir, no --dataset_name): it is a base itself."""
     return cfg.data_dir is None and cfg.dataset_name is None
+
+
+def wants_base(init_from: str | None, on_builtin_corpus: bool, hours: float | None) -> tuple[bool, str]:
+    """Whether a fresh run with this `--init_from` starts from the base, and why (a clause for the log).
+    `hours`: of the training data; None where it is not known before training (a stream's)."""
+    if init_from not in (KEYWORD, AUTO):
+        return False, "a folder or none: not the built-in base"
+    if on_builtin_corpus:
+        return False, "this run trains on the built-in corpus: from scratch (it is the base of other voices)"
+    if init_from == KEYWORD:
+        return True, "asked for, whatever the data's size"
+    if hours is None:
+        return False, "a streamed source (its hours are not read ahead; streams are for large data)"
+    if hours >= AUTO_MAX_HOURS:
+        return False, f"{hours:.1f} h of training data, {AUTO_MAX_HOURS:g} h or more"
+    return True, f"{hours:.2f} h of training data, under {AUTO_MAX_HOURS:g} h"
+
+
+def base_steps(script: Path, cfg) -> int:
+    """The base's optimizer steps: `max_steps` of its YAML (--base_config, else the recipe's
+    config.yaml), else the Config's default (`base_args` passes none of its own)."""
+    yaml_path = Path(cfg.base_config) if cfg.base_config else script.resolve().with_name("config.yaml")
+    default = type(cfg).max_steps
+    return int(load_yaml(yaml_path).get("max_steps", default)) if yaml_path.is_file() else default
+
+
+def plan_line(init_from: str, use: bool, why: str, steps: int, steps_per_s: float, cached: bool,
+              on_builtin_corpus: bool) -> str:
+    """The one log line of `start_from_base`: the choice, why, the base's cost, how to skip or force it.
+    `steps_per_s`: the base's speed measured on a 2-core CPU (the recipe's README): the time is an
+    estimate from the step count, said as one."""
+    minutes = steps / steps_per_s / 60
+    cost = (f"{steps} steps on the built-in corpus, once per machine: roughly {max(1, round(minutes))} min on "
+            f"2 CPU cores at the {steps_per_s:g} steps/s measured there, less on a GPU")
+    if use and cached:
+        return (f"--init_from {init_from}: {why}: starting from the built-in base, trained on this machine "
+                f"before (no wait); --init_from none trains from scratch")
+    if use:
+        return (f"--init_from {init_from}: {why}: first training the built-in base ({cost}), then this run "
+                f"from it; --init_from none skips it (from scratch)")
+    if init_from == AUTO and not on_builtin_corpus:  # auto chose none: builtin forces the base
+        return (f"--init_from auto: {why}: from scratch; --init_from builtin starts from the built-in base "
+                f"instead ({cost})")
+    return f"--init_from {init_from}: {why}"
+
+
+def start_from_base(script: Path, cfg, args: list[str], hours: float | None, steps_per_s: float, log=print) -> bool:
+    """Whether a fresh run of `cfg` (`--init_from builtin` or `auto`) starts from the built-in base
+    trained with `args` (`base_args`), said in one line (`log`; see the module docstring)."""
+    on_builtin = uses_builtin_corpus(cfg)
+    use, why = wants_base(cfg.init_from, on_builtin, hours)
+    cached = (base_folder(script, args, cfg.data_cache_dir) / COMPLETE_MARKER).is_file()
+    log(plan_line(cfg.init_from, use, why, base_steps(script, cfg), steps_per_s, cached, on_builtin))
+    return use
 
 
 def base_args(cfg, fields) -> list[str]:

@@ -47,7 +47,7 @@ import torch
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.training.checkpoint import resolve_checkpoint, run_dir_of
-from common.config import ConfigError, Count, ExistingPath, NonNegative, Positive, load_config, parse_config
+from common.config import ConfigError, Count, ExistingPath, Names, NonNegative, Positive, load_config, parse_config
 from common.data.loading import make_loader
 from common.training.distributed import build_accelerator
 from common.training.faults import RunError, UsageError, run_main
@@ -73,7 +73,7 @@ class EvalConfig:
     """Decode and score a split. Every field can be set as --key value."""
 
     checkpoint: Annotated[str, ExistingPath] = "outputs/asr"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
-    split: str = "test"  # subfolder(s) of data_dir, comma-separated
+    split: Annotated[str, Names] = "test"  # subfolder(s) of data_dir, comma-separated
     data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
     dataset_name: str | None = None  # a `datasets` source (common/data/source.py) to decode instead; None: the checkpoint's, if it trained on one
     data_cache_dir: str | None = None  # None: the checkpoint's

@@ -38,8 +38,31 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Fraction, NonNegative, Range,
-                           exit_on_signals_during_start_up, parse_config)
+from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Fraction, Names, NonNegative, Range,
+                           Rule, exit_on_signals_during_start_up, parse_config)
+
+SUBSETS_DIR = Path(__file__).with_name("subsets")
+
+
+def subset_file(name: str) -> Path:
+    """--train_subset: a named subset (subsets/<name>.txt) or a path."""
+    named = SUBSETS_DIR / f"{name}.txt"
+    return named if "/" not in name and named.is_file() else Path(name)
+
+
+@dataclass(frozen=True)
+class _SubsetFile(Rule):
+    """--train_subset's file must be there: a rule of this machine (a saved config read elsewhere is not held to it)."""
+
+    of_this_machine = True
+
+    def __str__(self) -> str:
+        return "10min, 1h or a file of utterance ids"
+
+    def check(self, value) -> str | None:
+        if subset_file(value).is_file():
+            return None
+        return f"{value} is not 10min, 1h ({SUBSETS_DIR}) nor a file of utterance ids"
 
 
 @dataclass
@@ -53,11 +76,11 @@ class Config(DatasetConfig):
     data_dir: str | None = None  # LibriSpeech-layout root, datasets.save_to_disk folder, or audiofolders <data_dir>/<split>/metadata.csv (manifest.py); None = built-in corpus
     eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
     # --- data ---
-    train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360); --dataset_name: --train_split_name
+    train_split: Annotated[str, Names] = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360); --dataset_name: --train_split_name
     valid_split: str = "validation"  # subfolder of data_dir; --dataset_name: --eval_split_name
     FOLDER_ONLY = dict.fromkeys(("train_split", "valid_split"), "use --train_split_name and --eval_split_name")
     train_fraction: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # labelled subset: the round(fraction·N) training utterances whose ids hash lowest
-    train_subset: str | None = None  # fixed labelled subset: 10min or 1h (subsets/<name>.txt beside this file: of --builtin_corpus ssl10h) or a file of utterance ids
+    train_subset: Annotated[str | None, _SubsetFile()] = None  # fixed labelled subset: 10min or 1h (subsets/<name>.txt beside this file: of --builtin_corpus ssl10h) or a file of utterance ids
     n_mels: Annotated[int, Count] = 80  # log-mel bins, 25 ms window, 10 ms hop
     # --- output tokens ---
     token_type: Literal["char", "bpe"] = "char"  # char: a-z, ', space + the training transcripts' other characters; bpe: SentencePiece trained on them
@@ -86,8 +109,9 @@ class Config(DatasetConfig):
     # run's CTC head is not taken: the characters are this run's). `builtin`: this recipe's run on the
     # built-in corpus (`base_config`, with this run's front end and encoder shape and its `builtin_corpus`),
     # trained once per machine into the corpus cache (common/training/builtin_base.py; README, "A new
-    # voice"); on a built-in corpus itself: from scratch.
-    init_from: Annotated[str | None, ExistingPathOr("builtin")] = None
+    # voice"); on a built-in corpus itself: from scratch. `auto`: `builtin` for small training data (below
+    # builtin_base.AUTO_MAX_HOURS), from scratch above. A fresh run says in one log line which, and the base's cost.
+    init_from: Annotated[str | None, ExistingPathOr("builtin", "auto")] = None  # auto: under 10 h of training data, first trains a second model, the built-in base (this recipe on the built-in corpus, once per machine, then cached: minutes on a CPU, estimated in the start log), and starts from it; 10 h or more: from scratch. builtin: the base always; none: from scratch; or a BEST-RQ or ASR run to start from
     base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml)
     encoder_lr_scale: Annotated[float, NonNegative] = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
     freeze_encoder_steps: Annotated[int, NonNegative] = 0  # optimizer steps during which the encoder is not updated
@@ -105,18 +129,6 @@ class Config(DatasetConfig):
         if self.train_subset is not None:
             if self.train_fraction < 1.0:
                 raise ValueError("--train_subset and --train_fraction both choose the labelled utterances: set one")
-            if not subset_file(self.train_subset).is_file():
-                raise ValueError(f"--train_subset {self.train_subset}: no such file; give 10min, 1h "
-                                 f"({SUBSETS_DIR}) or a file of utterance ids")
-
-
-SUBSETS_DIR = Path(__file__).with_name("subsets")
-
-
-def subset_file(name: str) -> Path:
-    """--train_subset: a named subset (subsets/<name>.txt) or a path."""
-    named = SUBSETS_DIR / f"{name}.txt"
-    return named if "/" not in name and named.is_file() else Path(name)
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
@@ -126,7 +138,8 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from common.training.averaging import start_average, swapped_in  # noqa: E402
-from common.training.builtin_base import KEYWORD as BUILTIN, base_args, builtin_base, uses_builtin_corpus  # noqa: E402
+from common.training.builtin_base import (AUTO, KEYWORD as BUILTIN, base_args, builtin_base,  # noqa: E402
+                                          start_from_base, uses_builtin_corpus)
 from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
@@ -220,17 +233,22 @@ def prepare_tokenizer(cfg: Config, out: Path, source):
 # Not the thread count: the base uses the machine's cores (`num_threads` auto), so that one machine
 # has one base whatever the voices' threads (the same command gives the same base on it, first or not).
 BASE_FIELDS = (*MATCHING_KEYS, "seed", "mixed_precision", "deterministic", "builtin_corpus")
+# The base's speed for the time the start log estimates: 6000 steps in 10 min 41 s, 1 process alone on
+# a 2-core VM (README, the default config's results).
+BASE_STEPS_PER_S = 9.4
 
 
-def init_folder(cfg: Config) -> str | Path | None:
-    """What --init_from names (None: from scratch). `builtin`: this script's run on the built-in corpus
-    (`base_config`, this run's BASE_FIELDS), trained once per machine (every rank may call: one trains,
-    the others wait); a run on a built-in corpus itself has none."""
-    if cfg.init_from is None or (cfg.init_from == BUILTIN and uses_builtin_corpus(cfg)):
-        return None
-    if cfg.init_from != BUILTIN:
+def init_folder(cfg: Config, hours: float | None) -> str | Path | None:
+    """What --init_from names (None: from scratch). `builtin` (`auto`: when the `hours` of training data
+    are few; common/training/builtin_base.py): this script's run on the built-in corpus (`base_config`,
+    this run's BASE_FIELDS), trained once per machine (every rank may call: one trains, the others
+    wait); a run on a built-in corpus itself has none."""
+    if cfg.init_from not in (BUILTIN, AUTO):
         return cfg.init_from
-    return builtin_base(Path(__file__), base_args(cfg, BASE_FIELDS), cfg.data_cache_dir, log=logger.info)
+    args = base_args(cfg, BASE_FIELDS)
+    if not start_from_base(Path(__file__), cfg, args, hours, BASE_STEPS_PER_S, log=logger.info):
+        return None
+    return builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info)
 
 
 def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
@@ -284,10 +302,11 @@ def main(cfg: Config) -> None:
     tok_dir = out / "tokenizer"  # built by build_data; exported with the model
     models = build_models(cfg, data)
     model = models["model"]
-    folder = init_folder(cfg) if run.ckpt is None else None  # every rank; a resume loads its checkpoint instead
+    # every rank; a resume loads its checkpoint instead (hours: None for a stream, not read ahead)
+    folder = init_folder(cfg, data.summary.get("hours")) if run.ckpt is None else None
     stats_loaded = load_pretrained_encoder(model, folder, run.cfg_dict) if folder else False
     start = (f"initialized from {folder}" if folder else "resumed" if run.ckpt else "from scratch"
-             + (" (the built-in corpus: the base of other voices)" if cfg.init_from == BUILTIN else ""))
+             + (" (the built-in corpus: the base of other voices)" if cfg.init_from in (BUILTIN, AUTO) and uses_builtin_corpus(cfg) else ""))
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters, {start}")
     optimizers, schedulers = build_optimizers(cfg, models)
     optimizer, scheduler = optimizers["model"], schedulers["model"]

@@ -30,7 +30,7 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, NonNegative, Positive, Range, exit_on_signals_during_start_up,
+from common.config import (Count, DatasetConfig, Names, NonNegative, Positive, Range, exit_on_signals_during_start_up,
                            parse_config)
 
 
@@ -44,7 +44,7 @@ class Config(DatasetConfig):
     output_dir: str = "outputs/best_rq"
     max_steps: int = 1500
     # --- data ---
-    train_split: str = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-other-500)
+    train_split: Annotated[str, Names] = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-other-500)
     valid_split: str = "validation"
     FOLDER_ONLY = dict.fromkeys(("train_split", "valid_split"), "use --train_split_name and --eval_split_name")
     READS_TEXT = False

@@ -31,7 +31,7 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import Count, DatasetConfig, Range, exit_on_signals_during_start_up, parse_config
+from common.config import Count, DatasetConfig, Names, Range, exit_on_signals_during_start_up, parse_config
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Config(DatasetConfig):
     output_dir: str = "outputs/speaker_id"
     max_steps: int = 300
     # --- data ---
-    train_split: str = "train"  # subfolder(s) of data_dir, comma-separated: the training voices' utterances
+    train_split: Annotated[str, Names] = "train"  # subfolder(s) of data_dir, comma-separated: the training voices' utterances
     heldout_fraction: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.1  # of train_split's utterances held out for validation, chosen by a hash of their ids
     speaker_column_name: str = "speaker"  # --dataset_name: its speaker label column (the validation split's speakers must be training speakers)
     FOLDER_ONLY = dict.fromkeys(("train_split", "heldout_fraction"), "--eval_split_name validates (held-out "

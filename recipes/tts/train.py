@@ -80,7 +80,8 @@ class Config(DatasetConfig):
     # matched by symbol (README, "Transfer"). `builtin`: this recipe's run on the built-in corpus (`base_config`,
     # with this run's model, audio and text settings and its `builtin_corpus`), trained once per machine
     # into the corpus cache (common/training/builtin_base.py); for the built-in voice itself: from scratch.
-    init_from: Annotated[str | None, ExistingPathOr("builtin")] = None  # a TTS run to start from, or builtin (above)
+    # `auto`: `builtin` for small training data (below builtin_base.AUTO_MAX_HOURS), from scratch above.
+    init_from: Annotated[str | None, ExistingPathOr("builtin", "auto")] = None  # auto: under 10 h of training data, first trains a second model, the built-in base (this recipe on the built-in voice, once per machine, then cached: minutes on a CPU, estimated in the start log), and starts from it; 10 h or more: from scratch. builtin: the base always; none: from scratch; or a TTS run to start from
     base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml, 1000 steps)
     dim: Annotated[int, Count] = 128  # encoder/decoder width
     encoder_layers: Annotated[int, Count] = 2  # FFT blocks over symbols
@@ -116,7 +117,8 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 
 from common.training.averaging import checkpoint_weights, start_average, swapped_in  # noqa: E402
-from common.training.builtin_base import KEYWORD as BUILTIN, base_args, builtin_base, uses_builtin_corpus  # noqa: E402
+from common.training.builtin_base import (AUTO as INIT_AUTO, KEYWORD as BUILTIN, base_args, builtin_base,  # noqa: E402
+                                          start_from_base, uses_builtin_corpus)
 from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data.loading import load_row_audio  # noqa: E402
@@ -194,19 +196,25 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
 BASE_FIELDS = ("sample_rate", "n_mels", "win_length", "hop_length", "text_frontend", "dim", "encoder_layers",
                "decoder_layers", "num_heads", "ffn_dim", "conv_kernel", "duration_channels", "attention_dim",
                "seed", "mixed_precision", "deterministic", "builtin_corpus")
+# The base's speed for the time the start log estimates: 1000 steps at 2.5 steps/s alone on a 2-core VM,
+# 2 threads (README, "Time").
+BASE_STEPS_PER_S = 2.5
 
 
-def init_folder(cfg: Config) -> Path | None:
-    """The sealed folder --init_from names (None: from scratch). `builtin`: this script's run on the built-in
-    corpus (`base_config`, this run's BASE_FIELDS; English phonemes for a phoneme model), trained
-    once per machine (every rank may call: one trains, the others wait); the built-in voice itself has none."""
-    if cfg.init_from is None or (cfg.init_from == BUILTIN and uses_builtin_corpus(cfg)):
+def init_folder(cfg: Config, hours: float | None) -> Path | None:
+    """The sealed folder --init_from names (None: from scratch). `builtin` (`auto`: when the `hours` of
+    training data are few; common/training/builtin_base.py): this script's run on the built-in corpus
+    (`base_config`, this run's BASE_FIELDS; English phonemes for a phoneme model), trained once per
+    machine (every rank may call: one trains, the others wait); the built-in voice itself has none."""
+    if cfg.init_from is None:
         return None
-    if cfg.init_from != BUILTIN:
+    if cfg.init_from not in (BUILTIN, INIT_AUTO):
         return resolve_checkpoint(cfg.init_from, "--init_from")
     args = base_args(cfg, BASE_FIELDS)
     if cfg.text_frontend == "phonemes":  # the built-in voice speaks English
         args += ["--phonemizer_language", "en-us", "--symbols", AUTO]
+    if not start_from_base(Path(__file__), cfg, args, hours, BASE_STEPS_PER_S, log=logger.info):
+        return None
     return resolve_checkpoint(builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info), "--init_from")
 
 
@@ -289,11 +297,9 @@ def main(cfg: Config) -> None:
                 f"{len(Symbols(cfg.symbols)) - 1} symbols")
     if run.ckpt is None:  # every rank; a resume loads its checkpoint instead (the start it had is in there)
         try:
-            folder = init_folder(cfg)
+            folder = init_folder(cfg, data.summary.get("hours"))  # (None for a stream: not read ahead)
             if folder is not None:
                 logger.info(transfer_from(model, cfg.symbols, folder, checkpoint_weights(folder)))
-            elif cfg.init_from == BUILTIN:
-                logger.info("--init_from builtin: this is the built-in voice, trained from scratch (the base of other voices)")
         except ValueError as e:
             raise RunError(str(e)) from None
     optimizers, schedulers = build_optimizers(cfg, models)

@@ -68,6 +68,8 @@ class Config(DatasetConfig):
     FOLDER_ONLY = dict.fromkeys(("num_valid", "num_test"), "--eval_split_name validates and no test utterances are "
                                 "held out (evaluate.py takes --data_dir)")
     READS_TEXT = False
+    # RunConfig's settings this recipe has no use for: not in --help, refused when given (RunConfig's docstring)
+    LEFT_OUT = {"stats_utterances": "the generator reads log-mels as they are, without mean/std statistics"}
     segment_frames: Annotated[int, Count] = 32  # mel frames per training segment (32 × 256 = 8192 samples, 0.37 s: HiFi-GAN's)
     # --- the mel (must equal the TTS model's: synthesize.py --vocoder refuses another) ---
     n_mels: Annotated[int, Count] = 80  # log-mel bins (HTK scale, 0 Hz to Nyquist)

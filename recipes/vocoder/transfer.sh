@@ -55,7 +55,12 @@ fi
 start=$(dirname "$start")
 echo "transfer.sh: 2/2 $DATA_DIR from $start -> $OUT"
 # --max_seconds 30 keeps every prompt (as the TTS transfer does: the same held-out ids);
-# --max_batch_seconds 32 leaves room for one such prompt per batch.
-"$ACCELERATE" launch recipes/vocoder/train.py --data_dir "$DATA_DIR" --max_seconds 30 --max_batch_seconds 32 \
+# --max_batch_seconds 32 leaves room for one such prompt per batch. Each unless the voice's arguments
+# set it (train.py refuses a flag given twice).
+given() { local flag=$1 arg; shift; for arg in "$@"; do [[ $arg == "$flag" || $arg == "$flag="* ]] && return 0; done; return 1; }
+defaults=()
+given --max_seconds "$@" || defaults+=(--max_seconds 30)
+given --max_batch_seconds "$@" || defaults+=(--max_batch_seconds 32)
+"$ACCELERATE" launch recipes/vocoder/train.py --data_dir "$DATA_DIR" ${defaults[@]+"${defaults[@]}"} \
     --init_from "$start" --output_dir "$OUT" --max_steps "$MAX_STEPS" "$@"
 echo "transfer.sh: done: $OUT (evaluate.py --checkpoint $OUT; synthesize.py / score.py --vocoder $OUT)"

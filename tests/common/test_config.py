@@ -249,6 +249,64 @@ def test_a_redeclared_shared_field_keeps_its_rules_comment_and_place(capsys):
     assert list(config_to_dict(Sub()))[-1] == "width"
 
 
+def test_a_flag_given_twice_is_refused_as_a_yaml_key_given_twice_is(capsys):
+    assert _refused(Cfg, ["--max_steps", "4", "--max_steps", "5"], capsys) == (
+        "error: --max_steps given twice on the command line ('4', then '5'): keep one\n")
+    assert "--max_steps given twice" in _refused(Cfg, ["--max-steps=4", "--max_steps", "4"], capsys)
+    assert "--use_x given twice" in _refused(Cfg, ["--use_x", "--use_x", "false"], capsys)
+    assert "--config given twice" in _refused(Cfg, ["--config", "a.yaml", "--config", "b.yaml"], capsys)
+
+
+@pytest.mark.parametrize("recipe", ["asr", "best_rq", "speaker_id"])
+def test_an_empty_name_in_a_comma_separated_split_is_refused(recipe, capsys):
+    """`--train_split a,,b` named the data folder itself as a split (its '' part)."""
+    assert recipe_config(recipe)().train_split == "train"
+    for value in ("a,,b", "a,", ",", " "):
+        assert _refused(recipe_config(recipe), ["--train_split", value], capsys) == (
+            f"error: --train_split: an empty name in {value!r} (names are comma-separated: a,b)\n")
+    assert parse_config(recipe_config(recipe), ["--train_split", "a,b"]).train_split == "a,b"
+
+
+def test_asr_decode_refuses_an_empty_split_name(capsys, tmp_path):
+    decode = recipe_modules("asr", "decode").decode
+    assert "--split: an empty name in 'test,'" in _refused(decode.EvalConfig, ["--checkpoint", str(tmp_path),
+                                                                              "--split", "test,"], capsys)
+
+
+def test_a_recipe_leaves_out_a_shared_field_it_has_no_use_for(tmp_path, capsys):
+    """The vocoder has no log-mel statistics: `stats_utterances` is not in its --help, refused on the
+    command line and in a YAML file with the recipe's reason, not saved; its older saved configs
+    (and checkpoints) that hold it are read (and resumed) without it. The other recipes keep it."""
+    from common.config import ConfigError, load_config
+
+    vocoder = recipe_config("vocoder")
+    yaml_path = ROOT / "recipes" / "vocoder" / "config.yaml"
+    with pytest.raises(SystemExit):
+        parse_config(vocoder, ["--help"], default_yaml=yaml_path)
+    assert "stats_utterances" not in capsys.readouterr().out
+    assert _refused(vocoder, ["--stats_utterances", "3"], capsys, yaml_path) == (
+        "error: --stats_utterances: not a setting of this recipe (the generator reads log-mels as they are, "
+        "without mean/std statistics): drop it\n")
+    (tmp_path / "c.yaml").write_text("stats_utterances: 3\n")
+    assert f"'stats_utterances' in {tmp_path / 'c.yaml'}: not a setting of this recipe" in _refused(
+        vocoder, ["--config", str(tmp_path / "c.yaml")], capsys)
+    save_config(vocoder(), tmp_path / "config.yaml")
+    assert "stats_utterances" not in (tmp_path / "config.yaml").read_text()
+    old = tmp_path / "config.yaml"
+    old.write_text(old.read_text() + "stats_utterances: 500\n")  # written before it was left out
+    assert load_config(tmp_path, vocoder) == vocoder()
+    assert "stats_utterances" in resume_safe_keys(vocoder)  # an older checkpoint's value changes nothing
+    for recipe in ("asr", "best_rq", "speaker_id", "tts"):
+        assert "stats_utterances" in config_to_dict(recipe_config(recipe)())
+
+    @dataclass
+    class Wrong(RunConfig):
+        LEFT_OUT = {"stats_utterance": "a typo"}
+
+    with pytest.raises(ConfigError, match="^Wrong.LEFT_OUT names 'stats_utterance', which is not a field of it"):
+        config_to_dict(Wrong())
+
+
 def test_run_config_resume_safe_keys():
     safe = set(resume_safe_keys(RunConfig))
     assert {"output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps", "eval_steps",
@@ -747,7 +805,7 @@ def test_load_config_fills_an_older_config_from_the_class_defaults_in_one_log_li
     ("max_steps: 7\nwarmup: 3\n", "'warmup' is not a setting of tests.common.test_config.Cfg: written by a newer "
                                   "version of this code, or by another recipe; use the code (and recipe) that trained it"),
     ("warmup: 3\nhop: 2\n", "'warmup' (and 1 more) is not a setting of"),
-    ("max_steps: ten\n", "--max_steps: expected int, got 'ten'"),
+    ("max_steps: ten\n", "config.yaml, line 1: max_steps: expected int, got 'ten'"),
     ("- a\n", "config.yaml: expected a mapping of keys to values"),
     ("a: [\n", "config.yaml: not valid YAML"),
 ])
@@ -759,6 +817,38 @@ def test_load_config_refuses_what_the_class_cannot_hold_in_one_line(tmp_path, te
         load_config(tmp_path, Cfg)
     assert message in str(refused.value) and "\n" not in str(refused.value)
     assert not str(refused.value).startswith("--config")  # no flag named it: the file did
+
+
+def test_load_config_holds_a_saved_config_to_the_fields_rules_and_validate_naming_the_file(tmp_path):
+    """A sealed final/config.yaml with `num_heads: 0` reached a ZeroDivisionError in decode.py: a saved
+    config is checked as the command line is (the rules, then `validate()`), in one line naming the
+    file and the key's line, never a --config flag nobody gave."""
+    from common.config import ConfigError, load_config
+
+    asr, vocoder = recipe_config("asr"), recipe_config("vocoder")
+    path = tmp_path / "config.yaml"
+    save_config(asr(num_heads=0), path)
+    line = path.read_text().splitlines().index("num_heads: 0") + 1
+    with pytest.raises(ConfigError) as refused:
+        load_config(tmp_path, asr)
+    assert str(refused.value) == (f"{path}, line {line}: num_heads: must be ≥ 1, got 0 (changed since its run wrote "
+                                  f"it, or written by another version of this code: use the run's own file, or the "
+                                  f"code that trained it)")
+    save_config(vocoder(periods=[2, 9000]), path)  # validate(): a period longer than a training segment
+    with pytest.raises(ConfigError, match=rf"^{path}: periods: 9000 is longer than a training segment") as refused:
+        load_config(tmp_path, vocoder)
+    assert "--config" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_load_config_does_not_hold_a_saved_config_to_what_this_machine_has(tmp_path):
+    """The rules about this machine (a path exists, a tracker or a subset file is there) are not a saved
+    config's: its run's data may have moved since, and a tool is given the data another way."""
+    from common.config import load_config
+
+    asr = recipe_config("asr")
+    gone = str(tmp_path / "moved_away")
+    save_config(asr(data_dir=gone, char_map=gone, train_subset=gone, output_dir=gone), tmp_path / "config.yaml")
+    assert load_config(tmp_path, asr).data_dir == gone
 
 
 def test_load_config_of_a_folder_without_one_says_so(tmp_path):

@@ -118,6 +118,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def last_flag_wins(args) -> list[str]:
+    """`--key value` arguments with each key once, at its first place with its last value: a test's
+    own flags after its shared ones (TINY) replace them, as the recipes refuse a flag given twice."""
+    items, where, i = [], {}, 0
+    args = [str(a) for a in args]
+    while i < len(args):
+        key, has_value, _ = args[i].partition("=")
+        takes_next = (args[i].startswith("--") and not has_value and i + 1 < len(args)
+                      and not args[i + 1].startswith("--"))
+        item = args[i : i + 1 + takes_next]
+        i += len(item)
+        name = key.replace("-", "_") if key.startswith("--") else None
+        if name is not None and name in where:
+            items[where[name]] = item
+            continue
+        if name is not None:
+            where[name] = len(items)
+        items.append(item)
+    return [a for item in items for a in item]
+
+
 def command(recipe: str, nproc: int, args: list[str], profile: str = "cpu_ddp.yaml",
             launcher: bool = True) -> list[str]:
     """The launch command; `profile` (an accelerate_configs/ file) is used for nproc > 1. `recipe`: a
@@ -125,6 +146,7 @@ def command(recipe: str, nproc: int, args: list[str], profile: str = "cpu_ddp.ya
     `launcher=False` with one process: `python train.py` itself, as a user may run it too (the
     launcher's own start-up, ~1.5 s of imports, is then spared)."""
     script = ROOT / recipe if recipe.endswith(".py") else ROOT / "recipes" / recipe / "train.py"
+    args = last_flag_wins(args)
     if nproc == 1 and not launcher:
         return [sys.executable, str(script), *args]
     if nproc == 1:

@@ -27,8 +27,8 @@ from common.model.features import LogMel, feature_stats
 from common.model.hf_export import load_recipe_ctc_weights
 from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics, python,
-                                   resumed_positions, run)
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+                                   metrics, python, resumed_positions, run)
 
 SEED = 42
 ENCODER = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64", "--conv_kernel", "7"]
@@ -41,7 +41,7 @@ asr = recipe_modules("asr", "text", "ctc_decode", "data", "model", "scoring", "t
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra]
+    return last_flag_wins(["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra])
 
 
 SHORT_RUN = ["--max_steps", "30", "--learning_rate", "3e-3", "--eval_steps", "0", "--save_steps", "30"]

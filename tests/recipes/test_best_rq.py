@@ -14,8 +14,8 @@ import yaml
 
 from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
-                                   resumed_positions, run)
+from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+                                   metrics, resumed_positions, run)
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def train_durations(corpus: Path) -> list[float]:
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra]
+    return last_flag_wins(["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from common.training.faults import UsageError
 from common.data.manifest import read_librispeech
 from tests.conftest import suite_dir
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, metrics, python, resumed_positions, run
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, last_flag_wins, metrics, python,
+                                   resumed_positions, run)
 from tests.recipes.test_asr import TINY
 from tests.recipes.test_elastic import ids_per_step
 
@@ -66,8 +67,8 @@ def args_for(source: Path, out: Path, *extra: str, streaming: bool = True) -> li
     tiny = TINY if not streaming else [a for i, a in enumerate(TINY) if "--max_batch_seconds" not in TINY[max(0, i - 1) : i + 1]]
     stream = ["--streaming", "true", "--per_device_train_batch_size", "4", "--stream_partitions", "4",
               "--stream_block_rows", "8"] if streaming else []
-    return ["--dataset_name", str(source), "--text_column_name", "sentence", "--output_dir", str(out), *tiny,
-            "--eval_steps", "0", *stream, *extra]
+    return last_flag_wins(["--dataset_name", str(source), "--text_column_name", "sentence", "--output_dir", str(out),
+                           *tiny, "--eval_steps", "0", *stream, *extra])
 
 
 asr = recipe_modules("asr", "train")

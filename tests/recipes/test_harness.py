@@ -268,3 +268,10 @@ def test_forked_ranks_stop_like_the_elastic_agent_and_a_hung_rank_is_named(tmp_p
     assert log.read_text() == ("[harness] rank(s) [0] still running 0 s after SIGTERM (exit statuses so far "
                                "[None, -9]): SIGABRT (the recipe's faulthandler prints each thread's stack), then "
                                "SIGKILL, as torch's elastic agent does\n")
+
+
+def test_a_tests_own_flags_replace_its_shared_ones_as_the_recipes_refuse_a_flag_given_twice():
+    args = ["-m", "mod", "--a", "1", "--b", "--c", "x", "--a=2", "pos", "--b", "false", "--max-steps", "3",
+            "--max_steps", "4"]
+    assert harness.last_flag_wins(args) == ["-m", "mod", "--a=2", "--b", "false", "--c", "x", "pos", "--max_steps", "4"]
+    assert harness.command("asr", 1, ["--seed", "1", "--seed", "2"], launcher=False)[-2:] == ["--seed", "2"]

@@ -12,8 +12,8 @@ import pytest
 
 from common.data.manifest import read_librispeech
 from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
-                                   resumed_positions, run)
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+                                   metrics, resumed_positions, run)
 
 SEED = 42
 HELD_OUT = 0.25  # of the tiny corpus's 48 training utterances: enough to validate on
@@ -26,7 +26,7 @@ speaker_id = recipe_modules("speaker_id", "data")
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra]
+    return last_flag_wins(["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), *TINY, *extra])
 
 
 def train_durations(corpus: Path) -> list[float]:

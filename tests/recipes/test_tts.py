@@ -29,8 +29,8 @@ from common.training.checkpoint import seal_export
 from common.data.manifest import read_ljspeech
 from tests.recipe_import import recipe_modules
 from tests.recipes.test_asr import short_run
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, metrics, python,
-                                   resumed_positions, run)
+from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+                                   metrics, python, resumed_positions, run)
 
 SEED = 42
 RECIPE = ROOT / "recipes" / "tts"
@@ -49,7 +49,7 @@ model, audio = tts.model, tts.audio
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra]
+    return last_flag_wins(["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +418,7 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     shim.chmod(0o755)
     base, out, voice = tmp_path / "base", tmp_path / "voice", tiny_corpus / "ljspeech"
     env = {**os.environ, "ACCELERATE": str(shim), "BASE": str(base), "OUT": str(out), "MAX_STEPS": "2",
-           "BASE_ARGS": " ".join([*TINY_MODEL, "--data_dir", str(voice), "--max_steps", "2", "--report_to", "none"]),
+           "BASE_ARGS": " ".join([*TINY_MODEL, "--data_dir", str(voice), "--max_steps", "2"]),
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
     def transfer():
@@ -475,12 +475,13 @@ def test_init_from_builtin_trains_the_base_once_per_machine(tiny_corpus, tmp_pat
     wider = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "voice3", base_yaml, "--dim", "48"))
     assert "training it once" in wider and f"initialized from {base}/final" not in wider  # another shape, another base
 
-    # config.yaml as it is on the built-in voice: phonemes, English; builtin means from scratch
+    # config.yaml as it is on the built-in voice: phonemes, English; auto means from scratch
     itself = run("tts", 1, [*TINY_MODEL, "--max_steps", "2", "--output_dir", str(tmp_path / "builtin"),
                             "--builtin_corpus", "tiny", "--data_cache_dir", str(tiny_corpus.parent)])
-    assert "this is the built-in voice, trained from scratch" in itself and "initialized from" not in itself
+    assert "this run trains on the built-in corpus: from scratch (it is the base of other voices)" in itself
+    assert "initialized from" not in itself
     saved = yaml.safe_load((tmp_path / "builtin" / "final" / "config.yaml").read_text())
-    assert (saved["text_frontend"], saved["phonemizer_language"], saved["init_from"]) == ("phonemes", "en-us", "builtin")
+    assert (saved["text_frontend"], saved["phonemizer_language"], saved["init_from"]) == ("phonemes", "en-us", "auto")
     # a voice of one's own in phonemes: its language read off its transcripts (English here), or refused
     phonemes = ["--text_frontend", "phonemes", "--symbols", "auto", "--phonemizer_language", "none"]
     guessed = run("tts", 1, _builtin_args(tiny_corpus, tmp_path / "v5", base_yaml, *phonemes))

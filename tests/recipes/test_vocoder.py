@@ -24,7 +24,7 @@ from common.config import load_config
 from common.training.checkpoint import model_weights_files
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
-                                   metrics, python, resumed_positions, run, worker)
+                                   last_flag_wins, metrics, python, resumed_positions, run, worker)
 from tests.recipes.test_tts import args_for as tts_args_for
 
 slow = pytest.mark.slow
@@ -40,7 +40,7 @@ vocoder = recipe_modules("vocoder", "model", "data", "evaluate")
 
 
 def args_for(corpus: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra]
+    return last_flag_wins(["--data_dir", str(corpus / "ljspeech"), "--output_dir", str(out), *TINY, *extra])
 
 
 # ---------------------------------------------------------------------------------------------
