@@ -766,9 +766,9 @@ def _choose(out: Path) -> list[str | None]:
     # the marker inside): a partial copy, or files put there by hand. Ignored beside a usable one;
     # alone, a fresh start would save over it.
     root = out / "checkpoints"
-    unsealed = sorted(p.name for p in root.iterdir() if CHECKPOINT_RE.match(p.name) and not (p / MARKER).is_file()) \
-        if root.is_dir() else []
-    refused += [f"{name} (no {MARKER} marker: a partial copy, or files put there by hand)" for name in reversed(unsealed)]
+    unsealed = [p for p in root.iterdir() if CHECKPOINT_RE.match(p.name)] if root.is_dir() else []
+    refused += [f"{p.name} (no {MARKER} marker: a partial copy, or files put there by hand)"
+                for p in sorted(unsealed, reverse=True) if not (p / MARKER).is_file()]
     if not refused:
         return [None, None]
     return [None, (f"no checkpoint in {root} can be resumed, so nothing was loaded and nothing deleted: "

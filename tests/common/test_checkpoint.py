@@ -971,11 +971,13 @@ def _tamper_rng(ckpt, change):
 
 
 @pytest.mark.parametrize("damage,expected", [
-    ("a schedule the run lacks", "custom_checkpoint_0.pkl holds the schedules ['bogus'], train_state.json ['scheduler']"),
+    ("a schedule the run lacks", "custom_checkpoint_0.pkl holds the schedules ['bogus'], train_state.json "
+                                 "['scheduler']"),
     ("another schedule state", "custom_checkpoint_0.pkl differs from train_state.json in the state of the schedule "
                                "'scheduler' (a save writes both from the same state)"),
     ("another position", "custom_checkpoint_0.pkl differs from train_state.json in the position's epoch"),
-    ("a class attribute", "custom_checkpoint_0.pkl holds 'stage', which is no field of the run's position (TrainState)"),
+    ("a class attribute", "custom_checkpoint_0.pkl holds 'stage', which is no field of the run's position "
+                          "(TrainState)"),
     ("a counter of another type", "custom_checkpoint_0.pkl holds batches_in_epoch = 'x', not a whole number ≥ 0"),
     ("no RNG states", "random_states_0.pkl holds no random_state (python, numpy and torch RNG states"),
     ("an RNG state of another shape", "random_states_0.pkl holds RNG states that cannot be set (RuntimeError: "),
