@@ -33,7 +33,11 @@ Why not accelerate's own naming: `automatic_checkpoint_naming` never restores it
 one, so a crash mid-save can leave nothing. Here pruning happens only after the new checkpoint is
 complete, and `find_latest_checkpoint` ignores anything without the marker. At resume, the
 newest checkpoint whose files all match the marker's digests, and whose pickles load without
-running code, is loaded; a damaged one is named in a warning and skipped for the one before it.
+running code and hold what a save writes (the run's state as train_state.json records it, RNG
+states that set the generators), is loaded; a damaged one is named in a warning and skipped for the
+one before it. When checkpoints exist but none is usable the launch stops, naming each: nothing is
+deleted (`--resume false` starts over with them moved to `checkpoints.before_<time>/`). A save
+prunes only the checkpoints it supersedes (older than itself), never a newer one skipped as damaged.
 
 Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer,
 RNG states and registered objects through `torch.load(weights_only=True)`. accelerate's
