@@ -775,8 +775,9 @@ def _choose(out: Path) -> list[str | None]:
                 for p in sorted(unsealed, reverse=True) if not (p / MARKER).is_file()]
     if not refused:
         return [None, None]
+    shown = "; ".join(refused[:4]) + (f"; and {len(refused) - 4} more" if len(refused) > 4 else "")
     return [None, (f"no checkpoint in {root} can be resumed, so nothing was loaded and nothing deleted: "
-                   + "; ".join(refused) + f". Restore a good copy of one, or start over from step 0: --resume false "
+                   + shown + f". Restore a good copy of one, or start over from step 0: --resume false "
                    f"(this folder's checkpoints are moved to {root.name}.before_<time>/ beside it, not deleted) "
                    f"or a new --output_dir")]
 

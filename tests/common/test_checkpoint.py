@@ -915,8 +915,9 @@ def test_when_no_checkpoint_is_usable_the_run_stops_naming_each_and_deletes_none
     for step in (1, 2):
         torch.save({"step": _Evil()}, checkpoint_dir(tmp_path, step) / "random_states_0.pkl")
         _reseal(checkpoint_dir(tmp_path, step), "random_states_0.pkl")
-    shutil.copytree(checkpoint_dir(tmp_path, 1), checkpoint_dir(tmp_path, 3))
-    (checkpoint_dir(tmp_path, 3) / "COMPLETE").unlink()
+    for step in (3, 4, 5):  # partial copies; the fifth problem and after are counted, not listed
+        shutil.copytree(checkpoint_dir(tmp_path, 1), checkpoint_dir(tmp_path, step))
+        (checkpoint_dir(tmp_path, step) / "COMPLETE").unlink()
     with pytest.raises(RunError) as refused, caplog.at_level("WARNING"):
         choose_checkpoint(setup()[0], tmp_path)
     message = str(refused.value)
@@ -924,7 +925,8 @@ def test_when_no_checkpoint_is_usable_the_run_stops_naming_each_and_deletes_none
                               f"nothing deleted: step_00000002 (random_states_0.pkl cannot be loaded safely "
                               f"(UnpicklingError: ")
     assert "; step_00000001 (random_states_0.pkl cannot be loaded safely" in message
-    assert "; step_00000003 (no COMPLETE marker: a partial copy, or files put there by hand)" in message
+    assert ("; step_00000005 (no COMPLETE marker: a partial copy, or files put there by hand); step_00000004 (no "
+            "COMPLETE marker: a partial copy, or files put there by hand); and 1 more. Restore") in message
     assert message.endswith("Restore a good copy of one, or start over from step 0: --resume false (this folder's "
                             "checkpoints are moved to checkpoints.before_<time>/ beside it, not deleted) or a new "
                             "--output_dir")
@@ -935,7 +937,7 @@ def test_when_no_checkpoint_is_usable_the_run_stops_naming_each_and_deletes_none
     assert choose_checkpoint(setup()[0], tmp_path, resume=False) is None  # --resume false
     assert not (tmp_path / "checkpoints").exists()
     aside, = tmp_path.glob("checkpoints.before_*")
-    assert sorted(p.name for p in aside.iterdir()) == ["step_00000001", "step_00000002", "step_00000003"]
+    assert sorted(p.name for p in aside.iterdir()) == [f"step_0000000{step}" for step in range(1, 6)]
     assert choose_checkpoint(setup()[0], tmp_path) is None  # the fresh run's own folder is empty
 
 
