@@ -283,6 +283,7 @@ class RunConfig:
     output_dir: Annotated[str, Folder, ResumeSafe] = "outputs/run"  # checkpoints/, final/, metrics.jsonl; re-running with it resumes
     overwrite_output_dir: Annotated[bool, ResumeSafe] = False  # allow an --output_dir that holds files but is not a run of this recipe
     max_steps: Annotated[int, Count, ResumeSafe] = 1000  # optimizer steps
+    resume: Annotated[bool, ResumeSafe] = True  # re-running with an --output_dir resumes from its newest intact checkpoint; false: start over from step 0 there (its checkpoints moved to checkpoints.before_<time>/, not deleted)
     seed: int = 42
     mixed_precision: Literal["no", "bf16", "fp16"] | None = None  # None: the accelerate profile's; set: overrides it
     num_threads: Annotated[int, NonNegative, ResumeSafe] = 0  # torch threads per process; 0 = auto (resume: the checkpoint's; else cores ÷ processes)

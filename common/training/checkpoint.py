@@ -33,7 +33,11 @@ Why not accelerate's own naming: `automatic_checkpoint_naming` never restores it
 one, so a crash mid-save can leave nothing. Here pruning happens only after the new checkpoint is
 complete, and `find_latest_checkpoint` ignores anything without the marker. At resume, the
 newest checkpoint whose files all match the marker's digests, and whose pickles load without
-running code, is loaded; a damaged one is named in a warning and skipped for the one before it.
+running code and hold what a save writes (the run's state as train_state.json records it, RNG
+states that set the generators), is loaded; a damaged one is named in a warning and skipped for the
+one before it. When checkpoints exist but none is usable the launch stops, naming each: nothing is
+deleted (`--resume false` starts over with them moved to `checkpoints.before_<time>/`). A save
+prunes only the checkpoints it supersedes (older than itself), never a newer one skipped as damaged.
 
 Loading executes no code from the checkpoint folder: weights come from safetensors, the optimizer,
 RNG states and registered objects through `torch.load(weights_only=True)`. accelerate's
@@ -80,12 +84,14 @@ import logging
 import math
 import os
 import pickle
+import random
 import re
 import shlex
 import shutil
 import stat
 import sys
 import threading
+import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -173,6 +179,13 @@ class TrainState:
         return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Set the fields in `state` (what `resume_from_checkpoint` restores: the position and the
+        counters). A key that is no field (a class attribute like `stage`, a method) is a bug in the
+        caller: `choose_checkpoint` skips a checkpoint whose position holds one (`position_problem`)."""
+        fields = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(state) - fields)
+        if unknown:
+            raise ContractError(f"TrainState.load_state_dict: {unknown} are no TrainState fields")
         for k, v in state.items():
             setattr(self, k, v)
 
@@ -616,7 +629,9 @@ def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, *, m
         raise RunError(_disk_full_message(output_dir, f"saving step {state.step}", need,
                                           "the partial checkpoint was removed", "resume")) from e
     if accelerator.is_main_process and save_total_limit:
-        _prune(list_checkpoints(output_dir)[:-save_total_limit])
+        # Only what this save supersedes: a newer checkpoint (one skipped as damaged at resume) is
+        # not this run's to delete, and must not push the one just written out of the limit.
+        _prune([c for c in list_checkpoints(output_dir) if c.name <= final.name][:-save_total_limit])
     accelerator.wait_for_everyone()
     return final
 
@@ -860,25 +875,76 @@ def seal_export(folder: Path) -> None:
     fsync_path(folder)
 
 
-def choose_checkpoint(accelerator, output_dir: str | Path) -> Path | None:
+def choose_checkpoint(accelerator, output_dir: str | Path, resume: bool = True) -> Path | None:
     """The newest complete checkpoint whose files match their digests and whose pickled states load
-    without running code (checked by the main process, which reads each file once; the choice is
-    broadcast). A damaged one is named in a warning and the one before it is tried. The main process
-    first removes what kills left behind (`remove_leftovers`). Collective: call on every rank."""
-    choice = [None]
+    without running code and hold what a save writes (checked by the main process, which reads each
+    file once; the verdict is broadcast). A damaged one is named in a warning and the one before it
+    is tried. The main process first removes what kills left behind (`remove_leftovers`).
+
+    None (a fresh start) when `output_dir` holds no checkpoint, or with `resume` False
+    (`--resume false`: start over, its checkpoints moved aside by `set_aside_checkpoints`). When it
+    holds checkpoints and none is usable, every rank raises a RunError naming each one and why: a
+    fresh start would save over them and prune them. Collective: call on every rank."""
+    verdict = [None, None]  # [the chosen checkpoint, or the refusal]
     if accelerator.is_main_process:
         remove_leftovers(output_dir)
-        for ckpt in reversed(list_checkpoints(output_dir)):
-            # _odd_entry before any file is opened: a FIFO among the pickles would block the load for ever
-            problem = (verify_checkpoint(ckpt) or _odd_entry(ckpt) or _unloadable_pickle(ckpt)
-                       or _run_state_problem(ckpt) or _nonfinite_weights(ckpt))
-            if problem is None:
-                choice = [str(ckpt)]
-                break
-            logger.warning(f"skipping damaged checkpoint {ckpt}: {problem}")
+        if resume:
+            verdict = _choose(Path(output_dir))
+        else:
+            set_aside_checkpoints(output_dir)
     if accelerator.num_processes > 1:
-        broadcast_object_list(choice, from_process=0)
-    return Path(choice[0]) if choice[0] else None
+        broadcast_object_list(verdict, from_process=0)
+    if verdict[1]:
+        raise RunError(verdict[1])
+    return Path(verdict[0]) if verdict[0] else None
+
+
+def _choose(out: Path) -> list[str | None]:
+    """[the newest usable checkpoint of `out`, None] or [None, why there is none although `out` holds
+    checkpoints] or [None, None] (none: a fresh start). Main process."""
+    refused = []
+    for ckpt in reversed(list_checkpoints(out)):
+        # _odd_entry before any file is opened: a FIFO among the pickles would block the load for ever
+        problem = (verify_checkpoint(ckpt) or _odd_entry(ckpt) or _unloadable_pickle(ckpt)
+                   or _run_state_problem(ckpt) or _rng_states_problem(ckpt) or _nonfinite_weights(ckpt))
+        if problem is None:
+            return [str(ckpt), None]
+        logger.warning(f"skipping damaged checkpoint {ckpt}: {problem}")
+        refused.append(f"{ckpt.name} ({' '.join(problem.split())})")  # one line, whatever a reader said
+    # A step_N folder without its marker is no checkpoint (a save renames its folder into place with
+    # the marker inside): a partial copy, or files put there by hand. Ignored beside a usable one;
+    # alone, a fresh start would save over it.
+    root = out / "checkpoints"
+    unsealed = [p for p in root.iterdir() if CHECKPOINT_RE.match(p.name)] if root.is_dir() else []
+    refused += [f"{p.name} (no {MARKER} marker: a partial copy, or files put there by hand)"
+                for p in sorted(unsealed, reverse=True) if not (p / MARKER).is_file()]
+    if not refused:
+        return [None, None]
+    shown = "; ".join(refused[:4]) + (f"; and {len(refused) - 4} more" if len(refused) > 4 else "")
+    return [None, (f"no checkpoint in {root} can be resumed, so nothing was loaded and nothing deleted: "
+                   + shown + f". Restore a good copy of one, or start over from step 0: --resume false "
+                   f"(this folder's checkpoints are moved to {root.name}.before_<time>/ beside it, not deleted) "
+                   f"or a new --output_dir")]
+
+
+def set_aside_checkpoints(output_dir: str | Path) -> Path | None:
+    """`--resume false`: move `<output_dir>/checkpoints/` to `checkpoints.before_<UTC time>/` beside it
+    (returned; None when there is nothing to move), so that the fresh run's saves and pruning never
+    touch the previous run's checkpoints, and no later resume mixes the two runs. Nothing is
+    deleted: the user removes that folder when they no longer need it. Main process, at launch."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir() or not any(root.iterdir()):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    target = root.with_name(f"{root.name}.before_{stamp}")
+    n = 1
+    while target.exists():  # two restarts within a second
+        target, n = root.with_name(f"{root.name}.before_{stamp}-{n}"), n + 1
+    os.rename(root, target)
+    fsync_path(root.parent)
+    logger.warning(f"--resume false: starting over from step 0; the previous checkpoints were moved to {target} "
+                   f"(nothing deleted: remove that folder when you no longer need it)")
+    return target
 
 
 def _unloadable_pickle(ckpt: Path) -> str | None:
@@ -919,6 +985,8 @@ def _registered_files_problem(ckpt: Path) -> str | None:
         registered = json.loads((ckpt / "train_state.json").read_text()).get("registered") or []
     except (OSError, ValueError, AttributeError):
         return "train_state.json cannot be read"
+    if not (isinstance(registered, list) and all(isinstance(name, str) for name in registered)):
+        return f"train_state.json holds registered = {repr(registered)[:60]}, not a list of class names"
     for i, name in enumerate(registered):
         if not (ckpt / f"custom_checkpoint_{i}.pkl").is_file():
             return f"custom_checkpoint_{i}.pkl is missing (the state of the registered {name})"
@@ -932,19 +1000,119 @@ def _registered_files_problem(ckpt: Path) -> str | None:
 def _run_state_problem(ckpt: Path) -> str | None:
     """None if the checkpoint's `RunState` file (after `_unloadable_pickle` passed it) holds a run's
     state at the marker's step, as `save_checkpoint` writes it, else what it holds instead: a resume
-    would fail on it after loading the weights."""
+    would fail on it after loading the weights, or train on from a position nobody saved. The
+    position must be a `TrainState`'s (`position_problem`), and the file must hold the position and
+    the schedules that train_state.json records (`_unlike_train_state_json`)."""
     try:
-        registered = json.loads((ckpt / "train_state.json").read_text()).get("registered") or []
+        saved = json.loads((ckpt / "train_state.json").read_text())
+        registered = saved.get("registered") or []
         step = read_marker(ckpt)["step"]
     except (OSError, ValueError, AttributeError, KeyError):
         return f"train_state.json or {MARKER} cannot be read"
-    if RunState.__qualname__ not in registered:
-        return None  # written before the run's state was registered: train_state.json holds it
+    if RunState.__qualname__ not in registered:  # written before the run's state was registered: the JSON holds it
+        return position_problem({k: v for k, v in saved.items() if k not in _BESIDE_POSITION}, "train_state.json")
     name = f"custom_checkpoint_{registered.index(RunState.__qualname__)}.pkl"
     held = accelerate_load(ckpt / name, map_location="cpu", mmap=True)
     position = held.get("train_state") if isinstance(held, dict) else None
     if not (isinstance(position, dict) and position.get("step") == step and isinstance(held.get("schedulers"), dict)):
         return f"{name} does not hold the run's state at step {step} (a position and the schedules)"
+    return position_problem(position, name) or _unlike_train_state_json(held, saved, name)
+
+
+# What train_state.json holds beside the position (TrainState's fields): the names checked at resume,
+# the schedules' states ("scheduler": one schedule, as written before names were recorded).
+_BESIDE_POSITION = ("models", "optimizers", "schedulers", "scheduler", "registered")
+_KINDS = {"int": int, "str": str, "dict": dict, "list": list}  # TrainState's field types, as annotated
+
+
+def position_problem(position: dict, name: str) -> str | None:
+    """None if `position` (a saved `TrainState`, from the file `name`) holds only TrainState fields,
+    each of its type (the counters whole numbers ≥ 0), else the first that is not: a resume would set
+    it (`TrainState.load_state_dict`), and the loop fail on it later, or run differently."""
+    kinds = {f.name: _KINDS.get(f.type) for f in dataclasses.fields(TrainState)}
+    for key, value in position.items():
+        if key not in kinds:
+            return f"{name} holds {str(key)[:60]!r}, which is no field of the run's position (TrainState)"
+        kind = kinds[key]
+        if kind is not None and (not isinstance(value, kind) or isinstance(value, bool)
+                                 or (kind is int and value < 0)):
+            return (f"{name} holds {key} = {repr(value)[:60]}, not "
+                    + ("a whole number ≥ 0" if kind is int else f"a {kind.__name__}"))
+    return None
+
+
+def _unlike_train_state_json(held: dict, saved: dict, name: str) -> str | None:
+    """None if the RunState file `name` (`held`) holds the position and the schedules that
+    train_state.json (`saved`) records, else the first difference. A save writes both from the same
+    objects, one after the other; the launch plans from the JSON (global batch, threads, the names
+    it checks) and `load_state` restores the pickle, so a difference would resume a state nobody
+    saved (a schedule the run lacks: a KeyError after the weights were loaded). Compared as JSON
+    text, the form the JSON file has (tuples as lists, keys as strings)."""
+    schedules = saved.get("schedulers")
+    if not isinstance(schedules, dict) or list(held["schedulers"]) != list(schedules):
+        return (f"{name} holds the schedules {list(held['schedulers'])[:8]}, train_state.json "
+                f"{list(schedules)[:8] if isinstance(schedules, dict) else 'none'}")
+    recorded = {k: v for k, v in saved.items() if k not in _BESIDE_POSITION}
+    pairs = [(f"the position's {k}", held["train_state"].get(k, _NO_DEFAULT), recorded.get(k, _NO_DEFAULT))
+             for k in sorted(set(held["train_state"]) | set(recorded), key=str)]
+    pairs += [(f"the state of the schedule {k!r}", v, schedules[k]) for k, v in held["schedulers"].items()]
+    for what, ours, theirs in pairs:
+        try:
+            same = json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)
+        except (TypeError, ValueError):  # not JSON data (a save could not have written it), or missing
+            same = False
+        if not same:
+            return f"{name} differs from train_state.json in {what} (a save writes both from the same state)"
+    return None
+
+
+def _rng_states_problem(ckpt: Path) -> str | None:
+    """None if the checkpoint holds an RNG-state file of every process that wrote it
+    (`random_states_<r>.pkl`, r < its world_size) and each one sets the generators
+    (`rng_state_problem`), else the first that does not: accelerate's `load_state` skips an RNG file
+    it cannot apply with an info line in the log, and the resumed run would silently differ."""
+    try:
+        world = json.loads((ckpt / "train_state.json").read_text())["world_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "train_state.json cannot be read"
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        return f"train_state.json holds world_size = {repr(world)[:60]}, not a number of processes"
+    for rank in range(world):
+        path = ckpt / f"random_states_{rank}.pkl"
+        if not path.is_file():
+            return f"{path.name} is missing (the RNG states of rank {rank})"
+        problem = rng_state_problem(accelerate_load(path, map_location="cpu"))
+        if problem:
+            return f"{path.name} {problem}"
+    return None
+
+
+def rng_state_problem(states: Any) -> str | None:
+    """None if `states` (one rank's `random_states_<r>.pkl`, as accelerate's `save_state` writes it)
+    sets what accelerate's `load_state` sets from it: the python, numpy and torch generators (tried
+    on scratch generators: this process's own are untouched), the accelerator's micro-step counter
+    (`step`), and any device generators (`torch_cuda_manual_seed`, ...: a list of byte tensors),
+    else what it holds instead."""
+    import numpy as np
+
+    if not isinstance(states, dict):
+        return f"holds no RNG states (a {type(states).__name__}, not a dict)"
+    try:
+        random.Random().setstate(states["random_state"])
+        np.random.RandomState().set_state(states["numpy_random_seed"])
+        torch.Generator().set_state(states["torch_manual_seed"])
+    except KeyError as e:
+        return f"holds no {e.args[0]} (python, numpy and torch RNG states are saved for every rank)"
+    except Exception as e:  # noqa: BLE001 — TypeError, ValueError, RuntimeError: a state of another shape
+        return f"holds RNG states that cannot be set ({_load_refusal(e)})"
+    step = states.get("step", 0)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"holds step = {repr(step)[:60]}, not the accelerator's micro-step count"
+    for key, value in states.items():
+        if key != "torch_manual_seed" and str(key).endswith("_manual_seed") and not (
+                isinstance(value, (list, tuple)) and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8
+                                                         for t in value)):
+            return f"holds {key} that is no list of device generator states (byte tensors)"
     return None
 
 
@@ -1155,13 +1323,17 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
     if data_changed and accelerator.is_main_process:
         logger.warning(f"RESUMING ON CHANGED DATA (--allow_data_change true): {data_changed}; the run will not "
                        f"match one trained on either data alone; recorded in train_state.json (data_changes)")
-    if saved["world_size"] == accelerator.num_processes:
-        # accelerate ignores an RNG-state file it cannot load (it logs and goes on); we refuse instead.
-        accelerate_load(ckpt / f"random_states_{accelerator.process_index}.pkl")  # weights_only: runs no code
-    # (On another number of processes rank r may find no RNG file of its own: nothing is lost, the
-    # loop reseeds the global RNG from the position before every micro-batch.)
     run_state = _run_state(accelerator, register=not json_layout)  # filled by load_state
     try:
+        if saved["world_size"] == accelerator.num_processes:
+            # accelerate skips an RNG-state file it cannot load or apply (it logs and goes on); we refuse
+            # instead. (On another number of processes rank r may find no RNG file of its own: nothing
+            # is lost, the loop reseeds the global RNG from the position before every micro-batch.)
+            rng = ckpt / f"random_states_{accelerator.process_index}.pkl"
+            problem = rng_state_problem(accelerate_load(rng))  # weights_only: runs no code
+            if problem:
+                raise RunError(f"{ckpt}: {rng.name} {problem}; it changed after the checkpoint was checked at "
+                               f"launch: move {ckpt.name} out of {ckpt.parent} to resume from the checkpoint before it")
         with _weights_only_loads(accelerator):
             accelerator.load_state(str(ckpt))  # models, optimizers (prepare order), RNG states, registered objects
     except pickle.UnpicklingError as e:  # changed after choose_checkpoint checked it: refused, not run

@@ -46,9 +46,10 @@ def start_run(cfg, recipe: str) -> Run:
        one run per folder, and only a run of `recipe` (a user's own folder is refused);
     2. `Preemption` before any data work: a signal from here on is a clean exit;
     3. `seed_everything(cfg.seed)`: model initialization is identical on every rank;
-    4. `choose_checkpoint` (the newest intact one) before the data: its global batch sizes the data
-       batches (`global_batch_plan`: a re-launch on another number of processes keeps the micro-batches
-       per optimizer step by changing the accumulation, or is refused naming what works). The recipe
+    4. `choose_checkpoint` (the newest intact one; none with `--resume false`) before the data: its
+       global batch sizes the data batches (`global_batch_plan`: a re-launch on another number of
+       processes keeps the micro-batches per optimizer step by changing the accumulation, or is
+       refused naming what works). The recipe
        then builds its training loader with `multiple_of=run.global_batch`, prepares it, and hands
        `run.ckpt` to `resume_from_checkpoint` before its first batch;
     5. `set_threads` (a resume keeps the checkpoint's count: bit-exact on CPU needs it), `auto_workers`,
@@ -66,7 +67,7 @@ def start_run(cfg, recipe: str) -> Run:
     seed_everything(cfg.seed)
     cfg = dataclasses.replace(cfg, mixed_precision=accelerator.mixed_precision)
 
-    ckpt = choose_checkpoint(accelerator, out)  # collective
+    ckpt = choose_checkpoint(accelerator, out, resume=cfg.resume)  # collective
     accumulation, global_batch = global_batch_plan(ckpt, accelerator.num_processes, cfg.gradient_accumulation_steps,
                                                    accelerator.is_main_process)
     _, threads_why = set_threads(cfg.num_threads, checkpoint_threads(ckpt))

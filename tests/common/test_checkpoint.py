@@ -893,6 +893,8 @@ def test_a_train_state_carries_nothing_beside_its_fields(tmp_path):
     assert set(vars(state)) == {f.name for f in dataclasses.fields(TrainState)} | {"stage"}
 
 
+
+
 def test_import_export_finds_the_folder_only_during_its_import(tmp_path, monkeypatch):
     """The export's finder leaves `sys.meta_path` when `import_export` returns: a later import of a
     sibling it did not import, or of any other name, never reaches the folder."""
@@ -1031,3 +1033,149 @@ def test_a_checkpoint_holding_a_fifo_is_skipped_without_opening_it(tmp_path, cap
         assert choose_checkpoint(setup(seed=1)[0], tmp_path) == checkpoint_dir(tmp_path, 1)
     assert (f"skipping damaged checkpoint {ckpt}: scaler.pt is a FIFO (named pipe), not a regular "
             f"file") in caplog.text
+
+
+
+# ---- every checkpoint damaged; --resume false; pruning only what a save supersedes ------------------
+
+
+def two_checkpoints(tmp_path):
+    """Checkpoints of steps 1 and 2 of a fresh run, with the run's parts."""
+    accelerator, model, opt, sched, state = setup()
+    for step in (1, 2):
+        train_step(model, opt, sched)
+        state.step = step
+        save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    return accelerator, model, opt, sched, state
+
+
+def test_when_no_checkpoint_is_usable_the_run_stops_naming_each_and_deletes_none(tmp_path, caplog):
+    """Checkpoints exist but every one is damaged: one line naming each with its problem and the ways
+    to start over, on every rank, instead of a fresh start that would save over them and prune them.
+    A step folder without a marker counts (a partial copy); --resume false moves them aside."""
+    two_checkpoints(tmp_path)
+    _Evil.target = tmp_path / "pwned"
+    for step in (1, 2):
+        torch.save({"step": _Evil()}, checkpoint_dir(tmp_path, step) / "random_states_0.pkl")
+        _reseal(checkpoint_dir(tmp_path, step), "random_states_0.pkl")
+    for step in (3, 4, 5):  # partial copies; the fifth problem and after are counted, not listed
+        shutil.copytree(checkpoint_dir(tmp_path, 1), checkpoint_dir(tmp_path, step))
+        (checkpoint_dir(tmp_path, step) / "COMPLETE").unlink()
+    with pytest.raises(RunError) as refused, caplog.at_level("WARNING"):
+        choose_checkpoint(setup()[0], tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"no checkpoint in {tmp_path / 'checkpoints'} can be resumed, so nothing was loaded and "
+                              f"nothing deleted: step_00000002 (random_states_0.pkl cannot be loaded safely "
+                              f"(UnpicklingError: ")
+    assert "; step_00000001 (random_states_0.pkl cannot be loaded safely" in message
+    assert ("; step_00000005 (no COMPLETE marker: a partial copy, or files put there by hand); step_00000004 (no "
+            "COMPLETE marker: a partial copy, or files put there by hand); and 1 more. Restore") in message
+    assert message.endswith("Restore a good copy of one, or start over from step 0: --resume false (this folder's "
+                            "checkpoints are moved to checkpoints.before_<time>/ beside it, not deleted) or a new "
+                            "--output_dir")
+    assert "\n" not in message and not _Evil.target.exists()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000001", "step_00000002"]
+    assert "skipping damaged checkpoint" in caplog.text
+
+    assert choose_checkpoint(setup()[0], tmp_path, resume=False) is None  # --resume false
+    assert not (tmp_path / "checkpoints").exists()
+    aside, = tmp_path.glob("checkpoints.before_*")
+    assert sorted(p.name for p in aside.iterdir()) == [f"step_0000000{step}" for step in range(1, 6)]
+    assert choose_checkpoint(setup()[0], tmp_path) is None  # the fresh run's own folder is empty
+
+
+def test_a_save_prunes_only_the_checkpoints_it_supersedes(tmp_path):
+    """Resumed from step 1 (steps 2 and 3 damaged, skipped), the save of step 2 with --save_total_limit 1
+    replaces the damaged step 2 and prunes step 1; it neither counts the newer damaged step 3 (which
+    pushed the new checkpoint out of the limit) nor deletes it (not this run's to delete)."""
+    accelerator, model, opt, sched, state = two_checkpoints(tmp_path)
+    state.step = 3
+    save_checkpoint(accelerator, model, tmp_path, state, sched, save_total_limit=None)
+    (checkpoint_dir(tmp_path, 3) / "optimizer.bin").write_bytes(b"damaged")
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    (checkpoint_dir(tmp_path, 2) / "optimizer.bin").write_bytes(b"damaged")
+    assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
+    train_step(model2, opt2, sched2)
+    state2.step = 2
+    save_checkpoint(accelerator2, model2, tmp_path, state2, sched2, save_total_limit=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
+    assert verify_checkpoint(checkpoint_dir(tmp_path, 2)) is None  # the new one, kept
+
+
+def _tamper_run_state(ckpt, change):
+    state = torch.load(ckpt / "custom_checkpoint_0.pkl", weights_only=True)
+    change(state)
+    torch.save(state, ckpt / "custom_checkpoint_0.pkl")
+    _reseal(ckpt, "custom_checkpoint_0.pkl")
+
+
+def _tamper_rng(ckpt, change):
+    states = torch.load(ckpt / "random_states_0.pkl", weights_only=False)
+    torch.save(change(states), ckpt / "random_states_0.pkl")
+    _reseal(ckpt, "random_states_0.pkl")
+
+
+@pytest.mark.parametrize("damage,expected", [
+    ("a schedule the run lacks", "custom_checkpoint_0.pkl holds the schedules ['bogus'], train_state.json "
+                                 "['scheduler']"),
+    ("another schedule state", "custom_checkpoint_0.pkl differs from train_state.json in the state of the schedule "
+                               "'scheduler' (a save writes both from the same state)"),
+    ("another position", "custom_checkpoint_0.pkl differs from train_state.json in the position's epoch"),
+    ("a class attribute", "custom_checkpoint_0.pkl holds 'stage', which is no field of the run's position "
+                          "(TrainState)"),
+    ("a counter of another type", "custom_checkpoint_0.pkl holds batches_in_epoch = 'x', not a whole number ≥ 0"),
+    ("no RNG states", "random_states_0.pkl holds no random_state (python, numpy and torch RNG states"),
+    ("an RNG state of another shape", "random_states_0.pkl holds RNG states that cannot be set (RuntimeError: "),
+    ("a device RNG state of another type", "random_states_0.pkl holds torch_cuda_manual_seed that is no list of device "
+                                          "generator states"),
+    ("a missing RNG file", "random_states_0.pkl is missing (the RNG states of rank 0)"),
+])
+def test_a_run_state_or_rng_state_that_would_not_resume_as_saved_skips_the_checkpoint(tmp_path, caplog, damage,
+                                                                                       expected):
+    """Pickles that load with weights only but hold what no save wrote: a schedule the run lacks (a
+    KeyError after the weights were loaded), a position unlike train_state.json's, a key that is no
+    TrainState field, an RNG file accelerate would skip with an info line ({}): each is a damaged
+    checkpoint, named, and the one before it is resumed from."""
+    accelerator, model, opt, sched, state = two_checkpoints(tmp_path)
+    ckpt = checkpoint_dir(tmp_path, 2)
+    if damage == "a schedule the run lacks":
+        _tamper_run_state(ckpt, lambda s: s.update(schedulers={"bogus": s["schedulers"]["scheduler"]}))
+    elif damage == "another schedule state":
+        _tamper_run_state(ckpt, lambda s: s["schedulers"]["scheduler"].update(last_epoch=7))
+    elif damage == "another position":
+        _tamper_run_state(ckpt, lambda s: s["train_state"].update(epoch=3))
+    elif damage == "a class attribute":
+        _tamper_run_state(ckpt, lambda s: s["train_state"].update(stage="window"))
+    elif damage == "a counter of another type":
+        _tamper_run_state(ckpt, lambda s: s["train_state"].update(batches_in_epoch="x"))
+    elif damage == "no RNG states":
+        _tamper_rng(ckpt, lambda s: {})
+    elif damage == "an RNG state of another shape":
+        _tamper_rng(ckpt, lambda s: {**s, "torch_manual_seed": torch.zeros(3, dtype=torch.uint8)})
+    elif damage == "a device RNG state of another type":
+        _tamper_rng(ckpt, lambda s: {**s, "torch_cuda_manual_seed": "x"})
+    else:
+        (ckpt / "random_states_0.pkl").unlink()
+        marker = json.loads((ckpt / "COMPLETE").read_text())
+        del marker["files"]["random_states_0.pkl"]
+        (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    with caplog.at_level("WARNING"):
+        assert resume_from_checkpoint(accelerator2, tmp_path, state2, sched2) == checkpoint_dir(tmp_path, 1)
+    assert f"skipping damaged checkpoint {ckpt}: {expected}" in caplog.text
+    assert state2.step == 1 and state2.stage == "boundary"
+
+
+def test_an_rng_state_changed_after_the_check_stops_the_resume_in_one_line(tmp_path):
+    accelerator, model, opt, sched, state = two_checkpoints(tmp_path)
+    accelerator2, model2, opt2, sched2, state2 = setup(seed=1)
+    ckpt = choose_checkpoint(accelerator2, tmp_path)
+    torch.save({}, ckpt / "random_states_0.pkl")
+    with pytest.raises(RunError, match=rf"^{ckpt}: random_states_0.pkl holds no random_state .*; it changed after the "
+                                       rf"checkpoint was checked at launch: move step_00000002 out of"):
+        _resume(accelerator2, ckpt, state2, models=model2, optimizers=opt2, schedulers=sched2)
+
+
+def test_a_position_is_loaded_into_fields_only():
+    with pytest.raises(ContractError, match=r"\['stage'\] are no TrainState fields"):
+        TrainState().load_state_dict({"step": 3, "stage": "window"})

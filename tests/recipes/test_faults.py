@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -240,3 +241,33 @@ def test_bad_data_stops_with_a_report_or_is_skipped(bad_corpus, tmp_path):
                              "--on_bad_data", "skip"])
     # the default header check: the silent file (line 4) is not decoded, so it is kept
     assert "skipping 8 of 61 entries" in log and (out / "final" / "model.safetensors").exists()
+
+
+def test_when_every_checkpoint_is_damaged_the_relaunch_stops_and_resume_false_starts_over(tiny_corpus, tmp_path,
+                                                                                          continuous):
+    """Crafted pickles in both checkpoints of a run (re-sealed): the re-launch stops in one line naming
+    each, with both still on disk (not a fresh start that saves over them and prunes them); with
+    --resume false it starts over from step 0, the damaged ones moved aside, not deleted."""
+    out = tmp_path / "run"
+    shutil.copytree(continuous(1), out)  # a finished run: its last two checkpoints and final/
+    damaged = list_checkpoints(out)
+    assert [p.name for p in damaged] == ["step_00000007", "step_00000008"]
+    for ckpt in damaged:
+        torch.save({"step": _Crafted()}, ckpt / "random_states_0.pkl")
+        marker = json.loads((ckpt / "COMPLETE").read_text())
+        marker["files"]["random_states_0.pkl"] = {"bytes": (ckpt / "random_states_0.pkl").stat().st_size,
+                                                  "sha256": file_digest(ckpt / "random_states_0.pkl")}
+        (ckpt / "COMPLETE").write_text(json.dumps(marker))
+    log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS), expect_rc=1)
+    assert (f"error: no checkpoint in {out / 'checkpoints'} can be resumed, so nothing was loaded and nothing "
+            f"deleted: step_00000008 (random_states_0.pkl cannot be loaded safely (UnpicklingError: ") in log
+    assert "; step_00000007 (random_states_0.pkl cannot be loaded safely" in log and "--resume false" in log
+    assert "Traceback" not in log and not list(ROOT.glob("pwned"))
+    assert list_checkpoints(out) == damaged
+
+    log = run("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "1", "--resume", "false"))
+    aside, = out.glob("checkpoints.before_*")
+    assert f"the previous checkpoints were moved to {aside}" in log and "resumed from" not in log
+    assert sorted(p.name for p in aside.iterdir()) == ["step_00000007", "step_00000008"]
+    assert [p.name for p in list_checkpoints(out)] == ["step_00000001"]
+    assert [r["step"] for r in metrics(out)] == [1]
