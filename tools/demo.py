@@ -260,7 +260,8 @@ def page(models: list[Model]) -> str:
 
 
 CSS = """body{font:15px system-ui,sans-serif;margin:1.5em;max-width:1000px}section{border:1px solid #ccc;
-padding:.5em 1em;margin:1em 0;border-radius:6px}.err{color:#b00}.out{font-size:1.2em}img{max-width:100%}"""
+padding:.5em 1em;margin:1em 0;border-radius:6px}.err{color:#b00}.out{font-size:1.2em}
+img.picture{height:180px;max-width:100%;image-rendering:pixelated}"""
 
 # The microphone: MediaRecorder would give webm/opus, which soundfile cannot read, so the page takes
 # PCM from the Web Audio API and encodes a 16-bit WAV itself (wav(), below).

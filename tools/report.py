@@ -34,7 +34,7 @@ def command_line(argv: list[str] | None = None) -> str:
     """The command that made a report, shell-quoted as one would type it again (`python script.py ...`)."""
     argv = list(sys.argv if argv is None else argv)
     if argv and argv[0].endswith(".py"):
-        argv = ["python", os.path.relpath(argv[0]) if os.path.isabs(argv[0]) else argv[0], *argv[1:]]
+        argv = ["python", *argv]
     return shlex.join(argv)
 
 
@@ -145,7 +145,7 @@ th.asc::after{content:" \\25B2"}th.desc::after{content:" \\25BC"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure{display:inline-block;margin:.5em}figure img{max-width:900px}td img{max-width:420px}
 del{background:#fdd;text-decoration:line-through}ins{background:#dfd;text-decoration:none}
-.S del{background:#fed}.S ins{background:#fe9}.legend{color:#555}
+.S del{background:#fed}.S ins{background:#fe9;margin-left:.25em}.legend{color:#555}
 #pager button{margin:0 .3em}
 """
 

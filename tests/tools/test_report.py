@@ -23,6 +23,17 @@ def read_page(path: Path) -> tuple[dict[str, str], dict]:
     return shown, data
 
 
+def assert_page_rows(page: Path, expected: list[dict], keys: list[str], files: tuple[str, ...] = ()):
+    """The report's rows are `expected`'s (the tool's JSON lines) in order, with the same `keys`, and
+    each of `files` names a file beside the page with something in it; → (headline, rows)."""
+    shown, data = read_page(page)
+    assert [r["id"] for r in data["rows"]] == [e["id"] for e in expected]
+    for row, want in zip(data["rows"], expected):
+        assert {k: row[k] for k in keys} == pytest.approx({k: want[k] for k in keys})
+        assert all((page.parent / row[k]).is_file() and (page.parent / row[k]).stat().st_size for k in files), row
+    return shown, data["rows"]
+
+
 def test_edit_segments_mark_substitutions_deletions_and_insertions():
     assert report.edit_segments("the cat sat on mat", "the bat sat on the mat x") == [
         ["=", "the", "the"], ["S", "cat", "bat"], ["=", "sat on", "sat on"], ["I", "", "the"], ["=", "mat", "mat"],
