@@ -13,7 +13,7 @@ tool links them there (a hard link, or a copy across file systems), so the folde
 zipped whole. The page is written atomically (a temporary name, then a rename), like the JSON.
 
 A column is (key, label, kind); kinds: "text", "num" (a float, 3 decimals), "pct" (a rate shown as
-%), "audio" and "image" (a path relative to the page), "edits" (`edit_segments`: a reference against
+%), "audio", "image" and "link" (a path relative to the page), "edits" (`edit_segments`: a reference against
 a hypothesis, substitutions, deletions and insertions marked).
 """
 
@@ -163,6 +163,7 @@ function cell(col,v){
   if(col.kind==='num'){td.className='num';td.textContent=Number(v).toFixed(3);}
   else if(col.kind==='pct'){td.className='num';td.textContent=(100*v).toFixed(1)+' %';}
   else if(col.kind==='audio'){const a=el('audio');a.controls=true;a.preload='none';a.src=v;td.appendChild(a);}
+  else if(col.kind==='link'){const a=el('a',v);a.href=v;td.appendChild(a);}
   else if(col.kind==='image'){const i=el('img');i.loading='lazy';i.src=v;i.alt=col.label;td.appendChild(i);}
   else if(col.kind==='edits'){for(const [op,r,h] of v){
       const s=el('span',null,op==='='?'E':op);
