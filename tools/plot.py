@@ -67,6 +67,12 @@ def _y_limits(lo: float, hi: float, values: list[float]) -> tuple[float, float]:
     return lo, hi
 
 
+def default_keys(rows: list[dict]) -> list[str]:
+    """Every numeric column but NOT_PLOTTED, by name, each eval_X right after its X."""
+    return sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                  - NOT_PLOTTED, key=lambda k: (k.removeprefix(EVAL), k.startswith(EVAL)))
+
+
 def plot(rows: list[dict], keys: list[str], separate: bool = False):
     """A matplotlib Figure, one panel per group of `panels(keys)` (2 columns when there are several)."""
     import matplotlib
@@ -118,9 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = read_metrics(args.metrics)
     if not rows:
         parser.error(f"{args.metrics}: no rows")
-    keys = args.keys.split(",") if args.keys else sorted(  # by name, each eval_X right after its X
-        {k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)} - NOT_PLOTTED,
-        key=lambda k: (k.removeprefix(EVAL), k.startswith(EVAL)))
+    keys = args.keys.split(",") if args.keys else default_keys(rows)
     missing = [k for k in keys if not any(k in r for r in rows)]
     if missing:
         parser.error(f"no column {', '.join(missing)} in {args.metrics}")

@@ -16,7 +16,8 @@ checkpoints/step_XXXXXXXX/ folder. Data settings (data_dir, built-in corpus, fro
 checkpoint's config.yaml unless given here; a run trained on --dataset_name decodes that source's
 --split (loaded whole, map-style, also when it was trained --streaming), with its column names. Writes <output>/<split>-<decoding>.jsonl, one
 {"id", "ref", "hyp"} per utterance sorted by id, and <output>/<split>-<decoding>.json with the
-scores; <output> defaults to <output_dir>/decode/<checkpoint name>/ (e.g. outputs/asr/decode/final/):
+scores, and <output>/<split>-<decoding>.html, a page to read and listen to (tools/report.py: per
+utterance its audio, the errors marked, WER and CER, sortable; the run's training curves); <output> defaults to <output_dir>/decode/<checkpoint name>/ (e.g. outputs/asr/decode/final/):
 beside the checkpoint, never inside it (final/ and step folders are sealed by their digests); prints WER and CER. In N processes each process decodes its share and the main process
 scores the gathered results, each utterance exactly once.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ import dataclasses
 
 from accelerate.utils import broadcast_object_list
 
+import soundfile as sf
 import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
@@ -59,7 +62,7 @@ from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import LmError, ctc_greedy, lm_decode, load_lm_decoder, posteriors, transcribe
-from data import SpecAugmentCollator, SpeechDataset, read_split, transcribed
+from data import SpecAugmentCollator, SpeechDataset, load_wav, read_split, transcribed
 from model import ConformerCTC
 from scoring import Scorer, gather_results
 from text import check_transcripts, checkpoint_tokenizer
@@ -96,6 +99,32 @@ def refuse(message: str) -> NoReturn:
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
+
+
+def html_report(report: Path, summary: dict, results: list[tuple[str, str, str]], manifest, sample_rate: int,
+                run_dir: Path) -> None:
+    """<split>-<decoding>.html (tools/report.py): the summary, the run's training curves, and per
+    utterance its audio (linked beside the page from the data folder, or written as WAV from a
+    `datasets` source's arrays), the reference against the hypothesis with the errors marked, WER, CER."""
+    from tools.report import command_line, error_rates, files_dir, place, training_curves, write_report
+
+    index = {utt_id: n for n, utt_id in enumerate(manifest["id"])}
+    rows = []
+    for n, (utt_id, hyp, ref) in enumerate(results):
+        item = manifest[index[utt_id]]
+        name = f"audio/{n:06d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', utt_id)}"  # ids of a `datasets` source may hold '/'
+        if isinstance(item.get("path"), str) and Path(item["path"]).is_file():
+            audio = place(item["path"], report, name + Path(item["path"]).suffix)
+        else:  # audio held in the source (arrays or bytes): written once as 16-bit WAV
+            (files_dir(report) / "audio").mkdir(parents=True, exist_ok=True)
+            sf.write(files_dir(report) / f"{name}.wav", load_wav(item, sample_rate).numpy(), sample_rate, subtype="PCM_16")
+            audio = f"{files_dir(report).name}/{name}.wav"
+        rows.append({"id": utt_id, "audio": audio, "ref": ref, "hyp": hyp, **error_rates(ref, hyp)})
+    curves = training_curves(run_dir / "metrics.jsonl", report)
+    write_report(report, f"ASR: {summary['split']}, {summary['decoding']} decoding", summary,
+                 [("id", "id", "text"), ("audio", "audio", "audio"), ("edits", "reference → hypothesis", "edits"),
+                  ("wer", "WER", "pct"), ("cer", "CER", "pct")], rows, command_line(),
+                 [("training curves", curves)] if curves else [], sort="wer")
 
 
 def main():
@@ -206,6 +235,7 @@ def main():
             for utt_id, hyp, ref in results:
                 f.write(json.dumps({"id": utt_id, "ref": ref, "hyp": hyp}) + "\n")
         (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+        html_report(out / f"{name}.html", summary, results, manifest, cfg.sample_rate, run_dir_of(folder))
         print(f"{args.split} ({len(results)} utterances, {decoding}): "
               f"WER {100 * scores['wer']:.2f}%  CER {100 * scores['cer']:.2f}%  → {out / name}.jsonl", flush=True)
         if decoder:

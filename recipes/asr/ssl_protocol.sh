@@ -4,7 +4,8 @@
 # train the same ASR model from scratch and from the BEST-RQ encoder on 10 min and on 1 h of labels
 # (subsets/10min.txt, subsets/1h.txt), same steps and seed; score the test split (8 voices never
 # heard, none of its sentences in any training split) greedily and, when decode.py has --lm, with a
-# word n-gram LM; print a markdown table with the wall time of every stage.
+# word n-gram LM; print a markdown table with the wall time of every stage, and write it as a page,
+# $OUT/report.html (tools/report.py), each row linking its run's decode report.
 #
 #   JOBS=2 bash recipes/asr/ssl_protocol.sh --num_threads 1 --report_to none   # the full protocol on 2 cores (2 h 16 min here: README)
 #   python -m tools.corpus --profile ssltiny --subset 10 > /tmp/10s.txt         # a smoke run, ~20 min:
@@ -144,8 +145,8 @@ for run in "${runs[@]}"; do
 done
 join
 
-"$PYTHON" - "$OUT" "$CORPUS" "$PRETRAIN_STEPS" "$FINETUNE_STEPS" "${runs[@]}" <<'PY'
-import json, sys
+SSL_COMMAND="bash recipes/asr/ssl_protocol.sh $*" "$PYTHON" - "$OUT" "$CORPUS" "$PRETRAIN_STEPS" "$FINETUNE_STEPS" "${runs[@]}" <<'PY'
+import json, os, sys
 from pathlib import Path
 import yaml
 out, corpus, pretrain_steps, finetune_steps, runs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
@@ -157,7 +158,7 @@ def score(path):
     return json.loads(path.read_text()) if path.exists() else None
 print("| labels | init | test CER % greedy | test WER % greedy | test CER % LM | test WER % LM |")
 print("|---|---|---|---|---|---|")
-cers, lm_cers = {}, {}
+cers, lm_cers, page = {}, {}, []  # page: the table's rows for $OUT/report.html
 for run in runs:
     init, subset = run.rsplit("_", 1)
     greedy, lm = score(out / run / "decode" / "final" / "test-greedy.json"), score(out / run / "decode_lm" / "test-lm.json")
@@ -167,6 +168,10 @@ for run in runs:
     name = {"scratch": "scratch", "best_rq": f"BEST-RQ, {pretrain_steps} steps"}.get(init) or f"BEST-RQ, {init.split('step')[1]} steps"
     print(f"| {subset} | {name} | {100 * greedy['cer']:.1f} | "
           f"{100 * greedy['wer']:.1f} | {lm_cells} |")
+    decoded = out / run / "decode" / "final" / "test-greedy.html"  # decode.py's page of this run's utterances
+    page.append({"id": run, "labels": subset, "init": name, "cer": greedy["cer"], "wer": greedy["wer"],
+                 "lm_cer": lm and lm["cer"], "lm_wer": lm and lm["wer"],
+                 "utterances": decoded.relative_to(out).as_posix() if decoded.is_file() else None})
 for run in runs:
     if run.startswith("best_rq"):
         init, subset = run.rsplit("_", 1)
@@ -182,4 +187,12 @@ for line in (out / "times.tsv").read_text().splitlines():
     times[name] = seconds
 for name, seconds in times.items():
     print(f"| {name} | {seconds if not seconds.isdigit() else f'{int(seconds) // 60} min {int(seconds) % 60} s'} |")
+from tools.report import write_report  # the same table as a page, each row linking its decode report
+write_report(out / "report.html", "SSL protocol: test CER and WER", {
+    "corpus": corpus, "BEST-RQ pre-training steps": int(pretrain_steps), "ASR steps": int(finetune_steps),
+    "seed": brq["seed"], **{f"wall time: {name}": seconds for name, seconds in times.items()}},
+    [("labels", "labels", "text"), ("init", "init", "text"), ("cer", "test CER greedy", "pct"),
+     ("wer", "test WER greedy", "pct"), ("lm_cer", "test CER LM", "pct"), ("lm_wer", "test WER LM", "pct"),
+     ("utterances", "per utterance", "link")], page, os.environ.get("SSL_COMMAND"))
+print(f"\n{out / 'report.html'}: this table as a page")
 PY

@@ -63,7 +63,9 @@ from text import checkpoint_tokenizer  # noqa: E402
 from train import Config  # noqa: E402
 
 
-def main(args: TranscribeConfig) -> None:
+def load_transcriber(args: TranscribeConfig):
+    """(the run's Config, wav → text): the verified checkpoint's model and decoding (greedy, beam or
+    the LM's) for waveforms (samples,) at cfg.sample_rate; tools/demo.py serves the same function."""
     if not args.lm and (args.lm_alpha is not None or args.lm_beta is not None):
         raise UsageError("--lm_alpha and --lm_beta set the LM decoding; give the LM with --lm DIR")
     if args.lm and args.decoding != "greedy":
@@ -78,7 +80,6 @@ def main(args: TranscribeConfig) -> None:
         decoder = load_lm_decoder(args.lm, tokenizer, args.lm_alpha, args.lm_beta) if args.lm else None
     except LmError as e:
         raise UsageError(f"--lm {e}") from None
-    waves = [read_audio_file(path, cfg.sample_rate) for path in args.audio]  # every file checked before decoding
     model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                          vocab_size=tokenizer.vocab_size)
     try:
@@ -89,20 +90,28 @@ def main(args: TranscribeConfig) -> None:
                          f"that made it") from None
     model.eval()
     logmel, s = LogMel(cfg.sample_rate, cfg.n_mels), cfg.stack_frames
+
+    @torch.no_grad()
+    def transcribe(wav: torch.Tensor) -> str:
+        feats = logmel(wav)  # (frames, n_mels), 10 ms hop
+        n = feats.shape[0] // s * s  # whole 40 ms encoder frames only, as the training collator
+        padded = torch.zeros(1, max(n, s), cfg.n_mels)
+        padded[0, :n] = feats[:n]
+        log_probs, out_lens = model(padded, torch.tensor([n]))  # (1, frames / s, classes)
+        if decoder is None:
+            return tokenizer.decode(ctc_decode(log_probs, out_lens, args.decoding, args.beam_size)[0])
+        return lm_decode(decoder, log_probs[0, : int(out_lens[0])].numpy(), args.beam_width)
+
+    return cfg, transcribe
+
+
+def main(args: TranscribeConfig) -> None:
+    cfg, transcribe = load_transcriber(args)
+    waves = [read_audio_file(path, cfg.sample_rate) for path in args.audio]  # every file checked before decoding
     rows = []
-    with torch.no_grad():
-        for path, wav in zip(args.audio, waves):
-            feats = logmel(wav)  # (frames, n_mels), 10 ms hop
-            n = feats.shape[0] // s * s  # whole 40 ms encoder frames only, as the training collator
-            padded = torch.zeros(1, max(n, s), cfg.n_mels)
-            padded[0, :n] = feats[:n]
-            log_probs, out_lens = model(padded, torch.tensor([n]))  # (1, frames / s, classes)
-            if decoder is None:
-                text = tokenizer.decode(ctc_decode(log_probs, out_lens, args.decoding, args.beam_size)[0])
-            else:
-                text = lm_decode(decoder, log_probs[0, : int(out_lens[0])].numpy(), args.beam_width)
-            rows.append({"path": path, "text": text})
-            print(f"{path}\t{text}", flush=True)
+    for path, wav in zip(args.audio, waves):
+        rows.append({"path": path, "text": transcribe(wav)})
+        print(f"{path}\t{rows[-1]['text']}", flush=True)
     if args.output:
         Path(args.output).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 

@@ -31,8 +31,10 @@ manifests, words compared without case and punctuation) are named and left out o
 (`asr_judge` in the summary says which and how many were scored); a judge whose training sentences
 cannot be read, or whose manifests changed since its data check sealed them, is refused
 (`--asr_judge_check false` scores every sentence, unchecked).
-Writes <output>/<split>.json (summary), <output>/<split>.jsonl (per utterance), wavs/, and a
-spectrogram picture <output>/<first id>.png (synthesized above, recording below) and its
+Writes <output>/<split>.json (summary), <output>/<split>.jsonl (per utterance), wavs/,
+<output>/<split>.html (tools/report.py: per utterance the synthesized audio beside the recording, mel
+and alignment pictures, the judge's transcript with its errors marked, length ratio and MCD, sortable;
+its files in <split>_files/), and a spectrogram picture <output>/<first id>.png (synthesized above, recording below) and its
 alignment <output>/<first id>_alignment.png (soft above, hard below; symbols up, frames right).
 <output> defaults to <output_dir>/eval/<checkpoint name>/ (e.g. outputs/tts/eval/final/), and to
 <output_dir>/eval/<checkpoint name>+vocoder/ with --vocoder: beside the checkpoint, never inside it (final/ and step folders are sealed by their digests).
@@ -65,6 +67,7 @@ from common.training.faults import UsageError, run_main
 from common.data.manifest import DataError, DataPolicy, prepare_manifest
 from common.data.source import run_manifests
 from tools.corpus import resolve_data_dir
+from tools.report import files_dir
 
 # recipe-local modules (this folder is on sys.path)
 from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
@@ -149,6 +152,48 @@ def run_asr(args: EvalConfig, wavs: dict[str, torch.Tensor], texts: dict[str, st
     return {"asr_checkpoint": args.asr_checkpoint, "wer": scores["wer"], "cer": scores["cer"]}
 
 
+def judge_transcripts(asr_out: Path, split: str, ids: list[str]) -> dict[str, tuple[str, str]]:
+    """id → (reference, hypothesis) as the ASR judge scored them (`run_asr`'s <asr_out>/<split>-greedy.jsonl,
+    whose utterances are 1-1-NNNN in the order of the sorted ids it was given)."""
+    path = asr_out / f"{split}-greedy.jsonl"
+    names = {f"1-1-{n:04d}": utt_id for n, utt_id in enumerate(sorted(ids))}
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return {names[r["id"]]: (r["ref"], r["hyp"]) for r in rows if r["id"] in names}
+
+
+def html_report(report: Path, summary: dict, rows: list[dict], manifest, out: Path, run_dir: Path) -> None:
+    """<split>.html (tools/report.py): the summary, the run's training curves, and per utterance the
+    text, the synthesized audio beside the recording, mel and alignment pictures, what the ASR judge
+    heard with its errors marked (where it ran), the length ratio and MCD."""
+    from tools.report import command_line, error_rates, place, training_curves, write_report
+
+    left_out = set(summary["asr_judge"]["heard"]) if "asr" in summary else set()  # not scored: not shown
+    heard = judge_transcripts(out / "asr", summary["split"], [r["id"] for r in rows if r["id"] not in left_out]
+                              ) if "asr" in summary else {}  # (an earlier score's transcripts are not this one's)
+    recordings = {m["id"]: m["path"] for m in manifest}
+    table = []
+    for row in rows:
+        utt_id = row["id"]
+        ref, hyp = heard.get(utt_id, (None, None))
+        judged = error_rates(ref, hyp) if ref is not None else {"wer": None, "cer": None, "edits": None}
+        table.append({"id": utt_id, "text": row["text"],
+                      "synthesized": place(out / "wavs" / f"{utt_id}.wav", report, f"audio/{utt_id}.wav"),
+                      "recording": place(recordings[utt_id], report, f"audio/{utt_id}_recording{Path(recordings[utt_id]).suffix}"),
+                      "mel": f"{report.stem}_files/images/{utt_id}_mel.png",
+                      "alignment": f"{report.stem}_files/images/{utt_id}_alignment.png",
+                      "judge": judged["edits"], "judge_wer": judged["wer"], "judge_cer": judged["cer"],
+                      "length_ratio": row["length_ratio"], "mcd": row["mcd"], "mcd_vocoded": row["mcd_vocoded"]})
+    curves = training_curves(run_dir / "metrics.jsonl", report)
+    write_report(report, f"TTS: {summary['split']} sentences, {summary['vocoder']}", summary,
+                 [("id", "id", "text"), ("text", "text", "text"), ("synthesized", "synthesized", "audio"),
+                  ("recording", "recording", "audio"), ("mel", "mel: synthesized above, recording below", "image"),
+                  ("alignment", "alignment: soft above, hard below", "image"),
+                  ("judge", "text → what the ASR judge heard", "edits"), ("judge_wer", "judge WER", "pct"),
+                  ("judge_cer", "judge CER", "pct"), ("length_ratio", "length ratio", "num"),
+                  ("mcd", "MCD (dB)", "num"), ("mcd_vocoded", "MCD vocoded (dB)", "num")],
+                 table, command_line(), [("training curves", curves)] if curves else [], sort="mcd")
+
+
 def main():
     args = parse_config(EvalConfig)
     if args.vocoder_refine_iters is not None and args.vocoder is None:
@@ -196,6 +241,8 @@ def main():
         vocoder = make_vocoder(cfg, args.griffin_lim_iters)
     frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
     (out / "wavs").mkdir(exist_ok=True)
+    images = files_dir(out / f"{args.split}.html") / "images"
+    images.mkdir(parents=True, exist_ok=True)
 
     start = time.monotonic()
     rows, wavs, texts, floors = [], {}, {}, {}
@@ -229,11 +276,16 @@ def main():
             "soft_hard_agreement": (soft.argmax(1) == index).float().mean().item(),
             "synth_rms_db": float(20 * np.log10(wav.pow(2).mean().sqrt().item() + 1e-9)),
         })
+        # pictures of every utterance for the report (the first one's also as <id>.png beside the JSON)
+        lo, hi = float(ref.min()), float(ref.max())
+        big = lambda im: np.kron(im, np.ones((2, 2), np.uint8))  # noqa: E731 — 2× for reading
+        pictures = {"mel": big(stack_images([to_image(pred, lo, hi), to_image(ref, lo, hi)])),
+                    "alignment": big(stack_images([to_image(soft, 0, 1), to_image(hard, 0, 1)]))}
+        for kind, image in pictures.items():
+            write_png(images / f"{utt_id}_{kind}.png", image)
         if i == 0:
-            lo, hi = float(ref.min()), float(ref.max())
-            big = lambda im: np.kron(im, np.ones((2, 2), np.uint8))  # noqa: E731 — 2× for reading
-            write_png(out / f"{utt_id}.png", big(stack_images([to_image(pred, lo, hi), to_image(ref, lo, hi)])))
-            write_png(out / f"{utt_id}_alignment.png", big(stack_images([to_image(soft, 0, 1), to_image(hard, 0, 1)])))
+            write_png(out / f"{utt_id}.png", pictures["mel"])
+            write_png(out / f"{utt_id}_alignment.png", pictures["alignment"])
     keys = ("mcd", "mcd_vocoded", "mcd_vocoder_floor", "length_ratio", "energy_corr", "soft_peak",
             "soft_hard_agreement", "synth_rms_db")
     summary = {"checkpoint": str(folder), "split": args.split, "utterances": len(rows),
@@ -255,6 +307,7 @@ def main():
     with open(out / f"{args.split}.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     (out / f"{args.split}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    html_report(out / f"{args.split}.html", summary, rows, manifest, out, run_dir_of(folder))
     print(json.dumps(summary, indent=1), flush=True)
 
 

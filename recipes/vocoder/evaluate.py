@@ -8,7 +8,9 @@ The utterances: the last --num_test ids (sorted) of the corpus, the ones trainin
 recipe holds out the same with the same --num_test). Writes, into the run's output_dir (for a
 checkpoints/step_X/ folder: <output_dir>/eval/step_X/; never into the sealed final/ or step folder),
 eval_test.json (per utterance and means; `*_rtf`: seconds of synthesis per second of audio, this
-process's threads), eval_test.md (the table) and <id>.png for the first
+process's threads), eval_test.md (the table), eval_test.html (tools/report.py: per utterance the
+recording beside both copy-syntheses, to listen to, with their scores, sortable; its files in
+eval_test_files/) and <id>.png for the first
 --num_images utterances (log-mels top to bottom: recording, Griffin-Lim, vocoder). --per_band true adds
 STOI per one-third-octave band (`stoi_per_band`: pystoi's computation, not averaged over its 15 bands,
 150 Hz to 3.8 kHz), mean over the utterances, to both files: where in frequency a vocoder loses STOI;
@@ -74,9 +76,29 @@ def stoi_per_band(ref, out, sample_rate: int):
     return (xs * ys).sum(axis=2).mean(axis=0)
 
 
+def html_report(page: Path, report: dict, heard: dict[str, dict], sealed: Path) -> None:
+    """eval_test.html (tools/report.py): the means, the run's training curves, and per utterance the
+    recording beside its copy-synthesis by Griffin-Lim and by the vocoder, with PESQ, STOI and MCD."""
+    from common.training.checkpoint import run_dir_of
+    from tools.report import command_line, training_curves, write_report
+
+    rows = [{**r, **heard[r["id"]]} for r in report["utterances"]]
+    columns = [("id", "id", "text"), ("recording", "recording", "audio"), ("griffin_lim", "Griffin-Lim", "audio"),
+               ("vocoder", "vocoder", "audio")]
+    columns += [(f"{name}_{m}", f"{shown} {label}", "num") for name, shown in (("griffin_lim", "GL"), ("vocoder", "vocoder"))
+                for m, label in (("pesq", "PESQ"), ("stoi", "STOI"), ("mcd", "MCD (dB)"))]
+    columns.append(("image", "log-mel: recording, Griffin-Lim, vocoder", "image"))
+    summary = {"checkpoint": str(sealed), "refine_iters": report["refine_iters"], "utterances": len(rows),
+               **{f"mean {k}": v for k, v in report["mean"].items()}}
+    curves = training_curves(run_dir_of(sealed) / "metrics.jsonl", page)
+    write_report(page, "Vocoder: copy-synthesis of held-out recordings", summary, columns, rows, command_line(),
+                 [("training curves", curves)] if curves else [], sort="vocoder_mcd")
+
+
 def main() -> None:
     args = parse_config(EvalConfig)
     import numpy as np
+    import soundfile as sf
     import torch
     import torchaudio
     from PIL import Image
@@ -89,6 +111,7 @@ def main() -> None:
     from common.data.manifest import read_corpus
     from common.model.vocoding import GriffinLim, mcd_dtw
     from tools.corpus import resolve_data_dir
+    from tools.report import files_dir, place
 
     sys.path.insert(0, str(Path(__file__).parent))
     from model import load_vocoder, vocode
@@ -128,6 +151,9 @@ def main() -> None:
                 "mcd": mcd_dtw(frontend(out).numpy(), ref_mel.numpy())}
 
     rows, bands = [], {"griffin_lim": [], "vocoder": [], "vocoder_magnitude": []}
+    page = folder / "eval_test.html"
+    heard = {}  # id → {"recording", "griffin_lim", "vocoder", "image"}: the report's files, relative to it
+    (files_dir(page) / "audio").mkdir(parents=True, exist_ok=True)
     rephase = torchaudio.transforms.GriffinLim(n_fft=generator.n_fft, n_iter=args.griffin_lim_iters,
                                                hop_length=generator.hop, power=1.0)  # Hann of n_fft, as the head's
     for i, row in enumerate(test):
@@ -141,6 +167,10 @@ def main() -> None:
         rows.append({"id": row["id"], **{f"{k}_{m}": v for k, out in outs.items() for m, v in scores(wav, out, mel).items()},
                      **seconds})
         print(json.dumps(rows[-1]), flush=True)
+        heard[row["id"]] = {"recording": place(row["path"], page, f"audio/{row['id']}{Path(row['path']).suffix}")}
+        for name, out in outs.items():
+            sf.write(files_dir(page) / "audio" / f"{row['id']}_{name}.wav", out.numpy(), cfg.sample_rate, subtype="PCM_16")
+            heard[row["id"]][name] = f"{files_dir(page).name}/audio/{row['id']}_{name}.wav"
         if args.per_band:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 torch.manual_seed(0)  # Griffin-Lim's random initial phase: the same every run
@@ -156,6 +186,7 @@ def main() -> None:
             image = np.concatenate([(255 * ((m.T.flip(0) - lo) / (hi - lo)).clamp(0, 1)).to(torch.uint8).numpy()
                                     for m in mels])
             Image.fromarray(image).save(folder / f"{row['id']}.png")
+            heard[row["id"]]["image"] = place(folder / f"{row['id']}.png", page, f"images/{row['id']}.png")
     means = {k: float(np.mean([r[k] for r in rows])) for k in rows[0] if k != "id"}
     iters = generator.refine_iters if args.refine_iters is None else args.refine_iters
     report = {"refine_iters": iters, "utterances": rows, "mean": means}
@@ -173,6 +204,7 @@ def main() -> None:
         table += [f"| {k} | " + " | ".join(f"{v:.3f}" for v in report["stoi_bands"][k]) + " |" for k in bands]
     (folder / "eval_test.json").write_text(json.dumps(report, indent=1) + "\n")
     (folder / "eval_test.md").write_text(f"{len(rows)} held-out utterances of {data_dir}\n\n" + "\n".join(table) + "\n")
+    html_report(page, report, heard, sealed)
     print("\n".join(table))
 
 

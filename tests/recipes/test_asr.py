@@ -463,6 +463,27 @@ def test_init_from_best_rq_freeze_and_evaluate(tiny_corpus, tmp_path):
     assert summary["cer"] == pytest.approx(jiwer.cer(refs, hyps))
 
 
+def assert_decode_report(name: Path, audio: dict[str, str]) -> None:
+    """decode.py's <name>.html shows <name>.json's figures, and per utterance of <name>.jsonl its
+    hypothesis, the reference's errors marked, its WER and CER, and its audio (`audio`: id → the
+    data's file) beside the page."""
+    from tests.tools.test_report import read_page
+
+    shown, page = read_page(name.with_suffix(".html"))
+    summary = json.loads(name.with_suffix(".json").read_text())
+    assert {k: float(shown[k]) for k in ("wer", "cer")} == pytest.approx({k: summary[k] for k in ("wer", "cer")}, rel=1e-3)
+    assert shown["utterances"] == str(summary["utterances"]) and "decode.py" in name.with_suffix(".html").read_text()
+    jsonl = [json.loads(line) for line in name.with_suffix(".jsonl").read_text().splitlines()]
+    assert [(r["id"], r["ref"], r["hyp"]) for r in page["rows"]] == [(r["id"], r["ref"], r["hyp"]) for r in jsonl]
+    for row in page["rows"]:
+        assert row["wer"] == pytest.approx(jiwer.wer(row["ref"], row["hyp"]))
+        assert row["cer"] == pytest.approx(jiwer.cer(row["ref"], row["hyp"]))
+        assert " ".join(r for _, r, _ in row["edits"] if r) == " ".join(row["ref"].split())  # the marks spell both
+        assert " ".join(h for _, _, h in row["edits"] if h) == " ".join(row["hyp"].split())
+        assert (name.parent / row["audio"]).read_bytes() == Path(audio[row["id"]]).read_bytes()
+    assert page["sort"] == "wer"
+
+
 @pytest.mark.slow
 def test_transcribe_files_as_decode_py_does(tiny_corpus, tmp_path, reference):
     """transcribe.py --audio: each test utterance gets decode.py's greedy text; a stereo float copy of
@@ -488,6 +509,7 @@ def test_transcribe_files_as_decode_py_does(tiny_corpus, tmp_path, reference):
                                    str(tiny_corpus / "librispeech")], tmp_path / "decode.log").returncode == 0
     decoded = {r["id"]: r["hyp"] for r in map(json.loads, (out / "decode" / "final" / "test-greedy.jsonl").read_text().splitlines())}
     assert [t for _, t in printed[: len(test)]] == [decoded[i] for i in test["id"]]
+    assert_decode_report(out / "decode" / "final" / "test-greedy", dict(zip(test["id"], test["path"])))
     assert printed[len(test)][1] == printed[0][1]  # the stereo copy
 
     if importlib.util.find_spec("kenlm") and importlib.util.find_spec("pyctcdecode"):

@@ -20,6 +20,7 @@ import pytest
 from tests.recipe_import import recipe_modules
 from tests.recipes.harness import ROOT, python, run
 from tests.recipes.test_asr import TINY
+from tests.tools.test_report import read_page
 from tools import corpus
 
 asr = recipe_modules("asr", "train")
@@ -160,6 +161,10 @@ def test_protocol_script_runs_stages_in_parallel_stops_on_failure_and_resumes(tm
     table = text.split("| stage | wall time |")[1]
     assert "done before" not in table and re.search(r"\| BEST-RQ pre-training, 12000 steps \| 0 min \d+ s \|", table)
     assert "| 10min | scratch | 20.0 | 50.0 | 10.0 | 30.0 |" in text
+    shown, page = read_page(out / "report.html")  # the same table as a page
+    assert [(r["id"], r["cer"], r["wer"], r["lm_cer"], r["lm_wer"]) for r in page["rows"]] == [
+        (run, 0.2, 0.5, 0.1, 0.3) for run in ("scratch_10min", "best_rq_10min", "best_rq-step1000_10min")]
+    assert shown["corpus"] == "ssl10h" and "bash recipes/asr/ssl_protocol.sh" in (out / "report.html").read_text()
 
 
 def test_protocol_script_interrupted_stops_its_runs(tmp_path):

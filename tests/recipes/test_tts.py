@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import jiwer
 import numpy as np
 import pytest
 import soundfile as sf
@@ -31,6 +32,7 @@ from tests.recipe_import import recipe_modules
 from tests.recipes.test_asr import short_run
 from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
                                    metrics, python, resumed_positions, run)
+from tests.tools.test_report import assert_page_rows, read_page
 
 SEED = 42
 RECIPE = ROOT / "recipes" / "tts"
@@ -287,6 +289,11 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
     assert summary["utterances"] == 2 and summary["durations_sum_ok"] == 2 and summary["monotonic_ok"] == 2
     assert math.isfinite(summary["mcd"]) and summary["mcd"] > 0
     assert list((tmp_path / "eval").glob("*.png"))
+    scored = [json.loads(line) for line in (tmp_path / "eval" / "test.jsonl").read_text().splitlines()]
+    shown, rows = assert_page_rows(tmp_path / "eval" / "test.html", scored, ["length_ratio", "mcd", "mcd_vocoded"],
+                                   files=("synthesized", "recording", "mel", "alignment"))
+    assert float(shown["mcd"]) == pytest.approx(summary["mcd"], rel=1e-3)
+    assert all(r["judge"] is None for r in rows)  # no ASR judge asked for: no transcript shown
 
 
 @slow
@@ -326,6 +333,10 @@ def test_score_leaves_out_the_sentences_its_asr_judge_trained_on(tiny_corpus, tm
         trans = next((tmp_path / "eval" / part / "librispeech" / "test").rglob("*.trans.txt")).read_text()
         assert trans.count("\n") == 1 and second["text"].upper() in trans  # the ASR read only the unheard one
     assert 0 <= summary["asr_vocoder_floor"]["cer"] and "asr_recordings" not in summary
+    rows = {r["id"]: r for r in read_page(tmp_path / "eval" / "test.html")[1]["rows"]}  # what the judge heard
+    [judged] = [json.loads(line) for line in (tmp_path / "eval" / "asr" / "test-greedy.jsonl").read_text().splitlines()]
+    assert rows[first["id"]]["judge"] is None and rows[second["id"]]["judge_cer"] == pytest.approx(
+        jiwer.cer(judged["ref"], judged["hyp"]))
 
 
 def test_score_refuses_a_judge_whose_manifests_changed_or_are_not_rows(tmp_path, capsys):

@@ -26,6 +26,7 @@ from tests.recipe_import import recipe_modules
 from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
                                    last_flag_wins, metrics, python, resumed_positions, run, worker)
 from tests.recipes.test_tts import args_for as tts_args_for
+from tests.tools.test_report import assert_page_rows
 
 slow = pytest.mark.slow
 
@@ -336,6 +337,11 @@ def test_synthesize_with_the_vocoder_and_a_kill_during_its_export(tiny_corpus, t
     assert bands["utterances"] == 2 and len(bands["centre_hz"]) == len(bands["vocoder"]) == 15
     assert len(bands["vocoder_magnitude"]) == 15 and bands["vocoder_magnitude"] != bands["vocoder"]
     assert abs(sum(bands["vocoder"]) / 15 - report["mean"]["vocoder_stoi"]) < 1e-9
+    shown, rows = assert_page_rows(voc / "eval_test.html", report["utterances"],  # the page: the JSON's figures
+                                   [f"{v}_{m}" for v in ("griffin_lim", "vocoder") for m in ("pesq", "stoi", "mcd")],
+                                   files=("recording", "griffin_lim", "vocoder"))
+    assert float(shown["mean vocoder_mcd"]) == pytest.approx(report["mean"]["vocoder_mcd"], rel=1e-3)
+    assert [r.get("image") is not None for r in rows] == [True, False]  # --num_images 1
 
     chain = python([ROOT / "recipes" / "tts" / "score.py", "--checkpoint", tts, "--vocoder", voc, "--split", "validation"],
                    cwd=Path("/"))
