@@ -38,19 +38,25 @@ RECIPES = tuple(sorted(p.parent.name for p in ROOT.glob("recipes/*/train.py")))
 LOCAL = tuple(sorted({p.stem for recipe in RECIPES for p in (ROOT / "recipes" / recipe).glob("*.py")}))
 
 
-def _train_module(recipe: str):
-    """A recipe's `train` module, imported by its plain name (its siblings too, as its scripts do), then
-    the names taken out of sys.modules so that another recipe's `model`/`data` cannot collide.
-    Importing it parses no command line (train.py does that only under `__main__`)."""
+def recipe_modules(recipe: str, *names: str) -> SimpleNamespace:
+    """A recipe's modules by their plain names (`recipe_modules("asr", "data", "model")`), imported as its
+    scripts import them (the folder on sys.path: their siblings too), then the plain names taken out of
+    sys.modules again so that another recipe's `model` or `data` never collides with this one's.
+    Importing `train` parses no command line (train.py does that only under `__main__`). The tests
+    import recipes with this too (tests/recipe_import.py)."""
     saved_path, saved = sys.path[:], {n: sys.modules.pop(n) for n in LOCAL if n in sys.modules}
     sys.path.insert(0, str(ROOT / "recipes" / recipe))
     try:
-        return importlib.import_module("train")
+        return SimpleNamespace(**{n: importlib.import_module(n) for n in names})
     finally:
         sys.path[:] = saved_path
         for n in LOCAL:
             sys.modules.pop(n, None)
         sys.modules.update(saved)
+
+
+def _train_module(recipe: str):
+    return recipe_modules(recipe, "train").train
 
 
 def _needs_data(train) -> bool:
