@@ -196,7 +196,7 @@ class RecipeData:
     valid_loader: Any  # every validation utterance once, over all processes
     summary: dict  # what a checkpoint records about the training data (TrainState.data)
     durations: dict  # utterance id → seconds (Throughput; a stream's batches carry their own)
-    tokenizer: Any = None  # what the items encode transcripts with, where the model is sized by it (ASR's, TTS's symbols)
+    tokenizer: Any = None  # what the items encode transcripts with, where it sizes the model (ASR; TTS: its Symbols)
     # Settings the data decided, which the run records in its config (config.yaml, checkpoints, final/):
     # TTS's symbol table read off the transcripts (--symbols auto) and its --phonemizer_language. The
     # seams read them here; main applies them to the run's config where it records it.

@@ -33,7 +33,7 @@ from torch import nn
 from frontend import Symbols  # noqa: F401  (Symbols is part of this module's interface: load_tts, synthesize)
 
 NEG = -1e4  # "minus infinity" that keeps softmax/CTC gradients finite
-LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")  # what the model's forward returns and train.py logs
+LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")  # the forward's losses, as logged
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +262,8 @@ def build_model(cfg, symbols: str | None = None) -> "AlignedFastSpeech":
     """The model described by a TTS config (the dataclass, or a namespace read from a config.yaml), for
     the symbol table `symbols` (None: the config's, as a run's saved config.yaml records it)."""
     return AlignedFastSpeech(
-        n_symbols=len(cfg.symbols if symbols is None else symbols) + 1, n_mels=cfg.n_mels, dim=cfg.dim, encoder_layers=cfg.encoder_layers,
+        n_symbols=len(cfg.symbols if symbols is None else symbols) + 1, n_mels=cfg.n_mels, dim=cfg.dim,
+        encoder_layers=cfg.encoder_layers,
         decoder_layers=cfg.decoder_layers, heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, kernel=cfg.conv_kernel,
         dropout=cfg.dropout, duration_channels=cfg.duration_channels, attention_dim=cfg.attention_dim,
         attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob)

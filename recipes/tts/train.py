@@ -125,12 +125,13 @@ from common.training.logs import Throughput, WindowMeans, get_logger, progress_b
 from common.training.loop import (adamw_scheduled, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.training.run import start_logging, start_run  # noqa: E402
+from common.data.manifest import split_manifest  # noqa: E402
 from common.data.source import RecipeData, Source  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
-from data import Collator, TTSDataset, split_manifest  # noqa: E402
+from data import Collator, TTSDataset  # noqa: E402
 from frontend import AUTO, Symbols, guess_language  # noqa: E402
 from model import LOSSES, build_model, evaluate, transfer_from  # noqa: E402
 

@@ -261,7 +261,7 @@ def test_a_source_offers_the_same_whatever_it_is(tmp_path, streaming):
     assert sorted(texts) == [f"s{i}" for i in range(8)] and len(set(ids)) == 8
     src.select(lambda splits: {**splits, "train": splits["train"].select(range(4))})
     data = src.loaders(train=(Ids, collate_ids), valid=(Ids, collate_ids))
-    assert isinstance(data, RecipeData) and data.source is src and data.cfg is settings
+    assert isinstance(data, RecipeData) and data.source is src and data.recorded == {} and not data.resumes
     assert data.data_dir == str(folder) and data.summary == src.summary()
     assert data.summary["utterances"] == (8 if streaming else 4)  # a stream keeps its rows
     assert list(data.summary["shard_files"]) == ["train-00000-of-00001.parquet"]
