@@ -330,3 +330,25 @@ def test_a_recipe_reads_a_label_column_as_it_reads_transcripts(tmp_path, streami
         Source.open(settings, ACCELERATOR, tmp_path / "out2", global_batch=1, num_workers=0, corpus=None, splits=None)
     assert str(e.value).startswith("--speaker_column_name speaker_id: no such column in ")
     assert "(it has audio, sentence, spk)" in str(e.value)
+
+
+def test_recipe_data_sets_the_epoch_of_its_sampler_and_of_the_items_and_collator_that_draw_per_epoch():
+    """`data.epoch_objects` (what every main hands train_batches) and `data.set_epoch` (what the
+    benchmarks call): the sampler always, the training items and collator where they define set_epoch."""
+    from common.data.source import RecipeData
+
+    class Epoch:
+        def __init__(self):
+            self.epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    sampler, items, plain = Epoch(), Epoch(), object()
+    data = RecipeData(None, items, None, plain, None, sampler, None, summary={}, durations={})
+    assert data.epoch_objects == (sampler, items) and not data.resumes and data.recorded == {}
+    data.set_epoch(3)
+    assert sampler.epoch == items.epoch == 3
+    collator = Epoch()
+    assert RecipeData(None, plain, None, collator, None, sampler, None, summary={}, durations={}).epoch_objects == (
+        sampler, collator)
