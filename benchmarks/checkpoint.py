@@ -40,10 +40,7 @@ def build(recipe: str, root: str | None = None):
         import benchmarks.recipe
 
         benchmarks.recipe.ROOT = Path(root)
-    try:
-        r = load_recipe(recipe, data=False)
-    except TypeError:  # an older checkout's benchmarks/recipe.py, which builds the data too
-        r = load_recipe(recipe)
+    r = load_recipe(recipe)  # its models take its data (build_models(cfg, data))
     try:
         from common.training.distributed import set_threads
     except ImportError:  # an older checkout: torch's default, which is also one thread per core

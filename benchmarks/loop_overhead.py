@@ -94,10 +94,7 @@ def main() -> None:
     if later < 1:
         raise SystemExit("--later_epoch must be 1 or more")
     for epoch in (0, later):
-        sampler.set_epoch(epoch)
-        for obj in (r.dataset, r.collator):
-            if hasattr(obj, "set_epoch"):
-                obj.set_epoch(epoch)
+        r.data.set_epoch(epoch)  # the sampler, and the items and collator that draw per epoch
         batches[epoch] = []
         for idx in list(sampler)[: args.steps]:
             items = []

@@ -38,7 +38,7 @@ def main() -> None:
     r = load_recipe(args.recipe, ["--memory_cache_mb", "0"])
     cfg, accelerator, sampler = r.cfg, r.accelerator, r.data.train_sampler
     loader = accelerator.prepare(r.data.train_loader)
-    sampler.set_epoch(0)
+    r.data.set_epoch(0)
     n = len(loader)
 
     batches = list(sampler)  # epoch 0's index lists, as the loader will draw them
@@ -49,7 +49,7 @@ def main() -> None:
         state.stage = "boundary"  # as resume_from_checkpoint leaves it (no model here to load)
         t = time.perf_counter()
         next(train_batches(accelerator, loader, state, max_steps=10**9, accumulation=1, seed=cfg.seed,
-                           epoch_objects=(sampler,)))
+                           epoch_objects=r.data.epoch_objects))
         return time.perf_counter() - t
 
     def read(done: int) -> float:

@@ -58,8 +58,7 @@ def heldout(data_dir: Path, out: Path, num_valid: int, num_test: int):
     sys.path.insert(0, str(ROOT / "recipes" / "tts"))
     sys.path.insert(1, str(ROOT))
     from common.config import parse_config
-    from common.data.manifest import DataPolicy, prepare_manifest
-    from data import split_manifest
+    from common.data.manifest import DataPolicy, prepare_manifest, split_manifest
     from train import Config
 
     cfg = parse_config(Config, ["--data_dir", str(data_dir), "--max_seconds", "30", "--text_frontend", "characters"],

@@ -47,7 +47,7 @@ import datasets
 import soundfile as sf
 
 from common.data.datacheck import CACHE_VERSION, MODES, Stamp, audio_facts, check_files, list_files
-from common.training.faults import RunError
+from common.training.faults import RunError, UsageError
 from common.training.prepare import prepare_once
 
 logger = logging.getLogger(__name__)
@@ -578,6 +578,19 @@ def read_librispeech(root: str | Path, splits: str) -> datasets.Dataset:
     columns id, path, text, speaker, duration (seconds), sample_rate; sorted by id."""
     rows, problems = scan_librispeech(root, splits)
     return _with_durations(rows, problems, f"{root} [{splits}]")
+
+
+def split_manifest(manifest: datasets.Dataset, num_valid: int, num_test: int) -> dict[str, datasets.Dataset]:
+    """A single-voice corpus split by sorted id (the TTS and vocoder recipes': the same --num_test
+    holds out the same utterances in both): the last `num_test` ids are test, the `num_valid` before
+    them validation, the rest training."""
+    n = len(manifest)
+    n_train = n - num_valid - num_test
+    if n_train < 1:
+        raise UsageError(f"{n} utterances leave none for training (--num_valid {num_valid}, --num_test {num_test}): "
+                         f"lower them, or give more utterances")
+    return {"train": manifest.select(range(n_train)), "validation": manifest.select(range(n_train, n - num_test)),
+            "test": manifest.select(range(n - num_test, n))}
 
 
 def read_ljspeech(root: str | Path) -> datasets.Dataset:

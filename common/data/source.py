@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -163,14 +163,14 @@ class Source:
                     for row in (rows.read_rows(0, i, i + 1)[0] for i in positions)]
         return rows.select(positions)
 
-    def loaders(self, *, train: tuple, valid: tuple, cfg=None, tokenizer=None) -> RecipeData:
+    def loaders(self, *, train: tuple, valid: tuple, tokenizer=None, recorded: dict | None = None) -> RecipeData:
         """The recipe's data on these rows: `train` and `valid` are each (items, collator), `items(rows)`
         the recipe's dataset over a split's manifest (`rows` None when streamed: its `item(row)` makes
         an item from a row). Duration-bucketed loaders over manifests (`common.data.loading.build_loaders`:
-        batches in seconds), stream loaders over streams (batches in utterances); `cfg`: the config
-        the items were made with, when the data changed it (TTS: its symbol table)."""
+        batches in seconds), stream loaders over streams (batches in utterances). `tokenizer` and
+        `recorded`: RecipeData's fields of those names."""
         (make_train, collate), (make_valid, valid_collate) = train, valid
-        cfg = cfg or self.cfg
+        cfg = self.cfg
         shape = dict(global_batch=self.global_batch, num_workers=self.num_workers)
         rows = {name: (None if self.streamed else self.splits[name]) for name in ("train", "validation")}
         train_items, valid_items = make_train(rows["train"]), make_valid(rows["validation"])
@@ -184,8 +184,8 @@ class Source:
                 cfg, self.accelerator, **shape, train=(rows["train"], train_items, collate),
                 valid=(rows["validation"], valid_items, valid_collate))
             durations = dict(zip(rows["train"]["id"], rows["train"]["duration"]))
-        return RecipeData(self, cfg, train_items, valid_items, collate, train_loader, train_sampler, valid_loader,
-                          summary=self.summary(), durations=durations, tokenizer=tokenizer)
+        return RecipeData(self, train_items, valid_items, collate, train_loader, train_sampler, valid_loader,
+                          summary=self.summary(), durations=durations, tokenizer=tokenizer, recorded=recorded or {})
 
 
 @dataclass
@@ -194,7 +194,6 @@ class RecipeData:
     the benchmarks and the tests read the same fields (the seams: README.md, "Adapt a recipe")."""
 
     source: Source  # the rows: `source.splits` (manifests or streams), `source.texts(split)`, `source.data_dir`
-    cfg: Any  # the run's config as the data left it (TTS: the symbol table read from the transcripts)
     train_items: Any  # the training dataset, before the RAM cache: `item(row)`, or item i as the collator takes it
     valid_items: Any
     collate: Any  # the training collator
@@ -203,7 +202,27 @@ class RecipeData:
     valid_loader: Any  # every validation utterance once, over all processes
     summary: dict  # what a checkpoint records about the training data (TrainState.data)
     durations: dict  # utterance id → seconds (Throughput; a stream's batches carry their own)
-    tokenizer: Any = None  # what the items encode transcripts with, where the model is sized by it (ASR)
+    tokenizer: Any = None  # what the items encode transcripts with, where it sizes the model (ASR; TTS: its Symbols)
+    # Settings the data decided, which the run records in its config (config.yaml, checkpoints, final/):
+    # TTS's symbol table read off the transcripts (--symbols auto) and its --phonemizer_language. The
+    # seams read them here; main applies them to the run's config where it records it.
+    recorded: dict = field(default_factory=dict)
+    # Whether the run resumes from a checkpoint (main sets it from start_run's choice): `build_models`
+    # then leaves --init_from unread, the checkpoint's weights being loaded over the models anyway.
+    resumes: bool = False
+
+    @property
+    def epoch_objects(self) -> tuple:
+        """What gets `set_epoch(epoch)` at each epoch (`train_batches`' epoch_objects): the training
+        sampler, and the training items and collator where they define it (per-epoch randomness:
+        speed perturbation, masks, segments): accelerate's sharded DDP loader calls no set_epoch on
+        them, so main, the benchmarks and the tests reach the same objects through here."""
+        return (self.train_sampler, *(o for o in (self.train_items, self.collate) if hasattr(o, "set_epoch")))
+
+    def set_epoch(self, epoch: int) -> None:
+        """`set_epoch(epoch)` on every one of `epoch_objects` (what the benchmarks call before iterating)."""
+        for obj in self.epoch_objects:
+            obj.set_epoch(epoch)
 
     @property
     def data_dir(self):

@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from common.config import load_yaml
+from common.data.cache import cache_root
 from common.training.launcher import LAUNCHER_PID_ENV
 from common.training.prepare import COMPLETE_MARKER, prepare_once
 
@@ -50,13 +51,6 @@ AUTO_MAX_HOURS = 10.0  # hours of training audio from which `auto` trains from s
 _DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                     "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
                     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
-
-
-def cache_root(data_cache_dir: str | Path | None) -> Path:
-    """The per-machine cache of the built-in corpus (tools/corpus.py) and of its bases: `data_cache_dir`,
-    else $SPEECH_RECIPES_CACHE, else ~/.cache/speech_recipes."""
-    root = data_cache_dir or os.environ.get("SPEECH_RECIPES_CACHE") or Path.home() / ".cache" / "speech_recipes"
-    return Path(root).expanduser()
 
 
 def source_digest(recipe_dir: Path) -> str:

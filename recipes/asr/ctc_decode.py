@@ -7,8 +7,8 @@ most likely *path*. A labelling's probability is the sum over all its paths, and
 split into "ends in blank" / "ends in a token", so it can prefer a labelling that many paths share
 (see tests/recipes/test_asr.py for a case where greedy is wrong).
 
-`transcribe` decodes a loader with a model (decode.py); `evaluate` adds the validation loss and
-WER/CER across processes (train.py, at evaluation steps). With a word n-gram LM (lm.py),
+`transcribe` decodes a loader with a model (decode.py; model.evaluate adds the validation loss and
+WER/CER across processes to it, at train.py's evaluation steps). With a word n-gram LM (lm.py),
 `load_lm_decoder` gives pyctcdecode's beam search with shallow fusion (the decoder transformers'
 `Wav2Vec2ProcessorWithLM` and ASR pipeline use): score = log p_ctc + alpha · log p_lm + beta · words.
 """
@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from model import ctc_loss
-from scoring import gather_results
 from text import BLANK
 
 NEG_INF = float("-inf")
@@ -114,19 +113,6 @@ def transcribe(model, loader, tokenizer, decoding: str = "greedy", beam_size: in
         results += [(i, tokenizer.decode(h), r) for i, h, r in zip(batch["ids"], hyps, batch["texts"])]
     model.train()
     return results, loss_sum, tokens
-
-
-def evaluate(model, loader, accelerator, tokenizer, scorer) -> tuple[dict, list[tuple[str, str, str]]]:
-    """Validation CTC loss (every rank) and greedy WER/CER (main process), each utterance once, and
-    every (id, hypothesis, reference) sorted by id (to show a few). Collective: call on every rank."""
-    results, loss_sum, tokens = transcribe(model, loader, tokenizer)
-    totals = accelerator.reduce(torch.tensor([loss_sum, tokens], dtype=torch.float64, device=accelerator.device), "sum")
-    results = gather_results(results)  # collective
-    row = {"eval_loss": (totals[0] / totals[1]).item()}
-    if accelerator.is_main_process:  # metric modules run on the main process only
-        scores = scorer([h for _, h, _ in results], [r for _, _, r in results])
-        row.update(eval_wer=scores["wer"], eval_cer=scores["cer"])
-    return row, results
 
 
 class LmError(ValueError):

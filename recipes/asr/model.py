@@ -3,7 +3,8 @@
 
 The parameter names are BEST-RQ's (`encoder.*`, buffers `feat_mean`, `feat_std`), so a BEST-RQ
 `final/model.safetensors` loads into this model by name (`common.model.encoder.load_pretrained_encoder`).
-`export_hf` writes a trained model as a transformers `Wav2Vec2BertForCTC` (`common.model.hf_export`).
+`export_hf` writes a trained model as a transformers `Wav2Vec2BertForCTC` (`common.model.hf_export`);
+`evaluate` scores it on the validation set (loss, WER, CER) at train.py's evaluation steps.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import Wav2Vec2BertConfig
 
 from common.model.encoder import StackedLogMelEncoder, encoder_config_from
 from common.model.hf_export import save_feature_extractor, save_hf_ctc
+from scoring import gather_results
 from text import BLANK
 
 
@@ -26,6 +28,9 @@ class ConformerCTC(StackedLogMelEncoder):
     def __init__(self, config: Wav2Vec2BertConfig, *, n_mels: int, stack_frames: int, vocab_size: int):
         super().__init__(config, n_mels=n_mels, stack_frames=stack_frames)
         self.head = nn.Linear(config.hidden_size, vocab_size)  # class 0 = CTC blank
+        # True when --init_from gave the feature statistics too (train.build_models): a fresh start
+        # then keeps them instead of computing its own
+        self.stats_given = False
 
     def forward(self, feats, feat_lens, time_mask=None, freq_mask=None):
         """feats: (B, T, n_mels) raw log-mel, T a multiple of `stack`; feat_lens: (B,) valid frames;
@@ -46,6 +51,22 @@ def ctc_loss(log_probs, out_lens, targets, target_lens):
     loss = F.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lens, target_lens, blank=BLANK,
                       reduction="sum", zero_infinity=True)
     return loss / target_lens.sum().clamp_min(1)
+
+
+def evaluate(model, loader, accelerator, tokenizer, scorer) -> tuple[dict, list[tuple[str, str, str]]]:
+    """Validation CTC loss (every rank) and greedy WER/CER (main process), each utterance once, and
+    every (id, hypothesis, reference) sorted by id (to show a few). Collective: call on every rank."""
+    from ctc_decode import transcribe  # (ctc_decode imports this module's ctc_loss: imported when called)
+
+    results, loss_sum, tokens = transcribe(model, loader, tokenizer)
+    totals = accelerator.reduce(torch.tensor([loss_sum, tokens], dtype=torch.float64, device=accelerator.device), "sum")
+    results = gather_results(results)  # collective
+    row = {"eval_loss": (totals[0] / totals[1]).item()}
+    if accelerator.is_main_process:  # metric modules run on the main process only
+        scores = scorer([h for _, h, _ in results], [r for _, _, r in results])
+        row.update(eval_wer=scores["wer"], eval_cer=scores["cer"])
+    return row, results
+
 
 
 def export_hf(folder: Path, weights: dict[str, torch.Tensor], cfg, tokenizer) -> None:

@@ -141,7 +141,7 @@ from common.training.averaging import start_average, swapped_in  # noqa: E402
 from common.training.builtin_base import (AUTO, KEYWORD as BUILTIN, base_args, builtin_base,  # noqa: E402
                                           start_from_base, uses_builtin_corpus)
 from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
-from common.config import save_config  # noqa: E402
+from common.config import config_to_dict, save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
 from common.model.encoder import MATCHING_KEYS, encoder_config_from, load_pretrained_encoder  # noqa: E402
 from common.training.faults import RunError, run_main  # noqa: E402
@@ -156,10 +156,9 @@ from common.training.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
-from ctc_decode import evaluate  # noqa: E402
 from data import (SpecAugmentCollator, SpeechDataset, fixed_subset, labelled_subset, load_wav,  # noqa: E402
                   read_split, transcribed)
-from model import ConformerCTC, ctc_loss, export_hf  # noqa: E402
+from model import ConformerCTC, ctc_loss, evaluate, export_hf  # noqa: E402
 from scoring import Scorer  # noqa: E402
 from text import build_tokenizer, check_transcripts, load_tokenizer, read_char_map  # noqa: E402
 
@@ -252,9 +251,19 @@ def init_folder(cfg: Config, hours: float | None) -> str | Path | None:
 
 
 def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
-    """The model, its output sized by the data's tokenizer."""
-    return {"model": ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                                  vocab_size=data.tokenizer.vocab_size)}
+    """The model, its output sized by the data's tokenizer; on a fresh start (not `data.resumes`: a
+    resume loads its checkpoint instead) its encoder loaded from --init_from (every rank: `init_folder`),
+    with the feature statistics when that run has them (`model.stats_given`)."""
+    model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                         vocab_size=data.tokenizer.vocab_size)
+    # every rank; a resume loads its checkpoint instead (hours: None for a stream, not read ahead)
+    folder = init_folder(cfg, data.summary.get("hours")) if not data.resumes else None
+    model.stats_given = load_pretrained_encoder(model, folder, config_to_dict(cfg)) if folder else False
+    start = (f"initialized from {folder}" if folder else "resumed" if data.resumes else "from scratch"
+             + (" (the built-in corpus: the base of other voices)"
+                if cfg.init_from in (BUILTIN, AUTO) and uses_builtin_corpus(cfg) else ""))
+    logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters, {start}")
+    return {"model": model}
 
 
 def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
@@ -298,16 +307,10 @@ def main(cfg: Config) -> None:
 
     # ---- data, tokenizer, model, optimizer (the seams above) -----------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    train_ds, train_sampler, train_collator, tokenizer = data.train_items, data.train_sampler, data.collate, data.tokenizer
-    tok_dir = out / "tokenizer"  # built by build_data; exported with the model
-    models = build_models(cfg, data)
+    data.resumes = run.ckpt is not None  # what build_models reads: a resume loads its checkpoint over the models
+    tokenizer, tok_dir = data.tokenizer, out / "tokenizer"  # built by build_data; exported with the model
+    models = build_models(cfg, data)  # --init_from read here, on a fresh start
     model = models["model"]
-    # every rank; a resume loads its checkpoint instead (hours: None for a stream, not read ahead)
-    folder = init_folder(cfg, data.summary.get("hours")) if run.ckpt is None else None
-    stats_loaded = load_pretrained_encoder(model, folder, run.cfg_dict) if folder else False
-    start = (f"initialized from {folder}" if folder else "resumed" if run.ckpt else "from scratch"
-             + (" (the built-in corpus: the base of other voices)" if cfg.init_from in (BUILTIN, AUTO) and uses_builtin_corpus(cfg) else ""))
-    logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters, {start}")
     optimizers, schedulers = build_optimizers(cfg, models)
     optimizer, scheduler = optimizers["model"], schedulers["model"]
     encoder_params = list(model.encoder.parameters())
@@ -322,7 +325,7 @@ def main(cfg: Config) -> None:
     # resume) or other training data.
     parts = dict(models=model, optimizers=optimizer, schedulers=scheduler)  # what a checkpoint holds
     state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=data.summary)
-    if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None and not stats_loaded:
+    if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None and not models["model"].stats_given:
         logmel = LogMel(cfg.sample_rate, cfg.n_mels)  # evenly spaced rows: a manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
             (row["id"], logmel(load_wav(row, cfg.sample_rate))) for row in data.sample_rows(cfg.stats_utterances)))
@@ -337,7 +340,7 @@ def main(cfg: Config) -> None:
     window = WindowMeans()  # mean CTC loss over the accumulation window
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
-            seed=cfg.seed, epoch_objects=(train_sampler, train_collator, train_ds),
+            seed=cfg.seed, epoch_objects=data.epoch_objects,
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):
             losses, stats = compute_loss({"model": model}, batch, cfg, state.step)

@@ -111,7 +111,8 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     return source.loaders(train=(items, collator), valid=(items, collator))
 
 
-def build_models(cfg: Config, data: RecipeData | None = None) -> dict[str, BestRQ]:
+def build_models(cfg: Config, data: RecipeData) -> dict[str, BestRQ]:
+    """The model (the data do not size it)."""
     return {"model": BestRQ(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                             codebook_size=cfg.codebook_size, code_dim=cfg.code_dim, quantizer_seed=cfg.quantizer_seed,
                             label_norm=cfg.label_norm)}
@@ -137,7 +138,7 @@ def main(cfg: Config) -> None:
 
     # ---- data, model, optimizer (the seams above) ---------------------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    train_sampler, collator = data.train_sampler, data.collate
+    data.resumes = run.ckpt is not None  # what build_models reads: a resume loads its checkpoint over the models
     models = build_models(cfg, data)
     model = models["model"]
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters")
@@ -166,7 +167,7 @@ def main(cfg: Config) -> None:
     window = WindowMeans()  # loss, accuracy: means over the accumulation window
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
-            seed=cfg.seed, epoch_objects=(train_sampler, collator),
+            seed=cfg.seed, epoch_objects=data.epoch_objects,
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):
             losses, stats = compute_loss({"model": model}, batch, cfg, state.step)

@@ -154,7 +154,7 @@ def main(cfg: Config) -> None:
 
     # ---- data, model, optimizer (the seams above) ---------------------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    train_sampler = data.train_sampler
+    data.resumes = run.ckpt is not None  # what build_models reads: a resume loads its checkpoint over the models
     models = build_models(cfg, data)
     model = models["model"]
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters")
@@ -185,7 +185,7 @@ def main(cfg: Config) -> None:
     window = WindowMeans()  # loss, accuracy: means over the accumulation window
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
-            seed=cfg.seed, epoch_objects=(train_sampler,),
+            seed=cfg.seed, epoch_objects=data.epoch_objects,
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):
             losses, stats = compute_loss({"model": model}, batch, cfg, state.step)

@@ -1,27 +1,14 @@
-"""TTS data: the deterministic train/validation/test split, the dataset (symbol ids, log-mel) and the
-collator (padding, beta-binomial alignment prior)."""
+"""TTS data: the dataset (symbol ids, log-mel) and the collator (padding, beta-binomial alignment
+prior); the train/validation/test split is `common.data.manifest.split_manifest`."""
 
 from __future__ import annotations
 
 import torch
 
 from common.data.loading import load_row_audio
-from common.training.faults import UsageError
 from audio import mel_frontend
 from frontend import Symbols
 from model import NEG, beta_binomial_prior
-
-
-def split_manifest(manifest, num_valid: int, num_test: int):
-    """Deterministic split by sorted id: the last num_test ids are test, the num_valid before them
-    validation, the rest training."""
-    n = len(manifest)
-    n_train = n - num_valid - num_test
-    if n_train < 1:
-        raise UsageError(f"{n} utterances leave none for training (--num_valid {num_valid}, --num_test {num_test}): "
-                         f"lower them, or give more utterances")
-    return {"train": manifest.select(range(n_train)), "validation": manifest.select(range(n_train, n - num_test)),
-            "test": manifest.select(range(n - num_test, n))}
 
 
 class TTSDataset(torch.utils.data.Dataset):

@@ -33,6 +33,7 @@ from torch import nn
 from frontend import Symbols  # noqa: F401  (Symbols is part of this module's interface: load_tts, synthesize)
 
 NEG = -1e4  # "minus infinity" that keeps softmax/CTC gradients finite
+LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")  # the forward's losses, as logged
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,13 +258,29 @@ class AlignedFastSpeech(nn.Module):
         return pred * self.feat_std + self.feat_mean, lens, durations
 
 
-def build_model(cfg) -> "AlignedFastSpeech":
-    """The model described by a TTS config (the dataclass, or a namespace read from a config.yaml)."""
+def build_model(cfg, symbols: str | None = None) -> "AlignedFastSpeech":
+    """The model described by a TTS config (the dataclass, or a namespace read from a config.yaml), for
+    the symbol table `symbols` (None: the config's, as a run's saved config.yaml records it)."""
     return AlignedFastSpeech(
-        n_symbols=len(cfg.symbols) + 1, n_mels=cfg.n_mels, dim=cfg.dim, encoder_layers=cfg.encoder_layers,
+        n_symbols=len(cfg.symbols if symbols is None else symbols) + 1, n_mels=cfg.n_mels, dim=cfg.dim,
+        encoder_layers=cfg.encoder_layers,
         decoder_layers=cfg.decoder_layers, heads=cfg.num_heads, ffn_dim=cfg.ffn_dim, kernel=cfg.conv_kernel,
         dropout=cfg.dropout, duration_channels=cfg.duration_channels, attention_dim=cfg.attention_dim,
         attention_temperature=cfg.attention_temperature, blank_logprob=cfg.blank_logprob)
+
+
+@torch.no_grad()
+def evaluate(model, loader, accelerator) -> dict:
+    """Teacher-forced losses on the validation set (each utterance once), weighted by utterances."""
+    model.eval()
+    totals = torch.zeros(len(LOSSES) + 1, device=accelerator.device)
+    for batch in loader:
+        out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
+        n = float(len(batch["ids"]))
+        totals += torch.tensor([out[k].item() * n for k in LOSSES] + [n], device=accelerator.device)
+    totals = accelerator.reduce(totals, "sum")
+    model.train()
+    return {f"eval_{k}": (totals[i] / totals[-1]).item() for i, k in enumerate(LOSSES)}
 
 
 def load_tts(folder: str | Path, cfg=None, weights: dict | None = None):

@@ -64,14 +64,14 @@ from common.training.checkpoint import resolve_checkpoint, run_dir_of
 from common.config import ConfigError, Count, ExistingPath, NonNegative, load_config, parse_config
 from common.data.loading import load_audio
 from common.training.faults import UsageError, run_main
-from common.data.manifest import DataError, DataPolicy, prepare_manifest
+from common.data.manifest import DataError, DataPolicy, prepare_manifest, split_manifest
 from common.data.source import run_manifests
 from tools.corpus import resolve_data_dir
 from tools.report import files_dir
 
 # recipe-local modules (this folder is on sys.path)
 from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
-from data import Collator, TTSDataset, split_manifest
+from data import Collator, TTSDataset
 from model import load_tts, synthesize
 from synthesize import neural_vocoder, refuse
 from train import Config

@@ -42,9 +42,6 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Internal, NonNegative, Positive, Range,
                            ResumeSafe, exit_on_signals_during_start_up, parse_config)
 
-LOSSES = ("mel_loss", "dur_loss", "len_loss", "align_loss", "bin_loss")
-
-
 @dataclass
 class Config(DatasetConfig):
     """TTS training. Every field can be set in the YAML (--config) or as --key value; the shared
@@ -130,14 +127,15 @@ from common.training.logs import Throughput, WindowMeans, get_logger, progress_b
 from common.training.loop import (adamw_scheduled, decay_groups, no_sync_unless,  # noqa: E402
                          optimizer_update, end_step, save_or_preempt, train_batches, validation_due)
 from common.training.run import start_logging, start_run  # noqa: E402
+from common.data.manifest import split_manifest  # noqa: E402
 from common.data.source import RecipeData, Source  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from audio import GriffinLim, mel_frontend, stack_images, to_image  # noqa: E402
-from data import Collator, TTSDataset, split_manifest  # noqa: E402
+from data import Collator, TTSDataset  # noqa: E402
 from frontend import AUTO, Symbols, guess_language  # noqa: E402
-from model import build_model, transfer_from  # noqa: E402
+from model import LOSSES, build_model, evaluate, transfer_from  # noqa: E402
 
 logger = get_logger(__name__)
 
@@ -155,20 +153,22 @@ def exported_code() -> dict[str, Path]:
 def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_workers: int) -> RecipeData:
     """Symbol ids and log-mels, and their collator, on the source (common/data/source.py): an
     LJSpeech-layout folder split into training/validation/test by id, or --dataset_name (its
-    --train_split_name trains, its --eval_split_name validates). `data.cfg` holds the symbol table
-    the items were encoded with (`--symbols auto`: derived from the training transcripts)."""
-    if cfg.text_frontend == "phonemes" and cfg.phonemizer_language is None and uses_builtin_corpus(cfg):
-        cfg = dataclasses.replace(cfg, phonemizer_language="en-us")  # the built-in voice speaks English
+    --train_split_name trains, its --eval_split_name validates). `data.tokenizer`: the symbol table the
+    items were encoded with (`--symbols auto`: derived from the training transcripts); `data.recorded`:
+    it and the --phonemizer_language, as the run records them in its config."""
+    language = cfg.phonemizer_language
+    if cfg.text_frontend == "phonemes" and language is None and uses_builtin_corpus(cfg):
+        language = "en-us"  # the built-in voice speaks English
     fixed_table = cfg.symbols != AUTO and cfg.text_frontend == "characters"  # else known from the training texts only
     source = Source.open(cfg, accelerator, out, global_batch=global_batch, num_workers=num_workers,
                          corpus=lambda: resolve_data_dir(cfg.data_dir, cfg.data_cache_dir, cfg.builtin_corpus, "ljspeech"),
                          splits=lambda data_dir, check: split_manifest(check("all", None), cfg.num_valid, cfg.num_test),
                          charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None)  # a folder's data check
-    # The symbol table: --symbols, or derived from the training transcripts and written into the
-    # run's config (checkpoints, final/), so that resume and synthesis read the same table. A fixed
-    # table's training texts are checked too (a folder's were by its data check).
+    # The symbol table: --symbols, or derived from the training transcripts and recorded in the run's
+    # config (checkpoints, final/), so that resume and synthesis read the same table. A fixed table's
+    # training texts are checked too (a folder's were by its data check).
     texts = {split: source.texts(split) for split in source.splits}
-    if cfg.text_frontend == "phonemes" and cfg.phonemizer_language is None:  # a voice of your own
+    if cfg.text_frontend == "phonemes" and language is None:  # a voice of your own
         language, why = guess_language(texts["train"][1])
         if language is None:
             raise RunError(f"--phonemizer_language: the training transcripts do not say which language your voice "
@@ -176,17 +176,18 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
                            f"or read characters with --text_frontend characters")
         logger.info(f"--phonemizer_language {language}: read off the training transcripts ({why}); recorded with "
                     f"the run; --phonemizer_language chooses another")
-        cfg = dataclasses.replace(cfg, phonemizer_language=language)
     try:
-        symbols = Symbols.derived(cfg, texts["train"][1])
+        symbols = Symbols.derived(dataclasses.replace(cfg, phonemizer_language=language), texts["train"][1])
         for split, (ids, split_texts) in texts.items():
             if split != "train" or fixed_table:
                 symbols.check(ids, split_texts, split)
     except ValueError as e:
         raise RunError(str(e)) from None
-    cfg = dataclasses.replace(cfg, symbols=symbols.chars, symbols_derived=not fixed_table)
-    items = lambda rows: TTSDataset(rows, cfg)  # noqa: E731
-    return source.loaders(train=(items, Collator(cfg)), valid=(items, Collator(cfg)), cfg=cfg)
+    recorded = {"phonemizer_language": language, "symbols": symbols.chars, "symbols_derived": not fixed_table}
+    known = dataclasses.replace(cfg, **recorded)  # what the items are made with: the run's config as main records it
+    items = lambda rows: TTSDataset(rows, known)  # noqa: E731
+    return source.loaders(train=(items, Collator(known)), valid=(items, Collator(known)), tokenizer=symbols,
+                          recorded=recorded)
 
 
 # What the built-in base shares with the voice started from it: the model's shape, and the mel and
@@ -218,9 +219,21 @@ def init_folder(cfg: Config, hours: float | None) -> Path | None:
     return resolve_checkpoint(builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info), "--init_from")
 
 
-def build_models(cfg: Config, data: RecipeData | None = None) -> dict:
-    """The model (model.build_model: synthesis builds it there too)."""
-    return {"model": build_model(cfg)}
+def build_models(cfg: Config, data: RecipeData) -> dict:
+    """The model (model.build_model: synthesis builds it there too) for the data's symbol table; on a
+    fresh start (not `data.resumes`: a resume loads its checkpoint, the start it had is in there)
+    initialized from --init_from (every rank: `init_folder`)."""
+    model = build_model(cfg, data.tokenizer.chars)
+    logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
+                f"{len(data.tokenizer) - 1} symbols")
+    if not data.resumes:
+        try:
+            folder = init_folder(cfg, data.summary.get("hours"))  # (None for a stream: not read ahead)
+            if folder is not None:
+                logger.info(transfer_from(model, data.tokenizer.chars, folder, checkpoint_weights(folder)))
+        except ValueError as e:
+            raise RunError(str(e)) from None
+    return {"model": model}
 
 
 def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
@@ -239,20 +252,6 @@ def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dic
     if binarize:
         loss = loss + cfg.binarization_loss_weight * out["bin_loss"]
     return {"model": loss}, {"loss": loss, **{k: out[k] for k in LOSSES}}
-
-
-@torch.no_grad()
-def evaluate(model, loader, accelerator) -> dict:
-    """Teacher-forced losses on the validation set (each utterance once), weighted by utterances."""
-    model.eval()
-    totals = torch.zeros(len(LOSSES) + 1, device=accelerator.device)
-    for batch in loader:
-        out = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
-        n = float(len(batch["ids"]))
-        totals += torch.tensor([out[k].item() * n for k in LOSSES] + [n], device=accelerator.device)
-    totals = accelerator.reduce(totals, "sum")
-    model.train()
-    return {f"eval_{k}": (totals[i] / totals[-1]).item() for i, k in enumerate(LOSSES)}
 
 
 @torch.no_grad()
@@ -288,20 +287,13 @@ def main(cfg: Config) -> None:
 
     # ---- data, model, optimizer (the seams above) ---------------------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    cfg = data.cfg
-    run = dataclasses.replace(run, cfg=cfg, cfg_dict=config_to_dict(cfg))  # the symbol table read: recorded with the run
-    train_sampler = data.train_sampler
-    models = build_models(cfg, data)
+    data.resumes = run.ckpt is not None  # what build_models reads: a resume loads its checkpoint over the models
+    # What the data decided (the symbol table, the language read off the transcripts) is recorded with
+    # the run: config.yaml, checkpoints (a resume compares it) and final/ (synthesis reads it back).
+    cfg = dataclasses.replace(cfg, **data.recorded)
+    run = dataclasses.replace(run, cfg=cfg, cfg_dict=config_to_dict(cfg))
+    models = build_models(cfg, data)  # --init_from read here, on a fresh start
     model = models["model"]
-    logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
-                f"{len(Symbols(cfg.symbols)) - 1} symbols")
-    if run.ckpt is None:  # every rank; a resume loads its checkpoint instead (the start it had is in there)
-        try:
-            folder = init_folder(cfg, data.summary.get("hours"))  # (None for a stream: not read ahead)
-            if folder is not None:
-                logger.info(transfer_from(model, cfg.symbols, folder, checkpoint_weights(folder)))
-        except ValueError as e:
-            raise RunError(str(e)) from None
     optimizers, schedulers = build_optimizers(cfg, models)
     optimizer, scheduler = optimizers["model"], schedulers["model"]
     # The scheduler is not prepared: it steps once per optimizer step in end_step (accelerate #1382).
@@ -334,7 +326,7 @@ def main(cfg: Config) -> None:
     window = WindowMeans()  # loss, mel, dur, align, bin: means over the accumulation window
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds dropout from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
-            seed=cfg.seed, epoch_objects=(train_sampler,),
+            seed=cfg.seed, epoch_objects=data.epoch_objects,
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
         with no_sync_unless(accelerator, model, micro.sync):
             losses, stats = compute_loss({"model": model}, batch, cfg, state.step)

@@ -1,5 +1,6 @@
 """Vocoder data: whole utterances (waveforms) from the manifest, and a collator that cuts one random
-segment per utterance and computes its log-mel (the TTS recipe's mel, `common.model.features.mel_frontend`).
+segment per utterance and computes its log-mel (the TTS recipe's mel, `common.model.features.mel_frontend`);
+the same mel for the losses and the validation (`loss_frontend`, `extra_mel_frontends`).
 
 The segment's start is drawn from `sample_generator(seed, epoch, utterance id)`: a pure function of
 the position in training, so a resumed run cuts the same segments (and the RAM cache keeps whole
@@ -7,23 +8,12 @@ waveforms, never a segment)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from common.data.loading import load_row_audio, sample_generator
-from common.training.faults import UsageError
 from common.model.features import mel_frontend
-
-
-def split_manifest(manifest, num_valid: int, num_test: int) -> dict:
-    """The last `num_test` ids (sorted) are held out for evaluate.py (the TTS recipe holds out the
-    same ones with the same --num_test), the `num_valid` before them are validation, the rest training."""
-    n = len(manifest)
-    n_train = n - num_valid - num_test
-    if n_train < 1:
-        raise UsageError(f"{n} utterances leave none for training (--num_valid {num_valid}, --num_test {num_test}): "
-                         f"lower them, or give more utterances")
-    return {"train": manifest.select(range(n_train)), "validation": manifest.select(range(n_train, n - num_test)),
-            "test": manifest.select(range(n - num_test, n))}
 
 
 class Waveforms(torch.utils.data.Dataset):
@@ -70,3 +60,19 @@ class SegmentCollator:
 def collate_whole(items):
     """Validation: whole utterances, unpadded (the generator takes each as it is)."""
     return {"ids": [i for i, _ in items], "wavs": [w for _, w in items]}
+
+
+def loss_frontend(cfg, device):
+    """The mel of the losses and the validation (`mel_frontend`), made once per device."""
+    return _frontends(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length, torch.device(device))
+
+
+@functools.lru_cache(maxsize=16)  # the input mel, --mel_resolutions', on each device: never rebuilt per step
+def _frontends(sample_rate: int, n_mels: int, win_length: int, hop_length: int, device):
+    return mel_frontend(sample_rate, n_mels, win_length, hop_length).to(device)
+
+
+def extra_mel_frontends(cfg, device) -> list:
+    """The --mel_resolutions mels: window w samples, hop w / 4, n_mels × w / win_length bins."""
+    return [_frontends(cfg.sample_rate, max(8, cfg.n_mels * w // cfg.win_length), w, w // 4, torch.device(device))
+            for w in cfg.mel_resolutions]

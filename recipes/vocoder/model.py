@@ -2,8 +2,9 @@
 predicts magnitude, optionally as a correction to the mel's least-squares inverse, and phase; at synthesis
 its spectrum optionally refined, `Generator.refine`),
 HiFi-GAN's multi-period discriminator and a multi-resolution STFT discriminator (UnivNet/Vocos), and the
-least-squares GAN, feature-matching, spectral-convergence, anti-wrapping phase and STOI envelope losses (the mel loss
-is train.py's: it needs the repository's mel front end).
+least-squares GAN, feature-matching, spectral-convergence, anti-wrapping phase and STOI envelope losses, their
+composition into the generator's and discriminators' losses, the validation and the start from another run
+(the mel front end the mel losses take is train.py's: the repository's).
 
 Self-contained (torch, safetensors, PyYAML; nothing of this repository): final/ carries a copy of
 this file as `vocoder_model.py`, so `load_vocoder(final/)` works from anywhere.
@@ -21,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 MEL_KEYS = ("sample_rate", "n_mels", "win_length", "hop_length")  # what must match a TTS model's mel
+SC_RESOLUTIONS = (1024, 2048)  # n_fft of --sc_loss_weight's STFTs, hop n_fft / 4
+HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 amplitude mel (HiFi-GAN's loss scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,3 +363,125 @@ def vocode(generator: Generator, mel: torch.Tensor, refine_iters: int | None = N
     iters = generator.refine_iters if refine_iters is None else refine_iters
     wav = generator.refine(mel.float()[None], iters) if iters else generator(mel.float()[None])
     return wav[0].clamp(-1.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The training losses, as train.py composes them, its validation, and a start from another run
+# ---------------------------------------------------------------------------------------------
+
+
+def mel_l1(frontend, wav: torch.Tensor, target_mel: torch.Tensor) -> torch.Tensor:
+    """L1 between the log-mel of `wav` (`frontend.differentiable`: the repository's mel front end,
+    which train.py builds) and `target_mel`, on HiFi-GAN's scale (log10 amplitude)."""
+    return HIFIGAN_MEL_SCALE * torch.mean(torch.abs(frontend.differentiable(wav) - target_mel))
+
+
+def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
+    outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
+    n = len(real)
+    split = lambda part: [(s[part], [f[part] for f in fs]) for s, fs in outs]  # noqa: E731
+    return discriminator_loss(split(slice(None, n)), split(slice(n, None)))
+
+
+def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg,
+                   adversarial: bool, phase: torch.Tensor | None = None, extra_frontends=()) -> tuple[torch.Tensor, dict]:
+    """(generator loss, values to log): mel_loss_weight · L1 mel (the mean over the input mel,
+    `frontend`, and the --mel_resolutions mels, `extra_frontends`) (+ sc_loss_weight · spectral
+    convergence, + phase_loss_weight · `phase_loss` of the head's `phase`, + envelope_loss_weight ·
+    `envelope_loss`), plus (`adversarial`) the LSGAN and fm_loss_weight · feature-matching losses
+    through `critic` (the discriminators outside DDP: this backward reaches the generator only)."""
+    mel = mel_l1(frontend, fake, mels)
+    if extra_frontends:  # each computed on the real segment
+        extra = [mel_l1(f, fake, f(real)) for f in extra_frontends]
+        mel = (mel + sum(extra)) / (1 + len(extra))
+    adv = fm = sc = ph = env = torch.zeros(())
+    if cfg.envelope_loss_weight:
+        env = envelope_loss(real, fake, cfg.sample_rate)
+    if cfg.sc_loss_weight:
+        sc = spectral_convergence(real, fake, SC_RESOLUTIONS)
+    if cfg.phase_loss_weight:
+        ph = phase_loss(real, phase, n_fft_for(cfg.win_length), cfg.hop_length)
+    if adversarial:
+        with torch.no_grad():
+            real_outs = critic(real)
+        fake_outs = critic(fake)
+        adv, fm = adversarial_loss(fake_outs), feature_matching_loss(real_outs, fake_outs)
+    loss = (cfg.mel_loss_weight * mel + cfg.sc_loss_weight * sc + cfg.phase_loss_weight * ph
+            + cfg.envelope_loss_weight * env + adv + cfg.fm_loss_weight * fm)
+    return loss, {"g_loss": loss, "adv_loss": adv, "fm_loss": fm, "mel_loss": mel,
+                  **({"sc_loss": sc} if cfg.sc_loss_weight else {}), **({"phase_loss": ph} if cfg.phase_loss_weight else {}),
+                  **({"envelope_loss": env} if cfg.envelope_loss_weight else {})}
+
+
+@torch.no_grad()
+def evaluate(generator, loader, frontend, accelerator) -> dict:
+    """Copy-synthesis mel L1 (HiFi-GAN's scale) on whole validation utterances, each once. Collective."""
+    generator.eval()
+    totals = torch.zeros(2, dtype=torch.float64)
+    for batch in loader:
+        for wav in batch["wavs"]:
+            mel = frontend(wav)
+            totals += torch.tensor([mel_l1(frontend, generator(mel[None])[0], mel).item(), 1.0], dtype=torch.float64)
+    totals = accelerator.reduce(totals.to(accelerator.device), "sum").cpu()
+    generator.train()
+    return {"eval_mel_loss": (totals[0] / totals[1]).item()}
+
+
+def to_image(mel: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """(frames, n_mels) → (n_mels, frames) uint8, low bins at the bottom."""
+    return (255 * ((mel.T.flip(0) - lo) / max(hi - lo, 1e-8)).clamp(0, 1)).to(torch.uint8)
+
+
+@torch.no_grad()
+def log_samples(generator, items, rows, frontend, cfg, writer, step: int) -> None:
+    """Main process only (no collectives): vocoded audio and real-over-vocoded mel images of the
+    validation `rows` (`items.item(row)`), and the recordings once."""
+    generator.eval()
+    for i, row in enumerate(rows):
+        _, wav = items.item(row)
+        mel = frontend(wav)
+        fake = generator(mel[None])[0].clamp(-1, 1)
+        lo, hi = float(mel.min()), float(mel.max())
+        image = torch.cat([to_image(mel, lo, hi), to_image(frontend(fake), lo, hi)]).numpy()
+        writer.add_image(f"mel/{i}_real_vocoder", image[None], step)
+        writer.add_audio(f"audio/{i}", fake[None], step, sample_rate=cfg.sample_rate)
+        if step == min(cfg.eval_steps, cfg.max_steps):  # the recordings, once (at the first validation)
+            writer.add_audio(f"audio/{i}_recording", wav[None], step, sample_rate=cfg.sample_rate)
+    generator.train()
+
+
+def transfer_from(models: dict, folder: Path, cfg, files: dict[str, Path]) -> str:
+    """Initialize the models from another vocoder run (another voice; `folder` verified by the caller):
+    each of `files` (model name → its safetensors: a checkpoint's every model, an export's generator
+    only; the others start fresh). Refuses another mel or another shape (ValueError, one line).
+    Returns a summary line."""
+    from safetensors.torch import load_file
+
+    import yaml
+
+    theirs = yaml.safe_load((folder / "config.yaml").read_text())
+    differ = [f"{k} {theirs.get(k)} vs {getattr(cfg, k)}" for k in MEL_KEYS if theirs.get(k) != getattr(cfg, k)]
+    if differ:
+        raise ValueError(f"--init_from {folder}: it was trained on another mel ({', '.join(differ)}): set these to "
+                         f"its config.yaml's, or train from scratch")
+    if theirs.get("magnitude_prior", False) != cfg.magnitude_prior:  # same shapes, another meaning of the head
+        raise ValueError(f"--init_from {folder}: its generator has magnitude_prior {theirs.get('magnitude_prior', False)}, "
+                         f"this run {cfg.magnitude_prior}: set --magnitude_prior to its value")
+    if not files or not set(files) <= set(models):
+        raise ValueError(f"--init_from {folder}: not a vocoder run (its models: {', '.join(files) or 'none named'}): give a vocoder "
+                         f"output_dir, its final/ or one of its checkpoints/step_*/ folders")
+    taken = []
+    for name, path in files.items():
+        own = models[name].state_dict()
+        state = load_file(path)
+        wrong = [f"{k} {tuple(state[k].shape) if k in state else 'missing'} != {tuple(v.shape)}"
+                 for k, v in own.items() if k not in state or state[k].shape != v.shape]
+        if wrong or len(state) != len(own):
+            raise ValueError(f"--init_from {folder}: its {name} has another shape ({'; '.join(wrong[:3]) or 'other keys'}): "
+                             f"set the model fields (dim, hidden_dim, layers, periods, ...) to its config.yaml's")
+        models[name].load_state_dict(state)
+        taken.append(name)
+    return (f"initialized from {folder}: {' and '.join(taken)}"
+            + ("" if "discriminator" in taken else " (the discriminators start fresh: an export holds the generator "
+               "only; give one of its checkpoints/step_*/ folders to take them too)"))

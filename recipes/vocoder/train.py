@@ -28,7 +28,7 @@ Outputs: <output_dir>/final/{model.safetensors (the generator), config.yaml, voc
 from __future__ import annotations
 
 import functools
-import math
+import importlib.util
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -39,9 +39,6 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from common.config import (Count, DatasetConfig, ExistingPath, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe,
                            exit_on_signals_during_start_up, parse_config)
-
-
-SC_RESOLUTIONS = (1024, 2048)  # n_fft of --sc_loss_weight's STFTs, hop n_fft / 4: stated here only
 
 
 @dataclass
@@ -129,44 +126,53 @@ class Config(DatasetConfig):
                 raise ValueError(f"--{name}: {too_long[0]} is longer than a training segment ({segment} samples = "
                                  f"--segment_frames {self.segment_frames} × --hop_length {self.hop_length}): lower it "
                                  f"or raise --segment_frames")
-        frame = 1 << round(math.log2(self.sample_rate * 0.0256))  # model.envelope_frame (torch is not imported yet)
-        if self.envelope_loss_weight and segment < 2 * frame + 7 * frame // 2:  # its zero-padded STFT, 8 frames
-            raise ValueError(f"--envelope_loss_weight: a training segment ({segment} samples) holds fewer than its 8 "
-                             f"frames of {frame} samples: raise --segment_frames")
-        if self.sc_loss_weight and max(SC_RESOLUTIONS) > segment:
-            raise ValueError(f"--sc_loss_weight: its {max(SC_RESOLUTIONS)}-sample STFT is longer than a training segment "
-                             f"({segment} samples): raise --segment_frames or set --sc_loss_weight 0")
+        if self.envelope_loss_weight:
+            frame = _model_py().envelope_frame(self.sample_rate)
+            if segment < 2 * frame + 7 * frame // 2:  # its zero-padded STFT, 8 frames
+                raise ValueError(f"--envelope_loss_weight: a training segment ({segment} samples) holds fewer than its 8 "
+                                 f"frames of {frame} samples: raise --segment_frames")
+        if self.sc_loss_weight and max(_model_py().SC_RESOLUTIONS) > segment:
+            raise ValueError(f"--sc_loss_weight: its {max(_model_py().SC_RESOLUTIONS)}-sample STFT is longer than a training "
+                             f"segment ({segment} samples): raise --segment_frames or set --sc_loss_weight 0")
+
+
+@functools.cache
+def _model_py():
+    """This folder's model.py, for Config.validate: loaded from its path (validate runs before the imports
+    below when this script starts, and after them with this folder off sys.path when tests and benchmarks
+    import it), and only for the losses whose limits it states (it imports torch)."""
+    spec = importlib.util.spec_from_file_location("_vocoder_model_rules", Path(__file__).with_name("model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
 from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
 from common.training.checkpoint import (TrainState, export_final, model_weights_files, resolve_checkpoint,  # noqa: E402
                                         resume_from_checkpoint)
 from common.config import save_config  # noqa: E402
 from common.training.faults import RunError, run_main  # noqa: E402
-from common.model.features import mel_frontend  # noqa: E402
 from common.model.hf_export import write_code, write_model_card  # noqa: E402
 from common.training.logs import Throughput, WindowMeans, get_logger, progress_bar, trackers  # noqa: E402
 from common.training.loop import (end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches,  # noqa: E402
                          validation_due)
 from common.training.run import start_logging, start_run  # noqa: E402
+from common.data.manifest import split_manifest  # noqa: E402
 from common.data.source import RecipeData, Source  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
-from data import SegmentCollator, Waveforms, collate_whole, split_manifest  # noqa: E402
-from model import (MEL_KEYS, adversarial_loss, build_discriminators, build_generator, discriminator_loss,  # noqa: E402
-                   envelope_loss, feature_matching_loss, n_fft_for, phase_loss, spectral_convergence)
+from data import SegmentCollator, Waveforms, collate_whole, extra_mel_frontends, loss_frontend  # noqa: E402
+from model import (build_discriminators, build_generator, evaluate, generator_loss, log_samples, lsgan_d_loss,  # noqa: E402
+                   transfer_from)
 
 logger = get_logger(__name__)
-HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 amplitude mel (HiFi-GAN's loss scale)
 
 
 # ---- the recipe's seams: main below, the benchmarks and the tests build the recipe through these ---
@@ -183,9 +189,23 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     return source.loaders(train=(items, SegmentCollator(cfg)), valid=(items, collate_whole))
 
 
-def build_models(cfg: Config, data: RecipeData | None = None) -> dict:
-    """The generator, and the discriminators held as one model."""
-    return {"generator": build_generator(cfg), "discriminator": build_discriminators(cfg)}
+def build_models(cfg: Config, data: RecipeData) -> dict:
+    """The generator, and the discriminators held as one model; with --init_from, started from that run
+    (`model.transfer_from`: a checkpoint's both, an export's generator). Every rank, fresh start or not:
+    a resume then loads its checkpoint over them."""
+    models = {"generator": build_generator(cfg), "discriminator": build_discriminators(cfg)}
+    if cfg.init_from:
+        try:
+            folder = resolve_checkpoint(cfg.init_from, "--init_from")
+            # a checkpoint: one file per prepared model (train_state.json names them); an export: the generator
+            files = (model_weights_files(folder) if (folder / "train_state.json").is_file()
+                     else {"generator": folder / "model.safetensors"})
+            logger.info(transfer_from(models, folder, cfg, files))
+        except ValueError as e:
+            raise RunError(str(e)) from None
+    logger.info(f"generator {sum(p.numel() for p in models['generator'].parameters()) / 1e6:.2f} M parameters, "
+                f"discriminators {sum(p.numel() for p in models['discriminator'].parameters()) / 1e6:.2f} M")
+    return models
 
 
 def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
@@ -205,7 +225,8 @@ def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dic
     """From --gan_start_steps on, the discriminators' LSGAN loss on real and generated segments; and
     the generator's: mel_loss_weight · L1 mel, plus (from --gan_start_steps on) the LSGAN and
     fm_loss_weight · feature-matching losses through the discriminators outside DDP, back-propagated
-    into the generator's parameters only (each optimizer step sees the discriminators of its start)."""
+    into the generator's parameters only (each optimizer step sees the discriminators of its start).
+    The GAN gate is decided here only: `losses` holds "discriminator" from --gan_start_steps on."""
     generator, discriminator = models["generator"], models["discriminator"]
     adversarial = step >= cfg.gan_start_steps  # same on every rank
     real, mels = batch["wavs"], batch["mels"]
@@ -216,140 +237,8 @@ def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dic
         losses["discriminator"] = d_loss = lsgan_d_loss(discriminator, real, fake)
     critic = extract_model_from_parallel(discriminator)  # outside DDP: no reduction of D for the generator's loss
     losses["generator"], stats = generator_loss(critic, loss_frontend(cfg, mels.device), real, fake, mels, cfg,
-                                                adversarial, phase)
+                                                adversarial, phase, extra_mel_frontends(cfg, mels.device))
     return losses, {"d_loss": d_loss, **stats}
-
-
-def transfer_from(models: dict, folder: Path, cfg: Config) -> str:
-    """Initialize the models from another vocoder run (another voice; `folder` verified by
-    `resolve_checkpoint`): the generator, and the discriminators when `folder` is a checkpoint (an
-    export holds the generator only; they then start fresh). Refuses another mel or another shape.
-    Returns a summary line."""
-    from safetensors.torch import load_file
-
-    theirs = yaml.safe_load((folder / "config.yaml").read_text())
-    differ = [f"{k} {theirs.get(k)} vs {getattr(cfg, k)}" for k in MEL_KEYS if theirs.get(k) != getattr(cfg, k)]
-    if differ:
-        raise ValueError(f"--init_from {folder}: it was trained on another mel ({', '.join(differ)}): set these to "
-                         f"its config.yaml's, or train from scratch")
-    if theirs.get("magnitude_prior", False) != cfg.magnitude_prior:  # same shapes, another meaning of the head
-        raise ValueError(f"--init_from {folder}: its generator has magnitude_prior {theirs.get('magnitude_prior', False)}, "
-                         f"this run {cfg.magnitude_prior}: set --magnitude_prior to its value")
-    # a checkpoint: one file per prepared model (train_state.json names them); an export: the generator
-    files = (model_weights_files(folder) if (folder / "train_state.json").is_file()
-             else {"generator": folder / "model.safetensors"})
-    if not files or not set(files) <= set(models):
-        raise ValueError(f"--init_from {folder}: not a vocoder run (its models: {', '.join(files) or 'none named'}): give a vocoder "
-                         f"output_dir, its final/ or one of its checkpoints/step_*/ folders")
-    taken = []
-    for name, path in files.items():
-        own = models[name].state_dict()
-        state = load_file(path)
-        wrong = [f"{k} {tuple(state[k].shape) if k in state else 'missing'} != {tuple(v.shape)}"
-                 for k, v in own.items() if k not in state or state[k].shape != v.shape]
-        if wrong or len(state) != len(own):
-            raise ValueError(f"--init_from {folder}: its {name} has another shape ({'; '.join(wrong[:3]) or 'other keys'}): "
-                             f"set the model fields (dim, hidden_dim, layers, periods, ...) to its config.yaml's")
-        models[name].load_state_dict(state)
-        taken.append(name)
-    return (f"initialized from {folder}: {' and '.join(taken)}"
-            + ("" if "discriminator" in taken else " (the discriminators start fresh: an export holds the generator "
-               "only; give one of its checkpoints/step_*/ folders to take them too)"))
-
-
-def loss_frontend(cfg: Config, device):
-    """The mel of the losses and the validation (`mel_frontend`), made once per device."""
-    return _frontends(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length, torch.device(device))
-
-
-@functools.lru_cache(maxsize=16)  # the input mel, --mel_resolutions', on each device: never rebuilt per step
-def _frontends(sample_rate: int, n_mels: int, win_length: int, hop_length: int, device):
-    return mel_frontend(sample_rate, n_mels, win_length, hop_length).to(device)
-
-
-def mel_l1(frontend, wav: torch.Tensor, target_mel: torch.Tensor) -> torch.Tensor:
-    """L1 between the log-mel of `wav` and `target_mel`, on HiFi-GAN's scale (log10 amplitude)."""
-    return HIFIGAN_MEL_SCALE * torch.mean(torch.abs(frontend.differentiable(wav) - target_mel))
-
-
-def extra_mel_frontends(cfg: Config, device) -> list:
-    """The --mel_resolutions mels: window w samples, hop w / 4, n_mels × w / win_length bins."""
-    return [_frontends(cfg.sample_rate, max(8, cfg.n_mels * w // cfg.win_length), w, w // 4, torch.device(device))
-            for w in cfg.mel_resolutions]
-
-
-def lsgan_d_loss(discriminator, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
-    """LSGAN discriminator loss on one pass over real and (detached) generated segments."""
-    outs = discriminator(torch.cat([real, fake.detach()]))  # one forward: DDP sees one use per step
-    n = len(real)
-    split = lambda part: [(s[part], [f[part] for f in fs]) for s, fs in outs]  # noqa: E731
-    return discriminator_loss(split(slice(None, n)), split(slice(n, None)))
-
-
-def generator_loss(critic, frontend, real: torch.Tensor, fake: torch.Tensor, mels: torch.Tensor, cfg: Config,
-                   adversarial: bool, phase: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """(generator loss, values to log): mel_loss_weight · L1 mel (+ sc_loss_weight · spectral convergence,
-    + phase_loss_weight · `phase_loss` of the head's `phase`), plus (`adversarial`) the LSGAN and
-    fm_loss_weight · feature-matching losses through `critic` (the discriminators outside DDP: this
-    backward reaches the generator only)."""
-    mel = mel_l1(frontend, fake, mels)
-    if cfg.mel_resolutions:  # the mean over the input mel and each --mel_resolutions mel of the real segment
-        extra = [mel_l1(f, fake, f(real)) for f in extra_mel_frontends(cfg, fake.device)]
-        mel = (mel + sum(extra)) / (1 + len(extra))
-    adv = fm = sc = ph = env = torch.zeros(())
-    if cfg.envelope_loss_weight:
-        env = envelope_loss(real, fake, cfg.sample_rate)
-    if cfg.sc_loss_weight:
-        sc = spectral_convergence(real, fake, SC_RESOLUTIONS)
-    if cfg.phase_loss_weight:
-        ph = phase_loss(real, phase, n_fft_for(cfg.win_length), cfg.hop_length)
-    if adversarial:
-        with torch.no_grad():
-            real_outs = critic(real)
-        fake_outs = critic(fake)
-        adv, fm = adversarial_loss(fake_outs), feature_matching_loss(real_outs, fake_outs)
-    loss = (cfg.mel_loss_weight * mel + cfg.sc_loss_weight * sc + cfg.phase_loss_weight * ph
-            + cfg.envelope_loss_weight * env + adv + cfg.fm_loss_weight * fm)
-    return loss, {"g_loss": loss, "adv_loss": adv, "fm_loss": fm, "mel_loss": mel,
-                  **({"sc_loss": sc} if cfg.sc_loss_weight else {}), **({"phase_loss": ph} if cfg.phase_loss_weight else {}),
-                  **({"envelope_loss": env} if cfg.envelope_loss_weight else {})}
-
-
-@torch.no_grad()
-def evaluate(generator, loader, frontend, accelerator) -> dict:
-    """Copy-synthesis mel L1 (HiFi-GAN's scale) on whole validation utterances, each once."""
-    generator.eval()
-    totals = torch.zeros(2, dtype=torch.float64)
-    for batch in loader:
-        for wav in batch["wavs"]:
-            mel = frontend(wav)
-            totals += torch.tensor([mel_l1(frontend, generator(mel[None])[0], mel).item(), 1.0], dtype=torch.float64)
-    totals = accelerator.reduce(totals.to(accelerator.device), "sum").cpu()
-    generator.train()
-    return {"eval_mel_loss": (totals[0] / totals[1]).item()}
-
-
-def to_image(mel: torch.Tensor, lo: float, hi: float) -> np.ndarray:
-    """(frames, n_mels) → (n_mels, frames) uint8, low bins at the bottom."""
-    return (255 * ((mel.T.flip(0) - lo) / max(hi - lo, 1e-8)).clamp(0, 1)).to(torch.uint8).numpy()
-
-
-@torch.no_grad()
-def log_samples(generator, items, rows, frontend, cfg: Config, writer, step: int) -> None:
-    """Main process only (no collectives): vocoded audio and real-over-vocoded mel images of the
-    validation `rows` (`items.item(row)`), and the recordings once."""
-    generator.eval()
-    for i, row in enumerate(rows):
-        _, wav = items.item(row)
-        mel = frontend(wav)
-        fake = generator(mel[None])[0].clamp(-1, 1)
-        lo, hi = float(mel.min()), float(mel.max())
-        image = np.concatenate([to_image(mel, lo, hi), to_image(frontend(fake), lo, hi)])
-        writer.add_image(f"mel/{i}_real_vocoder", image[None], step)
-        writer.add_audio(f"audio/{i}", fake[None], step, sample_rate=cfg.sample_rate)
-        if step == min(cfg.eval_steps, cfg.max_steps):  # the recordings, once (at the first validation)
-            writer.add_audio(f"audio/{i}_recording", wav[None], step, sample_rate=cfg.sample_rate)
-    generator.train()
 
 
 def main(cfg: Config) -> None:
@@ -362,15 +251,9 @@ def main(cfg: Config) -> None:
 
     # ---- data, models, optimizers (the seams above) --------------------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
-    models = build_models(cfg, data)
+    data.resumes = run.ckpt is not None  # what build_models reads: a resume loads its checkpoint over the models
+    models = build_models(cfg, data)  # --init_from read here
     generator, discriminator = models["generator"], models["discriminator"]
-    if cfg.init_from:  # every rank; a resume then loads its checkpoint over it
-        try:
-            logger.info(transfer_from(models, resolve_checkpoint(cfg.init_from, "--init_from"), cfg))
-        except ValueError as e:
-            raise RunError(str(e)) from None
-    logger.info(f"generator {sum(p.numel() for p in generator.parameters()) / 1e6:.2f} M parameters, "
-                f"discriminators {sum(p.numel() for p in discriminator.parameters()) / 1e6:.2f} M")
     optimizers, schedulers = build_optimizers(cfg, models)
     # The schedulers are not prepared: each steps once per optimizer step in end_step (accelerate #1382).
     generator, discriminator, g_opt, d_opt, train_loader, valid_loader = accelerator.prepare(
@@ -399,12 +282,13 @@ def main(cfg: Config) -> None:
     window = WindowMeans()
     for batch, micro in train_batches(  # resumes mid-epoch, reseeds the global RNG from the position
             accelerator, train_loader, state, max_steps=cfg.max_steps, accumulation=accumulation,
-            seed=cfg.seed, epoch_objects=(data.train_sampler, data.collate),
+            seed=cfg.seed, epoch_objects=data.epoch_objects,
             ids_log=out / f"batch_ids.rank{accelerator.process_index}.jsonl" if cfg.dump_batch_ids else None):
-        adversarial = state.step >= cfg.gan_start_steps  # same on every rank
-        with no_sync_unless(accelerator, (generator, discriminator) if adversarial else generator, micro.sync):
+        # (before --gan_start_steps the discriminators run no DDP forward or backward: no_sync changes nothing for them)
+        with no_sync_unless(accelerator, (generator, discriminator), micro.sync):
             losses, stats = compute_loss({"generator": generator, "discriminator": discriminator}, batch, cfg,
                                          state.step)
+            adversarial = "discriminator" in losses  # compute_loss's GAN gate: the same on every rank
             if adversarial:  # the discriminators' gradients come from their own loss only
                 accelerator.backward(losses["discriminator"] / micro.window_len)
             accelerator.backward(losses["generator"] / micro.window_len, inputs=list(generator.parameters()))

@@ -1,15 +1,19 @@
 """benchmarks/recipe.py builds each recipe through the seams of its train.py (build_data, build_models,
 compute_loss), the same in every recipe: what the benchmarks time is the recipe's own data, models and
-loss, and nothing in benchmarks/ or here tells one recipe from another but its flags."""
+loss — the models exactly as the recipe's main builds them (weights, --init_from, what trains) — and
+nothing in benchmarks/ or here tells one recipe from another but its flags."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from benchmarks.recipe import RECIPES, load_recipe
+from tests.recipes.harness import SUPPORT, run
 
 # Each recipe's test model (its flags only; a recipe not named here is built with its defaults).
 TINY = {"best_rq": ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64",
@@ -27,9 +31,30 @@ def on_tiny_corpus(tiny_corpus) -> list[str]:
     return ["--builtin_corpus", "tiny", "--data_cache_dir", str(tiny_corpus.parent)]
 
 
+def load_as_main_builds(recipe: str, argv: list[str], out: Path):
+    """`load_recipe(recipe, argv)`, after checking that its `build_models()` gives, weight for weight and
+    flag for flag, the models the recipe's main hands to `accelerator.prepare` with the same flags (a run
+    forked with tests/recipes/support's DUMP_PREPARED, which stops it there)."""
+    dump = out / "prepared"
+    dump.mkdir(parents=True)
+    run(recipe, 1, [*argv, "--output_dir", str(out / "run"), "--report_to", "none"],
+        env={"PYTHONPATH": str(SUPPORT), "DUMP_PREPARED": str(dump)})
+    mains = torch.load(dump / "models.pt", weights_only=True)
+    r = load_recipe(recipe, argv)
+    ours = list(r.build_models().values())
+    assert len(ours) == len(mains)
+    for model, main in zip(ours, mains):
+        state = model.state_dict()
+        assert state.keys() == main["state"].keys()
+        assert [k for k in state if not torch.equal(state[k], main["state"][k])] == []
+        assert {n: p.requires_grad for n, p in model.named_parameters()} == main["requires_grad"]
+    return r
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_load_recipe_uses_the_recipes_seams(tiny_corpus, recipe):
-    r = load_recipe(recipe, [*on_tiny_corpus(tiny_corpus), "--max_batch_seconds", "8", *TINY.get(recipe, [])])
+def test_load_recipe_uses_the_recipes_seams(tiny_corpus, tmp_path, recipe):
+    r = load_as_main_builds(recipe, [*on_tiny_corpus(tiny_corpus), "--max_batch_seconds", "8", *TINY.get(recipe, [])],
+                            tmp_path)
     # the recipe's checked manifest, its training loader (1 process: a multiple of 1 batch) and sampler
     assert len(r.train_set) == len(r.dataset) > 0
     assert r.data.train_loader.batch_sampler is r.data.train_sampler
@@ -45,7 +70,8 @@ def test_load_recipe_uses_the_recipes_seams(tiny_corpus, recipe):
 
 
 def test_every_recipe_has_the_same_seams():
-    """build_data, build_models, build_optimizers and compute_loss, with the same parameters."""
+    """build_data, build_models, build_optimizers and compute_loss, with the same parameters (and the
+    same defaults: build_models(cfg, data), `data` always given)."""
     import inspect
 
     from benchmarks.recipe import _train_module
@@ -54,12 +80,25 @@ def test_every_recipe_has_the_same_seams():
     shapes = {}
     for recipe in RECIPES:
         train = _train_module(recipe)
-        shapes[recipe] = {name: list(inspect.signature(getattr(train, name)).parameters)
+        shapes[recipe] = {name: [(p.name, p.default is p.empty)
+                                 for p in inspect.signature(getattr(train, name)).parameters.values()]
                           for name in ("build_data", "build_models", "build_optimizers", "compute_loss")}
     assert all(shape == shapes["best_rq"] for shape in shapes.values()), shapes
 
 
-def test_model_only_recipe_skips_the_data(tiny_corpus):
-    r = load_recipe("best_rq", [*on_tiny_corpus(tiny_corpus), *TINY["best_rq"]], data=False)
-    assert not hasattr(r, "data")
-    assert sum(p.numel() for p in r.build_model().parameters()) > 0
+@pytest.mark.slow
+def test_load_recipe_initializes_from_init_from_as_main_does(tiny_corpus, reference, tmp_path):
+    """--init_from read by build_models: an ASR model started from another ASR run (its encoder and
+    feature statistics; the suite's shared 30-step run) is the same in the benchmarks as in main."""
+    from tests.recipes import test_asr
+
+    base = reference("asr", 1, lambda out: test_asr.args_for(tiny_corpus, out, *test_asr.SHORT_RUN))
+    r = load_as_main_builds("asr", [*on_tiny_corpus(tiny_corpus), "--max_batch_seconds", "8", *test_asr.ENCODER,
+                                    "--init_from", str(base)], tmp_path)
+    from common.model.encoder import ASR_EXPORT_PREFIX
+
+    model = r.build_model()
+    final = load_file(base / "final" / "model.safetensors")  # the encoder under transformers' names
+    encoder = {k[len(ASR_EXPORT_PREFIX):]: v for k, v in final.items() if k.startswith(ASR_EXPORT_PREFIX)}
+    assert model.stats_given and encoder.keys() == model.encoder.state_dict().keys()
+    assert all(torch.equal(v, encoder[k]) for k, v in model.encoder.state_dict().items())

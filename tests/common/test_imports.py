@@ -5,6 +5,7 @@ functions count too: a deferred import hides a circle from the interpreter, not 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +103,47 @@ def test_the_model_card_module_does_not_import_transformers():
     code = "import sys, common.model.hf_export; print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def map_rows(readme: str) -> dict[str, str]:
+    """common/README.md's map: {module path under common/ ("training/run.py"): its last column, what a
+    recipe calls}, from the table rows that name a module."""
+    rows = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and re.fullmatch(r"`[\w/]+\.py`", cells[0]):
+            rows[cells[0].strip("`")] = cells[2]
+    return rows
+
+
+def unlisted(rows: dict[str, str], files: list[Path]) -> list[str]:
+    """"file:line: module name" for each name `files` import from common/ that its module's row does not
+    list (in backquotes, alone or as `name.attribute`), and for a module without a row."""
+    missing = []
+    for p in files:
+        for module, names, line in imports(p):
+            path = module.replace(".", "/") + ".py"
+            cell = rows.get(path)
+            missing += [f"{p}:{line}: {path} {n}" for n in (names or ["(its row)"])
+                        if cell is None or not re.search(rf"`{re.escape(n)}[`.]", cell)]
+    return missing
+
+
+def test_the_map_has_a_row_for_every_module_and_every_name_the_recipes_import():
+    """common/README.md is the one map of common/: a new module, or a name a recipe starts to import
+    from common/, fails here until its row says so."""
+    rows = map_rows((COMMON / "README.md").read_text())
+    modules = sorted(str(p.relative_to(COMMON)) for p in COMMON.rglob("*.py") if p.name != "__init__.py")
+    assert [m for m in modules if m not in rows] == []
+    assert unlisted(rows, sorted((ROOT / "recipes").glob("*/*.py"))) == []
+
+
+def test_the_map_check_can_fail(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("from common.training.run import start_run, start_logging\nfrom common.data import cache\n"
+                      "from common.data.source import Source\n")
+    rows = {"training/run.py": "`start_run`", "data/source.py": "`Source.open`"}  # data/cache.py: no row
+    assert [m.split(": ", 1)[1] for m in unlisted(rows, [script])] == [
+        "training/run.py start_logging", "data/cache.py (its row)"]
+    readme = "| module | owns | calls |\n|---|---|---|\n| `training/run.py` | the start | `start_run` |\n"
+    assert map_rows(readme) == {"training/run.py": "`start_run`"}

@@ -262,7 +262,7 @@ def test_a_source_offers_the_same_whatever_it_is(tmp_path, streaming):
     assert sorted(texts) == [f"s{i}" for i in range(8)] and len(set(ids)) == 8
     src.select(lambda splits: {**splits, "train": splits["train"].select(range(4))})
     data = src.loaders(train=(Ids, collate_ids), valid=(Ids, collate_ids))
-    assert isinstance(data, RecipeData) and data.source is src and data.cfg is settings
+    assert isinstance(data, RecipeData) and data.source is src and data.recorded == {} and not data.resumes
     assert data.data_dir == str(folder) and data.summary == src.summary()
     assert data.summary["utterances"] == (8 if streaming else 4)  # a stream keeps its rows
     assert list(data.summary["shard_files"]) == ["train-00000-of-00001.parquet"]
@@ -415,3 +415,25 @@ def test_a_one_sample_clip_and_a_null_label_are_one_line_from_a_map_style_source
     settings.on_bad_data = "skip"
     ds, _ = load_split(settings, "train", text=False, extra=("speaker",))
     assert ds["speaker"] == ["a"] and ds["id"] == ["00000000"]
+
+
+def test_recipe_data_sets_the_epoch_of_its_sampler_and_of_the_items_and_collator_that_draw_per_epoch():
+    """`data.epoch_objects` (what every main hands train_batches) and `data.set_epoch` (what the
+    benchmarks call): the sampler always, the training items and collator where they define set_epoch."""
+    from common.data.source import RecipeData
+
+    class Epoch:
+        def __init__(self):
+            self.epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    sampler, items, plain = Epoch(), Epoch(), object()
+    data = RecipeData(None, items, None, plain, None, sampler, None, summary={}, durations={})
+    assert data.epoch_objects == (sampler, items) and not data.resumes and data.recorded == {}
+    data.set_epoch(3)
+    assert sampler.epoch == items.epoch == 3
+    collator = Epoch()
+    assert RecipeData(None, plain, None, collator, None, sampler, None, summary={}, durations={}).epoch_objects == (
+        sampler, collator)

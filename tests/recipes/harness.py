@@ -337,11 +337,11 @@ def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = 
 
 
 # tests/recipes/support/sitecustomize.py's switches that patch accelerate's classes (Accelerator.backward,
-# save_state, save_model): a patch made after the fork, in the child, acts as one made at the start of
+# prepare, save_state, save_model): a patch made after the fork, in the child, acts as one made at the start of
 # a fresh interpreter. The others wrap module functions that this checkout's modules, imported by the
 # fork server, already hold (the write audit's safetensors wrapper, ENOSPC_AT_SAFETENSORS) or change
 # how accelerate decides its state (FORCE_*_ON_CPU, other profiles anyway): fresh interpreters.
-FORKABLE_HOOKS = ("SLOW_SAVE", "SLOW_EXPORT", "INJECT_FAULT", "ENOSPC_AT_SAVE")
+FORKABLE_HOOKS = ("SLOW_SAVE", "SLOW_EXPORT", "INJECT_FAULT", "ENOSPC_AT_SAVE", "DUMP_PREPARED")
 HOOKS = (*FORKABLE_HOOKS, "AUDIT_WRITES_DIR", "ENOSPC_AT_SAFETENSORS", "FORCE_FSDP_ON_CPU", "FORCE_DEEPSPEED_ON_CPU")
 
 

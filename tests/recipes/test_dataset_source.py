@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -357,7 +358,7 @@ def test_tts_and_vocoder_build_their_data_from_a_source(recipe, streaming, sourc
     extra = ["--symbols", "auto"] if recipe == "tts" else []
     data = build(recipe, recipe_args(recipe, source, tmp_path / "out", *extra, streaming=streaming), tmp_path / "out")
     if recipe == "tts":
-        cfg = data.cfg
+        cfg = SimpleNamespace(**data.recorded)  # what main records in the run's config
         texts = [t for f in sorted((source / "data").glob("train-*.parquet"))
                  for t in pq.read_table(f, columns=["sentence"])["sentence"].to_pylist()]
         assert cfg.symbols == "".join(sorted(set(" ".join(texts).lower())))

@@ -125,11 +125,11 @@ def test_mel_resolutions_average_more_mel_terms_and_refuse_a_window_longer_than_
     train = recipe_modules("vocoder", "train").train
     cfg = train.Config(mel_resolutions=[512, 2048])
     real, fake = torch.randn(2, 8192) * 0.1, torch.randn(2, 8192) * 0.1
-    main = train.loss_frontend(cfg, "cpu")
-    extra = train.extra_mel_frontends(cfg, "cpu")
+    main = vocoder.data.loss_frontend(cfg, "cpu")
+    extra = vocoder.data.extra_mel_frontends(cfg, "cpu")
     assert [(f.mel.n_fft, f.mel.hop_length, f.mel.n_mels) for f in extra] == [(512, 128, 40), (2048, 512, 160)]
-    _, stats = train.generator_loss(None, main, real, fake, main(real), cfg, adversarial=False)
-    parts = [train.mel_l1(main, fake, main(real))] + [train.mel_l1(f, fake, f(real)) for f in extra]
+    _, stats = vocoder.model.generator_loss(None, main, real, fake, main(real), cfg, adversarial=False, extra_frontends=extra)
+    parts = [vocoder.model.mel_l1(main, fake, main(real))] + [vocoder.model.mel_l1(f, fake, f(real)) for f in extra]
     assert torch.allclose(stats["mel_loss"], sum(parts) / 3)
     with pytest.raises(ValueError, match="--mel_resolutions: 16384 is longer than a training segment"):
         train.Config(mel_resolutions=[16384]).validate()
@@ -161,16 +161,16 @@ def test_the_magnitude_prior_is_griffin_lims_starting_magnitude_and_the_head_cor
 def test_spectral_convergence_is_the_relative_linear_magnitude_error_and_refuses_a_short_segment():
     train = recipe_modules("vocoder", "train").train
     real = torch.randn(2, 8192) * 0.1
-    sc = functools.partial(vocoder.model.spectral_convergence, resolutions=train.SC_RESOLUTIONS)
+    sc = functools.partial(vocoder.model.spectral_convergence, resolutions=vocoder.model.SC_RESOLUTIONS)
     assert sc(real, real) == 0
     assert torch.isclose(sc(real, torch.zeros_like(real)), torch.tensor(1.0))
     assert torch.isclose(sc(real, 1.5 * real), torch.tensor(0.5))  # |S| scales: ‖0.5 S‖ / ‖S‖
     cfg = train.Config(sc_loss_weight=10.0)
-    main = train.loss_frontend(cfg, "cpu")
+    main = vocoder.data.loss_frontend(cfg, "cpu")
     fake = torch.randn(2, 8192) * 0.1
-    loss, stats = train.generator_loss(None, main, real, fake, main(real), cfg, adversarial=False)
+    loss, stats = vocoder.model.generator_loss(None, main, real, fake, main(real), cfg, adversarial=False)
     assert torch.isclose(loss, 45.0 * stats["mel_loss"] + 10.0 * sc(real, fake))
-    assert "sc_loss" not in train.generator_loss(None, main, real, fake, main(real), train.Config(), False)[1]
+    assert "sc_loss" not in vocoder.model.generator_loss(None, main, real, fake, main(real), train.Config(), False)[1]
     with pytest.raises(ValueError, match="--sc_loss_weight: its 2048-sample STFT is longer than a training segment"):
         train.Config(sc_loss_weight=1.0, segment_frames=4, resolutions=[512]).validate()
 
@@ -191,9 +191,9 @@ def test_phase_loss_is_zero_for_the_recordings_phase_up_to_whole_turns_and_weigh
     assert torch.allclose(vocoder.model.anti_wrapped(torch.tensor([0.1, -0.1, 2 * math.pi - 0.1, math.pi])),
                           torch.tensor([0.1, 0.1, 0.1, math.pi]), atol=1e-6)
     cfg = train.Config(phase_loss_weight=3.0)
-    main = train.loss_frontend(cfg, "cpu")
+    main = vocoder.data.loss_frontend(cfg, "cpu")
     noisy = phase + torch.randn_like(phase)
-    loss, stats = train.generator_loss(None, main, real, real, main(real), cfg, adversarial=False, phase=noisy)
+    loss, stats = vocoder.model.generator_loss(None, main, real, real, main(real), cfg, adversarial=False, phase=noisy)
     assert torch.isclose(loss, 45.0 * stats["mel_loss"] + 3.0 * vocoder.model.phase_loss(real, noisy, 1024, 256))
 
 
@@ -218,10 +218,10 @@ def test_envelope_loss_is_one_minus_stoi_of_each_segment_and_refuses_a_segment_o
     loss(fake).backward()
     assert torch.isfinite(fake.grad).all() and fake.grad.abs().sum() > 0
     cfg = train.Config(envelope_loss_weight=20.0)
-    main = train.loss_frontend(cfg, "cpu")
-    total, stats = train.generator_loss(None, main, real, fake.detach(), main(real), cfg, adversarial=False)
+    main = vocoder.data.loss_frontend(cfg, "cpu")
+    total, stats = vocoder.model.generator_loss(None, main, real, fake.detach(), main(real), cfg, adversarial=False)
     assert torch.isclose(total, 45.0 * stats["mel_loss"] + 20.0 * stats["envelope_loss"])
-    assert "envelope_loss" not in train.generator_loss(None, main, real, real, main(real), train.Config(), False)[1]
+    assert "envelope_loss" not in vocoder.model.generator_loss(None, main, real, real, main(real), train.Config(), False)[1]
     with pytest.raises(ValueError, match="--envelope_loss_weight: a training segment .2048 samples. holds fewer than its 8"):
         train.Config(envelope_loss_weight=1.0, segment_frames=8, resolutions=[512]).validate()
 
@@ -376,7 +376,8 @@ def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_d
     cfg = load_config(base / "final", train.Config)
     models = {"generator": train.build_generator(cfg), "discriminator": train.build_discriminators(cfg)}
     fresh_d = {k: v.clone() for k, v in models["discriminator"].state_dict().items()}
-    line = train.transfer_from(models, base / "final", cfg)
+    export = {"generator": base / "final" / "model.safetensors"}  # what build_models takes from an export
+    line = vocoder.model.transfer_from(models, base / "final", cfg, export)
     assert "generator (the discriminators start fresh" in line
     final = load_file(base / "final" / "model.safetensors")
     assert all(torch.equal(v, final[k]) for k, v in models["generator"].state_dict().items())
@@ -386,17 +387,17 @@ def test_init_from_another_voice_takes_the_generator_and_from_a_checkpoint_the_d
     (tts_ckpt / "config.yaml").write_text((base / "final" / "config.yaml").read_text())
     (tts_ckpt / "train_state.json").write_text(json.dumps({"models": ["model"]}))
     with pytest.raises(ValueError, match=r"not a vocoder run \(its models: model\)"):
-        train.transfer_from(models, tts_ckpt, cfg)
+        vocoder.model.transfer_from(models, tts_ckpt, cfg, model_weights_files(tts_ckpt))
     (tts_ckpt / "train_state.json").write_text("{}")  # names no models: refused, not taken as nothing to load
     with pytest.raises(ValueError, match=r"not a vocoder run \(its models: none named\)"):
-        train.transfer_from(models, tts_ckpt, cfg)
+        vocoder.model.transfer_from(models, tts_ckpt, cfg, model_weights_files(tts_ckpt))
     for change, match in (({"hop_length": 128}, r"trained on another mel \(hop_length 256 vs 128\)"),
                           ({"dim": 24}, "its generator has another shape"),
                           ({"magnitude_prior": not cfg.magnitude_prior},
                            f"its generator has magnitude_prior {cfg.magnitude_prior}, this run {not cfg.magnitude_prior}")):
         other = dataclasses.replace(cfg, **change)
         with pytest.raises(ValueError, match=match):
-            train.transfer_from({"generator": train.build_generator(other)}, base / "final", other)
+            vocoder.model.transfer_from({"generator": train.build_generator(other)}, base / "final", other, export)
 
 
 @slow

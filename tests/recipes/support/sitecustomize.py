@@ -12,6 +12,11 @@ SLOW_SAVE=seconds: `Accelerator.save_state` sleeps that long after writing its f
 kill a run reliably in the middle of a checkpoint. SLOW_EXPORT=seconds: the same for
 `Accelerator.save_model` (the final export).
 
+DUMP_PREPARED=dir: the first `Accelerator.prepare` call writes the models it is given, as main built
+them (before any step, before feature statistics a fresh start computes after it), to
+`<dir>/models.pt` (a list, in prepare order, of {"state": state_dict, "requires_grad": {name: flag}}),
+then the process exits 0 at once: what tests/benchmarks/test_recipe.py compares with the seams.
+
 ENOSPC_AT_SAVE=n: the n-th `Accelerator.save_state` call (1-based, per process) writes half a file,
 then fails with OSError(ENOSPC) as a full disk would.
 
@@ -100,6 +105,21 @@ if _fault:
             return _orig_backward(self, loss, **kwargs)
 
         accelerate.Accelerator.backward = backward
+
+
+if os.environ.get("DUMP_PREPARED"):
+    import accelerate
+
+    def prepare_dump(self, *args, **kwargs):
+        import torch
+
+        models = [{"state": {k: v.detach().clone() for k, v in m.state_dict().items()},
+                   "requires_grad": {n: p.requires_grad for n, p in m.named_parameters()}}
+                  for m in args if isinstance(m, torch.nn.Module)]
+        torch.save(models, os.path.join(os.environ["DUMP_PREPARED"], "models.pt"))
+        os._exit(0)
+
+    accelerate.Accelerator.prepare = prepare_dump
 
 
 if os.environ.get("SLOW_SAVE"):
