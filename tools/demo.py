@@ -176,6 +176,9 @@ def load_models(args) -> list[Model]:
     return models
 
 
+DRAIN_FACTOR = 4  # an oversized body up to this many times --max_upload_mb is read before the refusal
+
+
 class Handler(BaseHTTPRequestHandler):
     """GET / → the page; POST /api/<n> → model n's answer as JSON ({"error": ...} for a refusal)."""
 
@@ -199,7 +202,13 @@ class Handler(BaseHTTPRequestHandler):
         model = self.models[int(match.group(1))]
         size = int(self.headers.get("Content-Length") or -1)
         if size < 0 or size > self.max_upload:
-            self.close_connection = True  # the body is not read: this connection cannot serve another request
+            # An answer sent while the client still writes its body (the socket then closed with unread
+            # data) reaches it as a reset, not as the refusal: a body up to DRAIN_FACTOR times the limit
+            # is read and dropped first; a larger one (or none declared) gets the answer and the close.
+            if 0 <= size <= DRAIN_FACTOR * self.max_upload:
+                self.drain(size)
+            else:
+                self.close_connection = True  # the body is not read: this connection serves no other request
             return self.refuse(model, 413, f"the upload is {size / 2**20:.1f} MB; this page takes at most "
                                             f"{self.max_upload / 2**20:g} MB: send a shorter recording")
         body = self.rfile.read(size)
@@ -211,6 +220,14 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:  # noqa: BLE001 — the server keeps serving; one line, in the page and the log
             return self.refuse(model, 500, f"the model failed on this input ({type(e).__name__}: "
                                            f"{(str(e).splitlines() or [''])[0][:300]})")
+
+    def drain(self, size: int) -> None:
+        """Read and drop `size` bytes of the request body, 1 MB at a time (never held whole)."""
+        while size > 0:
+            chunk = self.rfile.read(min(size, 2**20))
+            if not chunk:
+                break
+            size -= len(chunk)
 
     def refuse(self, model: Model, status: int, message: str):
         print(f"refused ({model.name}): {message}", file=sys.stderr, flush=True)

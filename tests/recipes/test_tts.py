@@ -461,8 +461,9 @@ def _base_yaml(tmp_path: Path, steps: int) -> Path:
 
 
 def _builtin_args(tiny_corpus: Path, out: Path, base_yaml: Path, *extra: str, cache: Path | None = None) -> list[str]:
-    return [*args_for(tiny_corpus, out, "--max_steps", "2", *extra), "--init_from", "builtin", "--builtin_corpus",
-            "tiny", "--base_config", str(base_yaml), "--data_cache_dir", str(cache or tiny_corpus.parent)]
+    return last_flag_wins([*args_for(tiny_corpus, out, "--max_steps", "2", *extra), "--init_from", "builtin",
+                           "--builtin_corpus", "tiny", "--base_config", str(base_yaml),
+                           "--data_cache_dir", str(cache or tiny_corpus.parent)])
 
 
 @slow
