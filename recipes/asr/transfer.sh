@@ -5,7 +5,7 @@
 # 40 synthetic English voices, with transcripts): French prompts 35.5 -> 24.5 %, Spanish 19.9 -> 13.1 %,
 # Italian 22.1 -> 14.8 %, Russian 21.2 -> 16.2 % (README, "A new voice: transfer.sh").
 #
-# Since 2026-11-28 the recipe's default does the same in one command (`config.yaml`'s `init_from: builtin`:
+# The recipe's default does the same in one command for a voice under 10 h (`config.yaml`'s `init_from: auto`:
 # the base is trained once per machine into the corpus cache): `accelerate launch recipes/asr/train.py
 # --data_dir DATA_DIR`. This script remains for a base in a folder you name and can decode (BASE, BASE_ARGS).
 #

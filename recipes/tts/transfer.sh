@@ -4,8 +4,8 @@
 # mel flat from step 1000, the synthesized speech hard to understand); started from the built-in
 # espeak-ng voice, the same 0.3 h gives speech an ASR model reads almost as well as the recordings
 # (README, "Transfer: start from the built-in voice"). Both stages speak espeak-ng phonemes. train.py's
-# defaults do the same in one run (`--data_dir DIR --phonemizer_language L`; init_from: builtin trains the
-# base into the corpus cache): this script is for a base in a folder of your choosing (BASE, BASE_ARGS).
+# defaults do the same in one run (`--data_dir DIR --phonemizer_language L`; init_from: auto trains the
+# base into the corpus cache for a voice under 10 h): this script is for a base in a folder of your choosing (BASE, BASE_ARGS).
 #
 #   bash recipes/tts/transfer.sh DATA_DIR LANGUAGE [train.py arguments for the voice ...]
 #   bash recipes/tts/transfer.sh data/prompts_fr/ljspeech fr --num_valid 53 --num_test 53
