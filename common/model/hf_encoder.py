@@ -129,7 +129,9 @@ def build_encoder(frontend: dict, overrides: dict):
 
     family = FAMILIES[frontend["model_type"]]
     config_class = transformers.AutoConfig.for_model(frontend["model_type"]).__class__
-    config = config_class.from_dict({**frontend["config"], **overrides})
+    # WavLMConfig lacks mask_feature_min_masks, which WavLMModel reads when mask_feature_prob > 0
+    # (transformers 5.x): the other families' default, 0 spans at least
+    config = config_class.from_dict({"mask_feature_min_masks": 0, **frontend["config"], **overrides})
     return getattr(transformers, family.model)(config)
 
 
