@@ -184,7 +184,7 @@ def export_hf(folder: Path, weights: dict[str, torch.Tensor], cfg, tokenizer, fr
     character tokens, a `Wav2Vec2CTCTokenizer`), loadable with `pipeline("automatic-speech-recognition",
     model=folder, trust_remote_code=True)`. `weights`: this recipe's state dict. Replaces
     `folder/model.safetensors` with the transformers names."""
-    if cfg.encoder_type != "conformer":
+    if getattr(cfg, "encoder_type", "conformer") != "conformer":  # (a namespace of the Conformer's fields: one)
         return export_stock_ctc(folder, weights, cfg, tokenizer, frontend)
     save_feature_extractor(folder, n_mels=cfg.n_mels, stack_frames=cfg.stack_frames, sample_rate=cfg.sample_rate,
                            mean=weights["feat_mean"], std=weights["feat_std"])
