@@ -91,22 +91,35 @@ def save_hf_ctc(folder: str | Path, weights: dict[str, torch.Tensor], encoder_co
     character tokens, index 0 the CTC blank, " " the word separator (None: no tokenizer written)."""
     from transformers import Wav2Vec2BertConfig
 
-    from common.model.speech_frontend import CharCTCTokenizer
-
     folder = Path(folder)
     config = Wav2Vec2BertConfig(**{**encoder_config.to_dict(), "vocab_size": vocab_size, "pad_token_id": 0,
                                    "ctc_loss_reduction": "sum", "architectures": ["Wav2Vec2BertForCTC"],
                                    "final_dropout": 0.0})
     config.save_pretrained(folder)
     save_file(hf_ctc_weights(weights), folder / "model.safetensors", metadata={"format": "pt"})
-    if vocab is None:
-        return
+    if vocab is not None:
+        save_ctc_tokenizer(folder, vocab)
+
+
+def save_ctc_tokenizer(folder: str | Path, vocab: list[str], stock: bool = False) -> None:
+    """`vocab` (the character tokens, index 0 the CTC blank, " " the word separator, written "|") as a
+    `Wav2Vec2CTCTokenizer`: ours that single-spaces its text (`CharCTCTokenizer`, shipped code), or
+    (`stock`) transformers' own, which needs no remote code but keeps a doubled space where the model
+    emits two word separators apart (decode.py single-spaces)."""
+    from transformers import Wav2Vec2CTCTokenizer
+
+    from common.model.speech_frontend import CharCTCTokenizer
+
+    folder = Path(folder)
     tokens = {("|" if t == " " else t): i for i, t in enumerate(vocab)}
     tokens["<unk>"] = len(vocab)  # never predicted (the head has len(vocab) classes)
     (folder / "vocab.json").write_text(json.dumps(tokens, ensure_ascii=False, indent=1))
-    tokenizer = CharCTCTokenizer(str(folder / "vocab.json"), pad_token=vocab[0], unk_token="<unk>",
-                                 word_delimiter_token="|", bos_token=None, eos_token=None)
+    tokenizer = (Wav2Vec2CTCTokenizer if stock else CharCTCTokenizer)(
+        str(folder / "vocab.json"), pad_token=vocab[0], unk_token="<unk>", word_delimiter_token="|",
+        bos_token=None, eos_token=None)
     tokenizer.save_pretrained(folder)
+    if stock:
+        return
     config = json.loads((folder / "tokenizer_config.json").read_text())  # found through the shipped code
     config["auto_map"] = {"AutoTokenizer": ["speech_frontend.CharCTCTokenizer", None]}
     config["tokenizer_class"] = "CharCTCTokenizer"

@@ -15,6 +15,11 @@ Manifests — `read_split(data_dir, split)`:
   joined with commas (train-clean-100,train-clean-360).
 Utterances whose transcript is empty after normalization are left out (CTC and WER need text).
 
+With a transformers encoder (--init_from a `save_pretrained` folder: model.HFEncoderCTC) an item
+holds that model's own feature extractor's output instead of log-mel (`StockFrontend`: the
+waveform normalized per utterance, or w2v-BERT's stacked fbank), padded by `PaddingCollator`; its
+SpecAugment is the model's own (--mask_time_prob), drawn in the model.
+
 Every random draw (speed factor, SpecAugment) comes from `sample_generator(seed, epoch, utterance
 id)`, so neither the number of workers nor sharding nor a mid-epoch resume can change it.
 """
@@ -130,16 +135,34 @@ def fixed_subset(ds: datasets.Dataset, ids_file: Path) -> datasets.Dataset:
     return ds.select([i for i, utt_id in enumerate(ids) if utt_id in wanted])
 
 
+class StockFrontend:
+    """A transformers model's own feature extractor on one waveform (samples,) at its rate: (samples,)
+    for wav2vec 2.0/HuBERT/WavLM (zero-mean unit-variance when its config says do_normalize), or
+    (frames, 160) for w2v-BERT (80 fbank bins, 2 frames stacked, per-bin normalized): exactly what
+    `pipeline("automatic-speech-recognition")` gives the exported model for that audio."""
+
+    def __init__(self, frontend: dict):
+        from common.model.hf_encoder import feature_extractor
+
+        self.fe = feature_extractor(frontend)
+        self.name = self.fe.model_input_names[0]
+
+    def __call__(self, wav: torch.Tensor) -> torch.Tensor:
+        out = self.fe(wav.numpy(), sampling_rate=self.fe.sampling_rate, return_attention_mask=True, return_tensors="pt")
+        return out[self.name][0][: int(out["attention_mask"][0].sum())]  # its valid part (w2v-BERT pads odd frames)
+
+
 class SpeechDataset(torch.utils.data.Dataset):
     """Manifest row → (id, log-mel (frames, n_mels), token ids, normalized transcript): `dataset[i]`,
-    or `item(row)` for a streamed row (`manifest` None).
+    or `item(row)` for a streamed row (`manifest` None). With `frontend` (a transformers encoder's
+    record, common/model/hf_encoder.py) its feature extractor's output in place of log-mel.
 
     Speed perturbation (resampling: tempo and pitch, as in Kaldi) is drawn from (seed, epoch, id)."""
 
-    def __init__(self, manifest, cfg, tokenizer, speed_perturb: float = 0.0):
+    def __init__(self, manifest, cfg, tokenizer, speed_perturb: float = 0.0, frontend: dict | None = None):
         self.manifest, self.cfg, self.tokenizer, self.speed_perturb = manifest, cfg, tokenizer, speed_perturb
         self.ids = list(manifest["id"]) if manifest is not None else []  # read once: a manifest row costs ~0.1 ms, cache_key runs per item
-        self.logmel = LogMel(cfg.sample_rate, cfg.n_mels)
+        self.logmel = LogMel(cfg.sample_rate, cfg.n_mels) if frontend is None else StockFrontend(frontend)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -197,6 +220,20 @@ class SpecAugmentCollator:
                     time_masks=c.time_masks, time_mask_width=c.time_mask_width, time_mask_ratio=c.time_mask_ratio)
         return dict(ids=[i for i, _, _, _ in items], feats=feats, feat_lens=lens, time_mask=time_mask,
                     freq_mask=freq_mask, targets=torch.tensor([t for _, _, tok, _ in items for t in tok], dtype=torch.long),
+                    target_lens=torch.tensor([len(tok) for _, _, tok, _ in items]), texts=[t for *_, t in items])
+
+
+class PaddingCollator:
+    """Pads a batch of a transformers front end's items with zeros (its feature extractors' padding
+    value): feats (B, samples) or (B, frames, dim) and their valid lengths; no masks (the model draws its own)."""
+
+    def __call__(self, items):
+        lens = torch.tensor([f.shape[0] for _, f, _, _ in items])
+        feats = torch.zeros(len(items), int(lens.max()), *items[0][1].shape[1:])
+        for b, (_, f, _, _) in enumerate(items):
+            feats[b, : f.shape[0]] = f
+        return dict(ids=[i for i, _, _, _ in items], feats=feats, feat_lens=lens,
+                    targets=torch.tensor([t for _, _, tok, _ in items for t in tok], dtype=torch.long),
                     target_lens=torch.tensor([len(tok) for _, _, tok, _ in items]), texts=[t for *_, t in items])
 
 

@@ -54,16 +54,14 @@ from common.config import ConfigError, Count, ExistingPath, Names, NonNegative, 
 from common.data.loading import make_loader
 from common.training.distributed import build_accelerator
 from common.training.faults import RunError, UsageError, run_main
-from common.model.encoder import encoder_config_from
-from common.model.hf_export import load_recipe_ctc_weights
 from common.training.logs import get_logger
 from common.data.source import load_split
 from tools.corpus import resolve_data_dir
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import LmError, ctc_greedy, lm_decode, load_lm_decoder, posteriors, transcribe
-from data import SpecAugmentCollator, SpeechDataset, load_wav, read_split, transcribed
-from model import ConformerCTC
+from data import PaddingCollator, SpecAugmentCollator, SpeechDataset, load_wav, read_split, transcribed
+from model import checkpoint_frontend, ctc_model, recipe_weights
 from scoring import Scorer, gather_results
 from text import check_transcripts, checkpoint_tokenizer
 from train import Config
@@ -133,6 +131,7 @@ def main():
         folder = resolve_checkpoint(args.checkpoint)
         cfg = load_config(folder, Config)  # the training run's config
         tokenizer = checkpoint_tokenizer(folder)
+        frontend = checkpoint_frontend(folder, cfg)  # a transformers encoder's feature extractor, or None: log-mel
     except (UsageError, ConfigError) as e:
         refuse(str(e))
     accelerator = build_accelerator(mixed_precision="no")
@@ -173,16 +172,15 @@ def main():
             check_transcripts(manifest["id"], manifest["text"], tokenizer, split, cfg.unknown_chars)
         except ValueError as e:
             raise SystemExit(f"decode.py: {e}") from None
-        loader, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer), manifest["duration"],
-                                SpecAugmentCollator(cfg, augment=False), max_batch_seconds=args.max_batch_seconds,
+        loader, _ = make_loader(SpeechDataset(manifest, cfg, tokenizer, frontend=frontend), manifest["duration"],
+                                PaddingCollator() if frontend else SpecAugmentCollator(cfg, augment=False), max_batch_seconds=args.max_batch_seconds,
                                 num_buckets=cfg.num_buckets, seed=cfg.seed, multiple_of=world, shuffle=False,
                                 num_workers=args.num_workers)
         return manifest, accelerator.prepare(loader)  # shards the batches over processes (no DDP wrapper needed)
 
-    model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                         vocab_size=tokenizer.vocab_size)
+    model = ctc_model(cfg, tokenizer.vocab_size, frontend)
     try:
-        model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
+        model.load_state_dict(recipe_weights(folder, cfg))  # weights and feature statistics
     except Exception as e:  # noqa: BLE001 — sealed, yet not this config's model (SafetensorError, a shape, a key)
         refuse(f"--checkpoint {folder}: its weights do not load into the model its config.yaml describes "
                f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): re-run the training command that made it")

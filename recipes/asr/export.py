@@ -32,11 +32,11 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 from common.training.checkpoint import resolve_checkpoint, seal_export
 from common.config import ExistingPath, load_config, parse_config
 from common.training.faults import run_main
-from common.model.hf_export import load_recipe_ctc_weights
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import LmError, export_lm, load_lm_decoder
-from model import export_hf
+from model import checkpoint_frontend, export_hf, frontend_dir, recipe_weights
+from common.model.hf_encoder import FAMILIES
 from text import checkpoint_tokenizer, tokenizer_dir
 from train import Config
 
@@ -69,7 +69,8 @@ def main():
             load_lm_decoder(args.lm, tokenizer)  # before writing anything
         except LmError as e:
             raise SystemExit(f"error: --lm {e}") from None
-    weights = load_recipe_ctc_weights(folder)
+    frontend = checkpoint_frontend(folder, cfg)  # a transformers encoder's run: its stock <Family>ForCTC
+    weights = recipe_weights(folder, cfg)
     # Written aside and sealed like a training final/ (COMPLETE digests, then renamed into place):
     # decode.py and the other tools read only sealed folders, and a kill leaves no half export.
     tmp = out.with_name(f".{out.name}.tmp")
@@ -77,12 +78,15 @@ def main():
     tmp.mkdir(parents=True)
     shutil.copyfile(folder / "config.yaml", tmp / "config.yaml")
     shutil.copytree(tokenizer_dir(folder), tmp / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
-    export_hf(tmp, weights, cfg, tokenizer)
+    if frontend is not None:
+        shutil.copytree(frontend_dir(folder), tmp / "frontend", ignore=shutil.ignore_patterns(".complete"))
+    export_hf(tmp, weights, cfg, tokenizer, frontend)
     if args.lm:
         export_lm(tmp, args.lm, tokenizer, args.lm_alpha, args.lm_beta)
     seal_export(tmp)
     os.rename(tmp, out)
-    print(f"{out}: transformers Wav2Vec2BertForCTC + feature extractor (trust_remote_code=True)"
+    print(f"{out}: transformers " + (f"{FAMILIES[cfg.encoder_type].ctc} + its feature extractor (no remote code)"
+                                      if frontend else "Wav2Vec2BertForCTC + feature extractor (trust_remote_code=True)")
           + (f" + the n-gram LM of {args.lm} (Wav2Vec2ProcessorWithLM)" if args.lm else ""))
 
 

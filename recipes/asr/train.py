@@ -6,6 +6,10 @@
     accelerate launch recipes/asr/train.py --data_dir my_voice --output_dir outputs/asr_my_voice
     # fine-tune a BEST-RQ encoder (same front end and encoder shape)
     accelerate launch recipes/asr/train.py --init_from outputs/best_rq --output_dir outputs/asr_ft
+    # fine-tune a transformers speech encoder (wav2vec 2.0, HuBERT, WavLM, w2v-BERT 2.0): a save_pretrained
+    # folder or a Hub id, with its own front end; final/ is its stock <Family>ForCTC
+    accelerate launch recipes/asr/train.py --init_from facebook/wav2vec2-base --data_dir /data/LibriSpeech \
+        --train_split train-clean-100 --valid_split dev-clean --output_dir outputs/asr_w2v2 --mask_time_prob 0.05
     # 2 real DDP processes on a CPU-only machine
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/asr/train.py
     # LibriSpeech 100 h, BPE, GPUs
@@ -29,6 +33,7 @@ run with a ContractError saying which), and tests/recipes/test_contract.py check
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -38,7 +43,7 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Fraction, Names, NonNegative, Range,
+from common.config import (Count, DatasetConfig, ExistingPath, Fraction, Internal, Names, NonNegative, Range,
                            Rule, exit_on_signals_during_start_up, parse_config)
 
 SUBSETS_DIR = Path(__file__).with_name("subsets")
@@ -63,6 +68,24 @@ class _SubsetFile(Rule):
         if subset_file(value).is_file():
             return None
         return f"{value} is not 10min, 1h ({SUBSETS_DIR}) nor a file of utterance ids"
+
+
+@dataclass(frozen=True)
+class _InitFrom(Rule):
+    """--init_from: a path here, `builtin`/`auto`, or a Hub id (owner/name; fetched when the run starts,
+    refused there in one line when the Hub cannot give it): a rule of this machine."""
+
+    of_this_machine = True
+
+    def __str__(self) -> str:
+        return "must exist, or builtin, auto, or a Hub id owner/name"
+
+    def check(self, value) -> str | None:
+        from common.model.hf_encoder import HUB_ID
+
+        if value in ("builtin", "auto") or Path(value).exists() or HUB_ID.match(value):
+            return None
+        return f"{value} does not exist (nor is it builtin, auto or a Hub id owner/name)"
 
 
 @dataclass
@@ -111,11 +134,23 @@ class Config(DatasetConfig):
     # trained once per machine into the corpus cache (common/training/builtin_base.py; README, "A new
     # voice"); on a built-in corpus itself: from scratch. `auto`: `builtin` for small training data (below
     # builtin_base.AUTO_MAX_HOURS), from scratch above. A fresh run says in one log line which, and the base's cost.
-    init_from: Annotated[str | None, ExistingPathOr("builtin", "auto")] = None  # auto: under 10 h of training data, first trains a second model, the built-in base (this recipe on the built-in corpus, once per machine, then cached: minutes on a CPU, estimated in the start log), and starts from it; 10 h or more: from scratch. builtin: the base always; none: from scratch; or a BEST-RQ or ASR run to start from
+    # A transformers speech encoder (common/model/hf_encoder.py): a `save_pretrained` folder (config.json
+    # model_type wav2vec2, hubert, wavlm or wav2vec2-bert; JSON and safetensors only are read) or a Hub id
+    # (the same, downloaded): its own front end and feature extractor, its weights, our CTC head; the
+    # shape fields above are then its config.json's; final/ is its stock <Family>ForCTC (no remote code).
+    init_from: Annotated[str | None, _InitFrom()] = None  # auto: under 10 h of training data, first trains a second model, the built-in base (this recipe on the built-in corpus, once per machine, then cached: minutes on a CPU, estimated in the start log), and starts from it; 10 h or more: from scratch. builtin: the base always; none: from scratch; a BEST-RQ or ASR run to start from; or a transformers encoder: a save_pretrained folder or a Hub id
     base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml)
     encoder_lr_scale: Annotated[float, NonNegative] = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
     freeze_encoder_steps: Annotated[int, NonNegative] = 0  # optimizer steps during which the encoder is not updated
     layer_decay: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # encoder block k of N (0 = input projection) learns at encoder LR × this^(N-k)
+    # --- a transformers encoder's own settings (transformers' run_speech_recognition_ctc.py names) ---
+    freeze_feature_encoder: bool | None = None  # its convolutional waveform front end not trained; None: on for wav2vec2/HuBERT/WavLM (as that script's flag), off for w2v-BERT (which has none)
+    layerdrop: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # probability that a training step skips each Transformer layer
+    mask_time_prob: Annotated[float, Fraction] = 0.0  # the model's own SpecAugment: share of encoder frames masked, in spans of mask_time_length (that script: 0.05)
+    mask_time_length: Annotated[int, Count] = 10  # encoder frames per time mask (20 ms each)
+    mask_feature_prob: Annotated[float, Fraction] = 0.0  # share of hidden channels masked, in spans of mask_feature_length
+    mask_feature_length: Annotated[int, Count] = 10  # hidden channels per feature mask
+    encoder_type: Annotated[str, Internal] = "conformer"  # set by the program: conformer (log-mel, this file's shape fields), or the transformers model_type --init_from gave
     # --- weight average (common/training/averaging.py) ---
     # > 0: validation, final/ and decode.py of a checkpoint use an exponential moving average of the
     # weights, decay min(ema_decay, (1 + n) / (10 + n)) after n optimizer steps (0 = the trained weights)
@@ -143,7 +178,9 @@ from common.training.builtin_base import (AUTO, KEYWORD as BUILTIN, base_args, b
 from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
-from common.model.encoder import MATCHING_KEYS, encoder_config_from, load_pretrained_encoder  # noqa: E402
+from common.model.encoder import MATCHING_KEYS, load_pretrained_encoder  # noqa: E402
+from common.model.hf_encoder import (FAMILIES, encoder_weights, fetch_hub, is_encoder_folder, is_hub_id,  # noqa: E402
+                                     load_encoder_weights, read_frontend)
 from common.training.faults import RunError, run_main  # noqa: E402
 from common.model.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.model.hf_export import write_model_card  # noqa: E402
@@ -156,9 +193,9 @@ from common.training.run import start_logging, start_run  # noqa: E402
 from tools.corpus import resolve_data_dir  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
-from data import (SpecAugmentCollator, SpeechDataset, fixed_subset, labelled_subset, load_wav,  # noqa: E402
-                  read_split, transcribed)
-from model import ConformerCTC, ctc_loss, evaluate, export_hf  # noqa: E402
+from data import (PaddingCollator, SpecAugmentCollator, SpeechDataset, fixed_subset, labelled_subset,  # noqa: E402
+                  load_wav, read_split, transcribed)
+from model import ConformerCTC, ctc_loss, ctc_model, evaluate, export_hf  # noqa: E402
 from scoring import Scorer  # noqa: E402
 from text import build_tokenizer, check_transcripts, load_tokenizer, read_char_map  # noqa: E402
 
@@ -179,11 +216,17 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
                                                                              ("validation", cfg.valid_split))})
     source.select(lambda splits: labelled(cfg, source.data_dir, splits))
     tokenizer = prepare_tokenizer(cfg, out, source)
+    frontend = prepare_frontend(cfg, out)  # a transformers encoder's, or None: log-mel
+    if frontend is not None:  # its feature extractor's items; the model masks them itself
+        return source.loaders(train=(lambda rows: SpeechDataset(rows, cfg, tokenizer, cfg.speed_perturb, frontend),
+                                     PaddingCollator()),
+                              valid=(lambda rows: SpeechDataset(rows, cfg, tokenizer, frontend=frontend), PaddingCollator()),
+                              tokenizer=tokenizer, recorded={"encoder_type": frontend["model_type"]})
     # Training items are kept per (utterance, speed factor); the training set only is augmented.
     return source.loaders(train=(lambda rows: SpeechDataset(rows, cfg, tokenizer, cfg.speed_perturb),
                                  SpecAugmentCollator(cfg, augment=True)),
                           valid=(lambda rows: SpeechDataset(rows, cfg, tokenizer), SpecAugmentCollator(cfg, augment=False)),
-                          tokenizer=tokenizer)
+                          tokenizer=tokenizer, recorded={"encoder_type": "conformer"})
 
 
 def labelled(cfg: Config, data_dir, splits: dict) -> dict:
@@ -227,6 +270,40 @@ def prepare_tokenizer(cfg: Config, out: Path, source):
     return tokenizer
 
 
+def prepare_frontend(cfg: Config, out: Path) -> dict | None:
+    """A transformers encoder's record (`read_frontend` + the folder it came from) when --init_from
+    names one (a Hub id is downloaded here), written once into <out>/frontend/frontend.json by one
+    process: a resume, decode.py and export.py read it there, never the source (which may be gone).
+    None: this recipe's Conformer on log-mel. Its settings are refused in one line where they cannot apply."""
+    init = cfg.init_from
+    hf = init not in (None, BUILTIN, AUTO) and (is_hub_id(init) or is_encoder_folder(init))
+    if not hf and not (out / "frontend").is_dir():
+        own = [k for k in ("layerdrop", "mask_time_prob", "mask_feature_prob") if getattr(cfg, k)]
+        if own or cfg.freeze_feature_encoder:
+            raise RunError(f"--{(own or ['freeze_feature_encoder'])[0]} is a transformers encoder's setting "
+                           f"(--init_from a save_pretrained folder or a Hub id); this run's Conformer masks its "
+                           f"log-mel itself (--time_masks, --freq_masks): drop it")
+        return None
+
+    def build(tmp: Path) -> None:
+        folder = fetch_hub(init) if is_hub_id(init) else Path(init)
+        record = {**read_frontend(folder), "source": str(folder.resolve())}
+        (tmp / "frontend.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    done = prepare_once(out / "frontend", build, info={"init_from": init})
+    if json.loads((done / ".complete").read_text()).get("init_from") != init:
+        raise RunError(f"{done} was made for another --init_from; use a new --output_dir")
+    frontend = json.loads((done / "frontend.json").read_text())
+    rate = frontend["feature_extractor"]["sampling_rate"]
+    if rate != cfg.sample_rate:
+        raise RunError(f"--sample_rate {cfg.sample_rate}: the {frontend['model_type']} model takes {rate} Hz audio "
+                       f"(its preprocessor_config.json): set --sample_rate {rate} (audio is resampled to it on load)")
+    if cfg.freeze_feature_encoder and not FAMILIES[frontend["model_type"]].raw:
+        raise RunError(f"--freeze_feature_encoder: a {frontend['model_type']} model has no convolutional feature "
+                       f"encoder (it reads fbank features): drop it, or freeze the encoder with --freeze_encoder_steps")
+    return frontend
+
+
 # What the built-in base shares with the voice started from it: the front end and encoder shape (its
 # weights must fit), and the run settings that make it exact. Its tokens and its CTC head are its own.
 # Not the thread count: the base uses the machine's cores (`num_threads` auto), so that one machine
@@ -253,9 +330,12 @@ def init_folder(cfg: Config, hours: float | None) -> str | Path | None:
 def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
     """The model, its output sized by the data's tokenizer; on a fresh start (not `data.resumes`: a
     resume loads its checkpoint instead) its encoder loaded from --init_from (every rank: `init_folder`),
-    with the feature statistics when that run has them (`model.stats_given`)."""
-    model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                         vocab_size=data.tokenizer.vocab_size)
+    with the feature statistics when that run has them (`model.stats_given`). A transformers encoder
+    (the data's `encoder_type`): `build_hf_model`."""
+    cfg = dataclasses.replace(cfg, **data.recorded)
+    if cfg.encoder_type != "conformer":
+        return {"model": build_hf_model(cfg, data)}
+    model = ctc_model(cfg, data.tokenizer.vocab_size)
     # every rank; a resume loads its checkpoint instead (hours: None for a stream, not read ahead)
     folder = init_folder(cfg, data.summary.get("hours")) if not data.resumes else None
     model.stats_given = load_pretrained_encoder(model, folder, config_to_dict(cfg)) if folder else False
@@ -264,6 +344,26 @@ def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
                 if cfg.init_from in (BUILTIN, AUTO) and uses_builtin_corpus(cfg) else ""))
     logger.info(f"encoder: {sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters, {start}")
     return {"model": model}
+
+
+def build_hf_model(cfg: Config, data: RecipeData):
+    """A transformers encoder of the recorded front end (<output_dir>/frontend/) + our CTC head; on a
+    fresh start its weights from the folder it came from (strictly: `load_encoder_weights`), the
+    convolutional feature encoder frozen where --freeze_feature_encoder says (before `prepare`: DDP
+    then leaves those parameters out)."""
+    frontend = json.loads((Path(cfg.output_dir) / "frontend" / "frontend.json").read_text())
+    model = ctc_model(cfg, data.tokenizer.vocab_size, frontend)
+    family = FAMILIES[frontend["model_type"]]
+    if not data.resumes:
+        load_encoder_weights(model.encoder, encoder_weights(frontend["source"]), family.prefix, frontend["source"])
+    freeze = family.raw if cfg.freeze_feature_encoder is None else cfg.freeze_feature_encoder
+    if freeze:
+        model.encoder.feature_extractor._freeze_parameters()
+    logger.info(f"encoder: {frontend['model_type']} ({type(model.encoder).__name__}), "
+                f"{sum(p.numel() for p in model.encoder.parameters()) / 1e6:.2f} M parameters, "
+                f"{'resumed' if data.resumes else 'initialized from ' + frontend['source']}"
+                f"{', feature encoder frozen' if freeze else ''}")
+    return model
 
 
 def build_optimizers(cfg: Config, models: dict) -> tuple[dict, dict]:
@@ -289,7 +389,7 @@ def encoder_blocks(encoder: torch.nn.Module) -> list[torch.nn.Module]:
 
 def compute_loss(models: dict, batch: dict, cfg: Config, step: int) -> tuple[dict, dict]:
     """The CTC loss of the batch (SpecAugment masks applied)."""
-    log_probs, out_lens = models["model"](batch["feats"], batch["feat_lens"], batch["time_mask"], batch["freq_mask"])
+    log_probs, out_lens = models["model"](batch["feats"], batch["feat_lens"], batch.get("time_mask"), batch.get("freq_mask"))
     loss = ctc_loss(log_probs, out_lens, batch["targets"], batch["target_lens"])
     return {"model": loss}, {"loss": loss}
 
@@ -308,6 +408,7 @@ def main(cfg: Config) -> None:
     # ---- data, tokenizer, model, optimizer (the seams above) -----------------------------------
     data = build_data(cfg, accelerator, out, global_batch=run.global_batch, num_workers=run.num_workers)
     data.resumes = run.ckpt is not None  # what build_models reads: a resume loads its checkpoint over the models
+    cfg = dataclasses.replace(cfg, **data.recorded)  # encoder_type: what the checkpoints and config.yaml record
     tokenizer, tok_dir = data.tokenizer, out / "tokenizer"  # built by build_data; exported with the model
     models = build_models(cfg, data)  # --init_from read here, on a fresh start
     model = models["model"]
@@ -383,14 +484,18 @@ def main(cfg: Config) -> None:
     def write_extras(folder: Path) -> None:  # main process: final/ as a transformers model, plus ours
         save_config(cfg, folder / "config.yaml")
         shutil.copytree(tok_dir, folder / "tokenizer", ignore=shutil.ignore_patterns(".complete"))
-        export_hf(folder, load_file(folder / "model.safetensors"), cfg, tokenizer)
+        frontend = None
+        if cfg.encoder_type != "conformer":  # what decode.py and export.py build the model from
+            shutil.copytree(out / "frontend", folder / "frontend", ignore=shutil.ignore_patterns(".complete"))
+            frontend = json.loads((out / "frontend" / "frontend.json").read_text())
+        export_hf(folder, load_file(folder / "model.safetensors"), cfg, tokenizer, frontend)
         write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
-                         usage="""
+                         usage=f"""
             ```python
             from transformers import pipeline
 
-            asr = pipeline("automatic-speech-recognition", model="<this folder>", trust_remote_code=True)
-            asr({"raw": samples, "sampling_rate": 16000})["text"]  # config.yaml: sample_rate
+            asr = pipeline("automatic-speech-recognition", model="<this folder>"{"" if frontend else ", trust_remote_code=True"})
+            asr({{"raw": samples, "sampling_rate": {cfg.sample_rate}}})["text"]
             ```""")
 
     with swapped_in(average, model):  # final/ holds the average

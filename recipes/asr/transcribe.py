@@ -50,15 +50,13 @@ if __name__ == "__main__":  # --help and mistakes are answered before the slow i
 import torch  # noqa: E402
 
 from common.data.loading import read_audio_file  # noqa: E402
-from common.model.encoder import encoder_config_from  # noqa: E402
-from common.model.features import LogMel  # noqa: E402
-from common.model.hf_export import load_recipe_ctc_weights  # noqa: E402
 from common.training.checkpoint import resolve_checkpoint  # noqa: E402
 from common.training.faults import UsageError, run_main  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)
 from ctc_decode import LmError, ctc_decode, lm_decode, load_lm_decoder  # noqa: E402
-from model import ConformerCTC  # noqa: E402
+from data import PaddingCollator, SpecAugmentCollator, SpeechDataset  # noqa: E402
+from model import checkpoint_frontend, ctc_model, recipe_weights  # noqa: E402
 from text import checkpoint_tokenizer  # noqa: E402
 from train import Config  # noqa: E402
 
@@ -80,24 +78,23 @@ def load_transcriber(args: TranscribeConfig):
         decoder = load_lm_decoder(args.lm, tokenizer, args.lm_alpha, args.lm_beta) if args.lm else None
     except LmError as e:
         raise UsageError(f"--lm {e}") from None
-    model = ConformerCTC(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
-                         vocab_size=tokenizer.vocab_size)
+    frontend = checkpoint_frontend(folder, cfg)  # a transformers encoder's feature extractor, or None: log-mel
+    model = ctc_model(cfg, tokenizer.vocab_size, frontend)
     try:
-        model.load_state_dict(load_recipe_ctc_weights(folder))  # weights and feature statistics
+        model.load_state_dict(recipe_weights(folder, cfg))  # weights and feature statistics
     except Exception as e:  # noqa: BLE001 — sealed, yet not this config's model (SafetensorError, a shape, a key)
         raise UsageError(f"--checkpoint {folder}: its weights do not load into the model its config.yaml describes "
                          f"({type(e).__name__}: {str(e).splitlines()[0][:300]}): re-run the training command "
                          f"that made it") from None
     model.eval()
-    logmel, s = LogMel(cfg.sample_rate, cfg.n_mels), cfg.stack_frames
+    # the model's items and batches as decode.py makes them: log-mel or its own feature extractor's
+    features = SpeechDataset(None, cfg, tokenizer, frontend=frontend).logmel
+    collate = PaddingCollator() if frontend else SpecAugmentCollator(cfg, augment=False)
 
     @torch.no_grad()
     def transcribe(wav: torch.Tensor) -> str:
-        feats = logmel(wav)  # (frames, n_mels), 10 ms hop
-        n = feats.shape[0] // s * s  # whole 40 ms encoder frames only, as the training collator
-        padded = torch.zeros(1, max(n, s), cfg.n_mels)
-        padded[0, :n] = feats[:n]
-        log_probs, out_lens = model(padded, torch.tensor([n]))  # (1, frames / s, classes)
+        batch = collate([("", features(wav), [], "")])  # one utterance
+        log_probs, out_lens = model(batch["feats"], batch["feat_lens"])  # (1, frames, classes)
         if decoder is None:
             return tokenizer.decode(ctc_decode(log_probs, out_lens, args.decoding, args.beam_size)[0])
         return lm_decode(decoder, log_probs[0, : int(out_lens[0])].numpy(), args.beam_width)

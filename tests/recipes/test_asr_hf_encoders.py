@@ -1,0 +1,248 @@
+"""ASR from a transformers speech encoder (--init_from a `save_pretrained` folder; common/model/hf_encoder.py):
+tiny random models of each family made here (tests/recipes/tiny_encoders.py, no download). Units: the
+folder rules (foreign or broken checkpoints refused in one line, pre-training extras dropped with one
+log line), the model's own masking drawn from the loop's seed. End to end: each family trains, exports
+a stock <Family>ForCTC that `pipeline` loads without remote code and that transcribes as decode.py does;
+SIGKILL and resume is bit-identical in 1 process (wav2vec 2.0) and 2 (w2v-BERT). The families share the
+recipe's code path (model.HFEncoderCTC, data.StockFrontend, data.PaddingCollator) and differ only in the
+transformers classes the per-family test runs, so one family per process count is killed and resumed."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from common.data.manifest import read_librispeech
+from common.model.hf_encoder import (build_encoder, encoder_weights, fetch_hub, load_encoder_weights,
+                                     read_frontend)
+from common.training.faults import RunError
+from tests.recipe_import import recipe_modules
+from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, python, resumed_positions, run
+from tests.recipes.tiny_encoders import tiny_encoder
+
+asr = recipe_modules("asr", "text", "ctc_decode", "data", "model", "scoring", "train")
+TINY = ["--warmup_steps", "2", "--logging_steps", "1", "--report_to", "none", "--seed", "42", "--max_batch_seconds", "16"]
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    assert "\n" not in str(e.value), str(e.value)
+    return str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit tests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_foreign_or_broken_folders_are_refused_in_one_line(tmp_path, monkeypatch):
+    folder = tiny_encoder("wav2vec2", tmp_path / "w2v")
+    frontend = read_frontend(folder)
+    assert frontend["model_type"] == "wav2vec2" and frontend["feature_extractor"]["do_normalize"]
+
+    other = tmp_path / "whisper"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "whisper"}))
+    with pytest.raises(RunError) as e:
+        read_frontend(other)
+    assert "'whisper'" in one_line(e) and "wav2vec2-bert" in str(e.value)
+
+    config = json.loads((folder / "config.json").read_text())
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "x.Y"}}))
+    with pytest.raises(RunError) as e:
+        read_frontend(remote)
+    assert "remote code" in one_line(e)
+
+    bare = tmp_path / "no_extractor"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RunError) as e:
+        read_frontend(bare)
+    assert "Wav2Vec2FeatureExtractor" in one_line(e)
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "pytorch_model.bin").write_bytes(b"never read")
+    with pytest.raises(RunError) as e:
+        encoder_weights(pickled)
+    assert "pytorch_model.bin" in one_line(e) and "save_pretrained" in str(e.value)
+
+    weights = encoder_weights(folder)
+    wider = build_encoder({**frontend, "config": {**config, "hidden_size": 48}}, {})
+    with pytest.raises(RunError) as e:
+        load_encoder_weights(wider, weights, "wav2vec2", folder)
+    assert "misshapen" in one_line(e)
+    with pytest.raises(RunError) as e:
+        load_encoder_weights(build_encoder(frontend, {}), {**weights, "decoder.proj.weight": torch.zeros(1)}, "wav2vec2", folder)
+    assert "unexpected ['decoder.proj.weight']" in one_line(e)
+    with pytest.raises(RunError) as e:
+        load_encoder_weights(build_encoder(frontend, {}), {k: v for k, v in weights.items() if "layers.1." not in k},
+                             "wav2vec2", folder)
+    assert "missing" in one_line(e)
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RunError) as e:
+        fetch_hub("facebook/wav2vec2-base")
+    assert "huggingface-cli download facebook/wav2vec2-base" in one_line(e)
+
+
+def test_pretraining_and_ctc_extras_are_dropped_with_one_log_line(tmp_path, caplog):
+    """A Wav2Vec2ForPreTraining checkpoint (quantizer, project_q, project_hid) and a HubertForCTC's
+    (lm_head, under its `hubert.` prefix) load into the bare encoder: what CTC does not use is dropped."""
+    for family, cls in (("wav2vec2", "Wav2Vec2ForPreTraining"), ("hubert", "HubertForCTC")):
+        folder = tiny_encoder(family, tmp_path / cls, model_class=cls)
+        encoder = build_encoder(read_frontend(folder), {})
+        weights = encoder_weights(folder)
+        with caplog.at_level(logging.INFO, logger="common.model.hf_encoder"):
+            caplog.clear()
+            load_encoder_weights(encoder, weights, family, folder)
+        [line] = [r.getMessage() for r in caplog.records]
+        assert "dropped" in line and ("quantizer" in line if cls.endswith("PreTraining") else "lm_head" in line)
+        prefix = "wav2vec2." if cls.endswith("PreTraining") else "hubert."
+        own = encoder.state_dict()
+        assert all(torch.equal(own[k[len(prefix):]], v) for k, v in weights.items()
+                   if k.startswith(prefix) and k[len(prefix):] in own)
+
+
+@pytest.mark.parametrize("family", ["wav2vec2", "wavlm"])
+def test_the_models_own_masking_is_a_function_of_the_torch_seed(tmp_path, family):
+    """transformers draws SpecAugment from numpy's global RNG: the model seeds it from torch's (which the
+    loop reseeds per batch position), so a resume redraws the same masks; numpy's state is left as it was.
+    WavLM with feature masks runs at all (its config lacks mask_feature_min_masks)."""
+    model = asr.model.HFEncoderCTC(read_frontend(tiny_encoder(family, tmp_path / family)), 29, dict(
+        hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, layerdrop=0.0,
+        apply_spec_augment=True, mask_time_prob=0.3, mask_time_length=2, mask_feature_prob=0.3, mask_feature_length=2))
+    model.train()
+    wav, lens = torch.randn(2, 8000), torch.tensor([8000, 6000])
+    outs = []
+    for numpy_seed in (1, 2):
+        np.random.seed(numpy_seed)
+        torch.manual_seed(7)
+        outs.append(model(wav, lens)[0])
+        assert np.random.get_state()[1][0] == np.random.RandomState(numpy_seed).get_state()[1][0]
+    assert torch.equal(outs[0], outs[1])
+    torch.manual_seed(8)
+    assert not torch.equal(model(wav, lens)[0], outs[0])  # another position: other masks
+
+
+def test_transformers_settings_on_the_conformer_are_refused(tmp_path):
+    cfg = asr.train.Config(output_dir=str(tmp_path / "out"), mask_time_prob=0.05)
+    with pytest.raises(RunError) as e:
+        asr.train.prepare_frontend(cfg, tmp_path / "out")
+    assert "--mask_time_prob is a transformers encoder's setting" in one_line(e)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end (tiny corpus)
+# ---------------------------------------------------------------------------------------------
+
+
+def train_args(corpus, out, init, *extra) -> list[str]:
+    return ["--data_dir", str(corpus / "librispeech"), "--output_dir", str(out), "--init_from", str(init), *TINY, *extra]
+
+
+def even_frames_copy(root, split: str, dest):
+    """`root`/`split` (LibriSpeech layout) copied to `dest`, each file cut to an even count of 10 ms fbank
+    frames (25 ms windows): what w2v-BERT's feature extractor stacks by 2 without a padded last frame."""
+    import shutil
+
+    import soundfile as sf
+
+    shutil.copytree(root / split, dest / split)
+    for path in (dest / split).rglob("*.flac"):
+        wav, rate = sf.read(path, dtype="float32")
+        if (1 + (len(wav) - 400) // 160) % 2:
+            sf.write(path, wav[:-160], rate)
+    return dest
+
+
+@pytest.mark.parametrize("family", ["hubert", "wavlm"])
+def test_export_of_each_family_transcribes_in_the_pipeline_as_the_recipe_does(tiny_corpus, tmp_path, family):
+    """In-process and cheap, for the families the end-to-end test below leaves out: the recipe's model
+    on the tiny encoder, exported (model.export_stock_ctc), read by `pipeline` without remote code,
+    transcribes every test utterance as the recipe's own decoding (decode.py's `transcribe`) does, one
+    utterance per batch as the pipeline (a group-norm front end, these models' default, sees a batch's
+    zero padding: batched decoding may differ from one at a time there, as in transformers)."""
+    import soundfile as sf
+    from transformers import pipeline
+
+    from common.data.loading import make_loader
+
+    frontend = {**read_frontend(tiny_encoder(family, tmp_path / family)), "source": ""}
+    test = read_librispeech(tiny_corpus / "librispeech", "test")
+    tokenizer = asr.text.CharTokenizer.from_texts(list(test["text"]))
+    cfg = asr.train.Config(encoder_type=family)
+    model = asr.model.ctc_model(cfg, tokenizer.vocab_size, frontend)
+    load_encoder_weights(model.encoder, encoder_weights(tmp_path / family), family, tmp_path / family)
+    asr.model.export_stock_ctc(tmp_path / "final", model.state_dict(), cfg, tokenizer, frontend)
+    loader, _ = make_loader(asr.data.SpeechDataset(test, cfg, tokenizer, frontend=frontend), test["duration"],
+                            asr.data.PaddingCollator(), max_batch_seconds=1, num_buckets=1, seed=0, multiple_of=1,
+                            shuffle=False, num_workers=0)
+    decoded = {i: h for i, h, _ in asr.ctc_decode.transcribe(model, loader, tokenizer)[0]}
+    pipe = pipeline("automatic-speech-recognition", model=str(tmp_path / "final"))
+    for utt_id, path in zip(test["id"], test["path"]):
+        wav, rate = sf.read(path, dtype="float32")
+        assert " ".join(pipe({"raw": wav, "sampling_rate": rate})["text"].split()) == decoded[utt_id]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["wav2vec2", "wav2vec2-bert"])
+def test_a_family_trains_and_exports_a_stock_model_the_pipeline_reads(tiny_corpus, tmp_path, family):
+    """(A raw-waveform family and w2v-BERT; HuBERT and WavLM: the in-process test above.) 3 steps (the
+    model's own masking on), then final/: the stock <Family>ForCTC, feature extractor and
+    Wav2Vec2CTCTokenizer, no code; `pipeline` without trust_remote_code transcribes every test utterance
+    as decode.py does (the stock tokenizer keeps a doubled space where decode.py single-spaces). w2v-BERT's
+    feature extractor pads an odd count of 10 ms fbank frames to a last, masked 20 ms frame, which the
+    pipeline decodes too (decode.py: the valid frames only): its audio is given here at an even count."""
+    import soundfile as sf
+    from transformers import pipeline
+
+    out = tmp_path / "run"
+    run("asr", 1, train_args(tiny_corpus, out, tiny_encoder(family, tmp_path / family), "--max_steps", "3",
+                             "--save_steps", "3", "--eval_steps", "0", "--mask_time_prob", "0.1",
+                             "--mask_time_length", "2"), launcher=False)
+    final = out / "final"
+    config = json.loads((final / "config.json").read_text())
+    ctc = asr.model.FAMILIES[family].ctc
+    assert config["architectures"] == [ctc] and config["vocab_size"] == 29 and config["pad_token_id"] == 0
+    assert not list(final.glob("*.py")) and "auto_map" not in (final / "tokenizer_config.json").read_text()
+    data = even_frames_copy(tiny_corpus / "librispeech", "test", tmp_path / "data")
+    proc = python([ROOT / "recipes/asr/decode.py", "--checkpoint", out, "--split", "test", "--data_dir", data,
+                   "--max_batch_seconds", "1"], stderr_to_stdout=True)  # one utterance per batch, as the pipeline
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    decoded = {r["id"]: r["hyp"] for r in map(json.loads, (out / "decode/final/test-greedy.jsonl").read_text().splitlines())}
+    asr_pipe = pipeline("automatic-speech-recognition", model=str(final))
+    assert type(asr_pipe.model).__name__ == ctc
+    test = read_librispeech(data, "test")
+    for utt_id, path in zip(test["id"], test["path"]):
+        wav, rate = sf.read(path, dtype="float32")
+        assert " ".join(asr_pipe({"raw": wav, "sampling_rate": rate})["text"].split()) == decoded[utt_id]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,nproc", [("wav2vec2", 1), ("wav2vec2-bert", 2)])
+def test_hf_encoder_interrupted_equals_continuous(tiny_corpus, tmp_path, family, nproc):
+    """SIGKILL after checkpoint 2 and re-launch: bit-identical weights and losses to a run never
+    interrupted, with the model's own time and feature masks, LayerDrop, dropout, speed perturbation
+    (and in 2 DDP processes accumulation 2). The re-launch reads the recorded front end, not the source."""
+    import shutil
+
+    init = tiny_encoder(family, tmp_path / family)
+    extra = ["--max_steps", "4", "--save_steps", "1", "--eval_steps", "0", "--mask_time_prob", "0.2",
+             "--mask_time_length", "2", "--mask_feature_prob", "0.2", "--mask_feature_length", "2",
+             "--layerdrop", "0.3", "--speed_perturb", "0.1", *(["--gradient_accumulation_steps", "2"] if nproc == 2 else [])]
+    cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
+    run("asr", nproc, train_args(tiny_corpus, cont, init, *extra), launcher=False)
+    run("asr", nproc, train_args(tiny_corpus, cut, init, *extra), kill_after_checkpoint=2, launcher=False)
+    moved = tmp_path / "moved"
+    shutil.move(init, moved)  # a resume needs not the folder it started from ...
+    init.mkdir()  # ... (the same --init_from is given, as a re-launch does)
+    run("asr", nproc, train_args(tiny_corpus, cut, init, *extra))
+    assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
+    assert_same_weights(cont, cut)
+    assert_same_losses(cont, cut)
