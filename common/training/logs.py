@@ -146,7 +146,6 @@ class Throughput:
             batch = batch_ids(batch)
         self.seconds += sum(self.durations[i] for i in batch)
 
-
     def rate(self) -> float:
         """Collective (one all-reduce): call on every rank."""
         import torch
