@@ -143,7 +143,7 @@ class Throughput:
             if "durations" in batch:
                 self.seconds += sum(batch["durations"])
                 return
-            batch = batch["ids"]
+            batch = batch_ids(batch)
         self.seconds += sum(self.durations[i] for i in batch)
 
     def rate(self) -> float:
@@ -155,6 +155,20 @@ class Throughput:
         now = time.perf_counter()
         rate, self.seconds, self.start = total / max(now - self.start, 1e-9), 0.0, now
         return rate
+
+
+def batch_ids(batch) -> list:
+    """The utterance ids of a training batch. The batch contract: a collator returns a dict that holds
+    them under "ids", one per item (Throughput counts their seconds, --dump_batch_ids writes them);
+    anything else is a ContractError of one line, at the first batch."""
+    if isinstance(batch, dict) and "ids" in batch:
+        return batch["ids"]
+    from common.training.checkpoint import ContractError  # lazy: this module imports no torch
+
+    got = f"a dict with keys {sorted(map(str, batch))}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
+    raise ContractError(f"a training batch must be a dict with its utterance ids under \"ids\" (one per item: what "
+                        f"Throughput and --dump_batch_ids read), got {got}: return dict(ids=[...], ...) from the "
+                        f"collator")
 
 
 class WindowMeans:

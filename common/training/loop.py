@@ -59,7 +59,7 @@ from accelerate import skip_first_batches
 from common.training.checkpoint import ContractError, TrainState, save_checkpoint
 from common.training.distributed import derive_seed
 from common.training.faults import PREEMPTED_EXIT_CODE, NonFiniteError, RunError
-from common.training.logs import get_logger
+from common.training.logs import batch_ids, get_logger
 
 logger = get_logger(__name__)  # main process only
 
@@ -86,7 +86,8 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     `set_epoch(epoch)` (the batch sampler, a collator or dataset drawing per-epoch randomness).
     `state.batches_in_epoch` counts the global micro-batches consumed (all ranks; always a multiple
     of the global batch at a checkpoint, so a resume may use another number of processes);
-    `ids_log` (optional) receives one JSON line per micro-batch with its utterance ids.
+    `ids_log` (optional) receives one JSON line per micro-batch with its utterance ids. Every batch must
+    be a dict with its utterance ids under "ids" (`common.training.logs.batch_ids`).
     Raises `RunError` at the end when no update of the run was applied (every one non-finite).
 
     Checks its contract: `state` was resumed (`resume_from_checkpoint`), `world × accumulation` is
@@ -116,9 +117,10 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
                 # Rank r's i-th batch is the global batch i·world + r (accelerate deals batches round-
                 # robin): dropout draws from that position alone, never from what ran before.
                 torch.manual_seed(derive_seed(seed, "train", epoch, i * world + rank))
+                ids = batch_ids(batch)  # the batch contract: a dict with "ids" (else a ContractError, here)
                 if ids_file:
                     ids_file.write(json.dumps({"epoch": epoch, "batch": i, "global_batch": i * world + rank,
-                                               "step": state.step + 1, "ids": batch["ids"]}) + "\n")
+                                               "step": state.step + 1, "ids": ids}) + "\n")
                     ids_file.flush()
                 # The position a checkpoint taken after this micro-batch's optimizer step must hold.
                 state.batches_in_epoch = (i + 1) * world

@@ -165,6 +165,10 @@ class Config(DatasetConfig):
             if self.train_fraction < 1.0:
                 raise ValueError("--train_subset and --train_fraction both choose the labelled utterances: set one")
 
+# The test model: what tests/ and benchmarks/ add to this recipe's config.yaml to train it in seconds on
+# the tiny built-in corpus (a copy keeps its own: docs/adapt.md, "How the tests pick up the copy").
+TEST_TINY = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64"]
+
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))

@@ -69,6 +69,10 @@ class Config(DatasetConfig):
     attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on attention probabilities (0 here and below: 1.26× the steps/s on CPU, eval loss within 0.6 % of 0.1's over 600 steps; benchmarks/README.md)
     activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.0  # on feed-forward activations
 
+# The test model: what tests/ and benchmarks/ add to this recipe's config.yaml to train it in seconds on
+# the tiny built-in corpus (a copy keeps its own: docs/adapt.md, "How the tests pick up the copy").
+TEST_TINY = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64", "--codebook_size", "64"]
+
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))

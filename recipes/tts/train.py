@@ -107,6 +107,11 @@ class Config(DatasetConfig):
     griffin_lim_iters: Annotated[int, Count, ResumeSafe] = 32  # Griffin-Lim iterations for those samples
 
 
+# The test model: what tests/ and benchmarks/ add to this recipe's config.yaml to train it in seconds on
+# the tiny built-in corpus (a copy keeps its own: docs/adapt.md, "How the tests pick up the copy").
+TEST_TINY = ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32", "--num_heads", "2",
+             "--num_valid", "2", "--num_test", "2"]
+
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()  # a Ctrl-C during the imports: one line, not a traceback
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))

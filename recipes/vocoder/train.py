@@ -147,6 +147,12 @@ def _model_py():
     return module
 
 
+# The test model: what tests/ and benchmarks/ add to this recipe's config.yaml to train it in seconds on
+# the tiny built-in corpus (a copy keeps its own: docs/adapt.md, "How the tests pick up the copy").
+TEST_TINY = ["--dim", "16", "--hidden_dim", "32", "--layers", "1", "--periods", "2,3", "--period_channels", "4,4",
+             "--resolutions", "256,512", "--resolution_channels", "4", "--segment_frames", "12", "--num_valid", "2",
+             "--num_test", "2"]
+
 if __name__ == "__main__":  # --help and config mistakes are answered before the slow imports below
     exit_on_signals_during_start_up()
     CONFIG = parse_config(Config, default_yaml=Path(__file__).with_name("config.yaml"))

@@ -13,18 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.recipe import RECIPES, load_recipe
+from tests.recipe_import import tiny_flags
 from tests.recipes.harness import SUPPORT, run
-
-# Each recipe's test model (its flags only; a recipe not named here is built with its defaults).
-TINY = {"best_rq": ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64",
-                    "--codebook_size", "64"],
-        "asr": ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64"],
-        "tts": ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32",
-                "--num_heads", "2", "--num_valid", "2", "--num_test", "2"],
-        "vocoder": ["--dim", "16", "--hidden_dim", "32", "--layers", "1", "--periods", "2,3", "--period_channels",
-                    "4,4", "--resolutions", "256,512", "--resolution_channels", "4", "--segment_frames", "12",
-                    "--num_valid", "2", "--num_test", "2"]}
-
 
 def on_tiny_corpus(tiny_corpus) -> list[str]:
     """The flags that make a recipe read the tiny built-in corpus (already made) in the layout it chooses."""
@@ -53,7 +43,7 @@ def load_as_main_builds(recipe: str, argv: list[str], out: Path):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_load_recipe_uses_the_recipes_seams(tiny_corpus, tmp_path, recipe):
-    r = load_as_main_builds(recipe, [*on_tiny_corpus(tiny_corpus), "--max_batch_seconds", "8", *TINY.get(recipe, [])],
+    r = load_as_main_builds(recipe, [*on_tiny_corpus(tiny_corpus), "--max_batch_seconds", "8", *tiny_flags(recipe)],
                             tmp_path)
     # the recipe's checked manifest, its training loader (1 process: a multiple of 1 batch) and sampler
     assert len(r.train_set) == len(r.dataset) > 0
