@@ -104,6 +104,7 @@ from accelerate.utils import load as accelerate_load
 
 from common.training.faults import NonFiniteError, RunError, UsageError
 from common.data.manifest import data_change
+from common.training.contract import ContractError  # noqa: F401 (re-exported: loop.py, recipes)
 from common.training.prepare import fsync_path
 
 logger = logging.getLogger(__name__)
@@ -111,8 +112,6 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_RE = re.compile(r"^step_(\d{8})$")
 MARKER = "COMPLETE"
 
-class ContractError(RuntimeError):
-    """A training loop used the helpers out of order (a bug in the recipe, not in its config)."""
 
 
 def named(objects, kind: str) -> dict[str, Any]:

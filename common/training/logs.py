@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from common.training.contract import ContractError
+
 # The trackers accelerate 1.15 knows (`accelerate.tracking.LOGGER_TYPE_TO_CLASS`; a test keeps this
 # list equal to it): the module(s) whose presence makes one usable, and the pip package to install.
 TRACKERS = {
@@ -163,8 +165,6 @@ def batch_ids(batch) -> list:
     anything else is a ContractError of one line, at the first batch."""
     if isinstance(batch, dict) and "ids" in batch:
         return batch["ids"]
-    from common.training.checkpoint import ContractError  # lazy: this module imports no torch
-
     got = f"a dict with keys {sorted(map(str, batch))}" if isinstance(batch, dict) else f"a {type(batch).__name__}"
     raise ContractError(f"a training batch must be a dict with its utterance ids under \"ids\" (one per item: what "
                         f"Throughput and --dump_batch_ids read), got {got}: return dict(ids=[...], ...) from the "

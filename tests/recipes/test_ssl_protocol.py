@@ -58,7 +58,7 @@ def test_committed_subsets_are_the_selection_rule_applied_to_ssl10h(tmp_path):
 def test_layer_decay_groups(tmp_path):
     cfg = asr.train.Config(num_layers=3, hidden_size=32, num_heads=2, ffn_dim=64, learning_rate=1e-3,
                            encoder_lr_scale=0.5, layer_decay=0.5)
-    models = asr.train.build_models(cfg, SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=29), resumes=False))
+    models = asr.train.build_models(cfg, SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=29), resumes=False, summary={}, recorded={}))
     model, optimizer = models["model"], asr.train.build_optimizers(cfg, models)[0]["model"]
     lrs = {id(p): g["initial_lr"] for g in optimizer.param_groups for p in g["params"]}  # lr: after the warm-up factor
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(lrs) == len(list(model.parameters()))
@@ -70,7 +70,7 @@ def test_layer_decay_groups(tmp_path):
     assert lrs[id(model.encoder.feature_projection.projection.weight)] == pytest.approx(5e-4 * 0.5**3)
     # 1 (the default): the head's two groups and the encoder's two, at encoder_lr_scale
     plain = asr.train.build_optimizers(asr.train.Config(encoder_lr_scale=0.5, learning_rate=1e-3), asr.train.build_models(
-        asr.train.Config(), SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=29), resumes=False)))[0]["model"]
+        asr.train.Config(), SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=29), resumes=False, summary={}, recorded={})))[0]["model"]
     assert [g["initial_lr"] for g in plain.param_groups] == [1e-3, 1e-3, 5e-4, 5e-4]
 
 
