@@ -104,6 +104,7 @@ from accelerate.utils import load as accelerate_load
 
 from common.training.faults import NonFiniteError, RunError, UsageError
 from common.data.manifest import data_change
+from common.training.early_stopping import checkpoint_problem as early_stopping_problem
 from common.training.prepare import fsync_path
 
 logger = logging.getLogger(__name__)
@@ -906,7 +907,8 @@ def _choose(out: Path) -> list[str | None]:
     for ckpt in reversed(list_checkpoints(out)):
         # _odd_entry before any file is opened: a FIFO among the pickles would block the load for ever
         problem = (verify_checkpoint(ckpt) or _odd_entry(ckpt) or _unloadable_pickle(ckpt)
-                   or _run_state_problem(ckpt) or _rng_states_problem(ckpt) or _nonfinite_weights(ckpt))
+                   or _run_state_problem(ckpt) or early_stopping_problem(ckpt) or _rng_states_problem(ckpt)
+                   or _nonfinite_weights(ckpt))
         if problem is None:
             return [str(ckpt), None]
         logger.warning(f"skipping damaged checkpoint {ckpt}: {problem}")

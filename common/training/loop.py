@@ -58,6 +58,7 @@ from accelerate import skip_first_batches
 
 from common.training.checkpoint import ContractError, TrainState, save_checkpoint
 from common.training.distributed import derive_seed
+from common.training.early_stopping import registered_stopper
 from common.training.faults import PREEMPTED_EXIT_CODE, NonFiniteError, RunError
 from common.training.logs import get_logger
 
@@ -88,6 +89,8 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     of the global batch at a checkpoint, so a resume may use another number of processes);
     `ids_log` (optional) receives one JSON line per micro-batch with its utterance ids.
     Raises `RunError` at the end when no update of the run was applied (every one non-finite).
+    Early stopping (a stopper registered with the Accelerator: common/training/early_stopping.py) ends
+    the loop at the step where its patience ran out, and a re-launch of a run that stopped trains no step.
 
     Checks its contract: `state` was resumed (`resume_from_checkpoint`), `world × accumulation` is
     the state's global batch, a sampler among `epoch_objects` makes its batch count a multiple of it,
@@ -99,9 +102,13 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
         raise RunError(f"--max_steps {max_steps} is below this run's step {state.step} (its newest checkpoint): "
                        f"re-launch with --max_steps {state.step} or more (earlier weights are only in the "
                        f"checkpoints/step_* folders the run kept)")
+    stopper = registered_stopper(accelerator)
+    finished = lambda: state.step >= max_steps or (stopper is not None and stopper.stopped)  # noqa: E731
+    if stopper is not None and stopper.stopped:
+        logger.info(f"this run stopped early at step {state.step} ({stopper.reason()}): no step to train")
     ids_file = open(ids_log, "a") if ids_log else None
     try:
-        while state.step < max_steps:
+        while not finished():
             for obj in (loader, *epoch_objects):
                 obj.set_epoch(state.epoch)
             n_batches = len(loader)  # this rank's batches; equal on every rank
@@ -130,7 +137,7 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
                 if micro.sync and state.stage != "boundary":
                     raise ContractError(f"the window ending at micro-batch {i} of epoch {epoch} was not closed: "
                                         f"call end_step(state, *schedulers) after its optimizer updates")
-                if micro.sync and state.step >= max_steps:
+                if micro.sync and finished():
                     break
         if state.skipped_updates and not state.applied_updates:
             # Shorter than max_nonfinite_updates, such a run would end "done" with its initial weights.
@@ -310,12 +317,15 @@ def validation_due(state: TrainState, eval_steps: int, max_steps: int) -> bool:
 
 def save_or_preempt(accelerator, output_dir: str | Path, state: TrainState, preemption, *, models, optimizers,
                     schedulers, save_steps: int, max_steps: int, save_total_limit: int | None) -> None:
-    """Save every `save_steps`, at `max_steps`, and when any rank was signalled (then exit 75).
+    """Save every `save_steps`, at `max_steps`, at the step where early stopping ended the run (its
+    stopper registered: common/training/early_stopping.py; a re-launch then knows the run ended), and
+    when any rank was signalled (then exit 75).
     `models`, `optimizers`, `schedulers`: as for `common.training.checkpoint.save_checkpoint`.
 
     Collective: call on every rank after each `end_step`."""
     stop = preemption.requested()  # all ranks agree on the same step
-    if stop or state.step % save_steps == 0 or state.step == max_steps:
+    stopper = registered_stopper(accelerator)  # it decided on rank 0's metric: the same on every rank
+    if stop or state.step % save_steps == 0 or state.step == max_steps or (stopper is not None and stopper.stopped):
         save_checkpoint(accelerator, output_dir, state, models=models, optimizers=optimizers, schedulers=schedulers,
                         save_total_limit=save_total_limit)
     if stop:
