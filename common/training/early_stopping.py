@@ -36,7 +36,8 @@ early stopping are those of before.
 
 `--early_stopping_patience` None (a recipe's "auto") is the recipe's `AUTO_EARLY_STOPPING_PATIENCE`
 on training data of your own under builtin_base.AUTO_MAX_HOURS (a voice), else 0: the runs on the
-built-in corpus (the bases of the voices) and on larger corpora run their --max_steps as before.
+built-in corpus (the bases of the voices), on larger corpora and streams, and under FSDP or DeepSpeed
+run their --max_steps as before.
 """
 
 from __future__ import annotations
@@ -221,8 +222,9 @@ def registered_stopper(accelerator) -> EarlyStopping | None:
     return next((obj for obj in getattr(accelerator, "_custom_objects", ()) if isinstance(obj, EarlyStopping)), None)
 
 
-def resolve_patience(cfg, hours: float | None) -> tuple[int, str]:
-    """(the patience of this run, where it comes from: the flag, or the auto rule and why)."""
+def resolve_patience(cfg, hours: float | None, sharded: str | None = None) -> tuple[int, str]:
+    """(the patience of this run, where it comes from: the flag, or the auto rule and why). `sharded`:
+    the distributed type when a process holds a shard of the weights (auto then says 0: no refusal)."""
     if cfg.early_stopping_patience is not None:
         return cfg.early_stopping_patience, f"--early_stopping_patience {cfg.early_stopping_patience}"
     from common.training.builtin_base import AUTO_MAX_HOURS
@@ -230,6 +232,8 @@ def resolve_patience(cfg, hours: float | None) -> tuple[int, str]:
     auto = "--early_stopping_patience None (auto)"
     if cfg.data_dir is None and getattr(cfg, "dataset_name", None) is None:
         return 0, f"{auto}: 0 on the built-in corpus"
+    if sharded:
+        return 0, f"{auto}: 0 under {sharded}, where a process holds a shard of the weights"
     if hours is None or hours >= AUTO_MAX_HOURS:
         return 0, f"{auto}: 0 on {'a stream' if hours is None else f'{hours:.1f} h'} of training data"
     patience = getattr(cfg, "AUTO_EARLY_STOPPING_PATIENCE", 0)
@@ -244,7 +248,8 @@ def start_early_stopping(accelerator, cfg, ckpt: Path | None, models: dict[str, 
     checkpointing: call it before resume_from_checkpoint, which restores it. Refused in one line where
     it cannot work: no validation (--eval_steps 0), sharded weights, a checkpoint written with early
     stopping the other way (on/off). Every rank."""
-    patience, why = resolve_patience(cfg, hours)
+    kind = accelerator.distributed_type.value
+    patience, why = resolve_patience(cfg, hours, kind if kind in SHARDED else None)
     gib = cfg.greater_is_better if cfg.greater_is_better is not None else not lower_is_better(cfg.metric_for_best_model)
     stopper = EarlyStopping(accelerator, {name: accelerator.unwrap_model(m) for name, m in models.items()},
                             cfg.metric_for_best_model, gib, patience, cfg.early_stopping_threshold)
@@ -265,7 +270,6 @@ def start_early_stopping(accelerator, cfg, ckpt: Path | None, models: dict[str, 
     if not cfg.eval_steps:
         raise RunError(f"early stopping ({why}) counts validations, and --eval_steps 0 makes none: set "
                        f"--eval_steps, or --early_stopping_patience 0")
-    kind = accelerator.distributed_type.value
     if kind in SHARDED:
         raise RunError(f"early stopping ({why}) keeps a copy of the best validation's whole "
                        f"weights, and under {kind} each process holds a shard of them: train with DDP or one "
