@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 GAN = "tests/recipes/support/gan_recipe/train.py"
 # Validations at 2, 4, 6, 8: the threshold makes the first the only improvement, so patience 3 stops at 8.
 STOPPING = ["--eval_steps", "2", "--early_stopping_patience", "3", "--early_stopping_threshold", "1e9",
-            "--max_steps", "16", "--gradient_accumulation_steps", "2", "--save_total_limit", "0"]
+            "--max_steps", "16", "--gradient_accumulation_steps", "2", "--save_steps", "3", "--save_total_limit", "0"]
 
 
 def weights(folder, name):
@@ -37,16 +37,19 @@ def test_a_killed_run_stops_at_the_same_step_with_the_same_weights(tmp_path, npr
     log = run(GAN, nproc, ["--output_dir", str(cont), *STOPPING], launcher=False)
     assert "early stopping at step 8: eval_loss did not improve by more than 1e+09 in 3 validation(s)" in log
     assert [r["step"] for r in metrics(cont)] == list(range(1, 9))  # no step after the stop
-    assert max(p.name for p in (cont / "checkpoints").iterdir()) == "step_00000008"  # saved where it stopped
+    last = cont / "checkpoints" / "step_00000008"  # saved where it stopped (not a multiple of --save_steps)
+    assert sorted(p.name for p in last.parent.iterdir()) == ["step_00000003", "step_00000006", last.name]
+    kept = torch.load(last / "custom_checkpoint_1.pkl", weights_only=True)  # [Balance, EarlyStopping, RunState]
+    assert (kept["best_step"], kept["bad_rounds"], kept["last_step"]) == (2, 3, 8)
     for name in ("generator", "discriminator"):  # final/ holds the weights step 2's validation scored
-        step2 = load_file(cont / "checkpoints" / "step_00000002" / ("model.safetensors" if name == "generator"
-                                                                     else "model_1.safetensors"))
-        assert same(weights(cont / "final", name), step2), name
+        assert same(weights(cont / "final", name), kept["weights"][name]), name
+        assert not same(weights(cont / "final", name), load_file(last / ("model_1.safetensors" if name[0] == "d"
+                                                                          else "model.safetensors"))), name
 
-    # killed after step 5: its checkpoint holds the best (step 2) and one validation without improvement (4)
-    run(GAN, nproc, ["--output_dir", str(cut), *STOPPING], kill_after_checkpoint=5, launcher=False)
+    # killed after step 3 (or 6, should the kill land late): the best (step 2) and the validations since are run state
+    run(GAN, nproc, ["--output_dir", str(cut), *STOPPING], kill_after_checkpoint=3, launcher=False)
     run(GAN, nproc, ["--output_dir", str(cut), *STOPPING], launcher=False)
-    assert 5 <= resumed_positions(tmp_path / "interrupted.log")[0][0] < 8
+    assert 3 <= resumed_positions(tmp_path / "interrupted.log")[0][0] < 8
     assert metrics(cut) == metrics(cont)
     for name in ("generator", "discriminator"):
         assert same(weights(cut / "final", name), weights(cont / "final", name)), name
