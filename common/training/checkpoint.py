@@ -104,7 +104,6 @@ from accelerate.utils import load as accelerate_load
 
 from common.training.faults import NonFiniteError, RunError, UsageError
 from common.data.manifest import data_change
-from common.training.early_stopping import checkpoint_problem as early_stopping_problem
 from common.training.prepare import fsync_path
 
 logger = logging.getLogger(__name__)
@@ -907,8 +906,7 @@ def _choose(out: Path) -> list[str | None]:
     for ckpt in reversed(list_checkpoints(out)):
         # _odd_entry before any file is opened: a FIFO among the pickles would block the load for ever
         problem = (verify_checkpoint(ckpt) or _odd_entry(ckpt) or _unloadable_pickle(ckpt)
-                   or _run_state_problem(ckpt) or early_stopping_problem(ckpt) or _rng_states_problem(ckpt)
-                   or _nonfinite_weights(ckpt))
+                   or _run_state_problem(ckpt) or _rng_states_problem(ckpt) or _nonfinite_weights(ckpt))
         if problem is None:
             return [str(ckpt), None]
         logger.warning(f"skipping damaged checkpoint {ckpt}: {problem}")
@@ -1336,6 +1334,10 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
             if problem:
                 raise RunError(f"{ckpt}: {rng.name} {problem}; it changed after the checkpoint was checked at "
                                f"launch: move {ckpt.name} out of {ckpt.parent} to resume from the checkpoint before it")
+        problem = _registered_state_problem(accelerator, ckpt)
+        if problem:
+            raise RunError(f"{ckpt}: {problem}: a save never writes that (the checkpoint was damaged or crafted before "
+                           f"it was sealed): move {ckpt.name} out of {ckpt.parent} to resume from the checkpoint before it")
         with _weights_only_loads(accelerator):
             accelerator.load_state(str(ckpt))  # models, optimizers (prepare order), RNG states, registered objects
     except pickle.UnpicklingError as e:  # changed after choose_checkpoint checked it: refused, not run
@@ -1377,6 +1379,20 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
         logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "
                     f"batch {state.batches_in_epoch} of the epoch")
     return ckpt
+
+
+def _registered_state_problem(accelerator, ckpt: Path) -> str | None:
+    """None, or what is wrong with the state of a registered object that can say so: one with a
+    `state_problem(state) -> str | None` method (common.training.early_stopping.EarlyStopping), given its
+    `custom_checkpoint_<i>.pkl` (weights only): `load_state` would fail inside its `load_state_dict`,
+    after the weights were loaded. Before `load_state`, the objects registered in the checkpoint's order."""
+    for i, obj in enumerate(accelerator._custom_objects):
+        check = getattr(obj, "state_problem", None)
+        path = ckpt / f"custom_checkpoint_{i}.pkl"
+        problem = check(accelerate_load(path, map_location="cpu", mmap=True)) if check and path.is_file() else None
+        if problem:
+            return f"{path.name} (the state of the registered {type(obj).__qualname__}) {problem}"
+    return None
 
 
 @contextlib.contextmanager

@@ -50,6 +50,8 @@ from typing import Any
 
 import torch
 
+from common.training.builtin_base import AUTO_MAX_HOURS
+from common.training.checkpoint import ContractError
 from common.training.faults import RunError
 from common.training.logs import get_logger
 
@@ -103,8 +105,6 @@ class EarlyStopping:
             raise RunError(f"--metric_for_best_model {self.metric}: this recipe's validation reports "
                            f"{', '.join(sorted(row))}: name one of them")
         if state.stage != "boundary" or state.step <= self.last_step:
-            from common.training.checkpoint import ContractError
-
             raise ContractError(f"after_validation at step {state.step}: call it once per validation, after "
                                 f"end_step (last validation counted: step {self.last_step})")
         value = float(row[self.metric])
@@ -163,8 +163,13 @@ class EarlyStopping:
                 "best_step": self.best_step, "bad_rounds": self.bad_rounds, "last_step": self.last_step,
                 "weights": self.weights}
 
+    def state_problem(self, held: Any) -> str | None:
+        """What resume_from_checkpoint asks before load_state (`state_problem` below): a malformed state
+        is refused in one line with the weights not yet loaded."""
+        return state_problem(held)
+
     def load_state_dict(self, held: dict[str, Any]) -> None:
-        problem = state_problem(held)  # choose_checkpoint skipped such a checkpoint already: a file changed since
+        problem = state_problem(held)  # resume_from_checkpoint refused such a state already: the file changed since
         if problem is None and (held["metric"], held["greater_is_better"]) != (self.metric, self.greater_is_better):
             problem = (f"it is of {held['metric']} ({'higher' if held['greater_is_better'] else 'lower'} is better), "
                        f"this run's of {self.metric}")
@@ -200,23 +205,6 @@ def state_problem(held: Any) -> str | None:
     return None
 
 
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """None if checkpoint `ckpt` holds no early-stopping state or a well-formed one (`state_problem`),
-    else which file and what is wrong: `choose_checkpoint` skips it as damaged instead of failing in
-    `load_state` after the weights were loaded. Weights only: no code from the folder runs."""
-    from accelerate.utils import load
-
-    try:
-        registered = json.loads((ckpt / "train_state.json").read_text()).get("registered") or []
-    except (OSError, ValueError, AttributeError):
-        return None  # the resume's own checks name it
-    if NAME not in registered:
-        return None
-    name = f"custom_checkpoint_{registered.index(NAME)}.pkl"
-    problem = state_problem(load(ckpt / name, map_location="cpu", mmap=True))
-    return f"{name} (the early-stopping state) {problem}" if problem else None
-
-
 def registered_stopper(accelerator) -> EarlyStopping | None:
     """The EarlyStopping registered with this Accelerator (None: early stopping is off)."""
     return next((obj for obj in getattr(accelerator, "_custom_objects", ()) if isinstance(obj, EarlyStopping)), None)
@@ -227,8 +215,6 @@ def resolve_patience(cfg, hours: float | None, sharded: str | None = None) -> tu
     the distributed type when a process holds a shard of the weights (auto then says 0: no refusal)."""
     if cfg.early_stopping_patience is not None:
         return cfg.early_stopping_patience, f"--early_stopping_patience {cfg.early_stopping_patience}"
-    from common.training.builtin_base import AUTO_MAX_HOURS
-
     auto = "--early_stopping_patience None (auto)"
     if cfg.data_dir is None and getattr(cfg, "dataset_name", None) is None:
         return 0, f"{auto}: 0 on the built-in corpus"

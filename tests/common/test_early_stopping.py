@@ -1,6 +1,6 @@
 """common/training/early_stopping.py: when a validation improves (threshold, direction, NaN), when the
 patience runs out, the weights kept and put in for the export, the state a checkpoint holds (a
-malformed one is a damaged checkpoint, skipped for the one before), the auto patience and the
+malformed one is refused in one line before anything is loaded), the auto patience and the
 refusals at the start. End to end (the loop stops, exact resume in 1 and 2 processes):
 tests/recipes/test_early_stopping.py."""
 
@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from common.training.checkpoint import TrainState, choose_checkpoint, file_digest
 from common.training.checkpoint import resume_from_checkpoint as resume
 from common.training.checkpoint import save_checkpoint as save
-from common.training.early_stopping import (EarlyStopping, checkpoint_problem, lower_is_better, registered_stopper,
+from common.training.early_stopping import (EarlyStopping, lower_is_better, registered_stopper,
                                             resolve_patience, start_early_stopping, state_problem)
 from common.training.faults import RunError
 
@@ -156,9 +156,10 @@ def config(**kw):
     return SimpleNamespace(**{**base, **kw})
 
 
-def test_a_checkpoint_with_a_malformed_early_stopping_state_is_skipped_for_the_one_before(tmp_path, caplog):
-    """The state passes the weights-only load (plain data) but is not a stopper's: choose_checkpoint
-    names it and resumes from the checkpoint before, instead of failing inside load_state."""
+def test_a_checkpoint_with_a_malformed_early_stopping_state_is_refused_before_anything_is_loaded(tmp_path):
+    """The state passes the weights-only load (plain data, re-sealed) but is not a stopper's: the resume
+    names the file and the fix in one line before load_state, instead of failing inside it after the
+    weights were loaded."""
     accelerator, model, parts, state = run_parts()
     s = start_early_stopping(accelerator, config(), None, {"model": model})
     assert registered_stopper(accelerator) is s
@@ -167,7 +168,6 @@ def test_a_checkpoint_with_a_malformed_early_stopping_state_is_skipped_for_the_o
         state.step = step
         s.after_validation(state, {"eval_cer": 1.0 / step})
         ckpt = save(accelerator, tmp_path, state, **parts)
-    assert checkpoint_problem(ckpt) is None
     name = f"custom_checkpoint_{json.loads((ckpt / 'train_state.json').read_text())['registered'].index('EarlyStopping')}.pkl"
     held = torch.load(ckpt / name, weights_only=True)
     held["best_step"] = 7  # after last_step
@@ -175,14 +175,15 @@ def test_a_checkpoint_with_a_malformed_early_stopping_state_is_skipped_for_the_o
     marker = json.loads((ckpt / "COMPLETE").read_text())  # re-sealed: the digests match
     marker["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": file_digest(ckpt / name)}
     (ckpt / "COMPLETE").write_text(json.dumps(marker))
-    assert checkpoint_problem(ckpt) == f"{name} (the early-stopping state) holds counters that are not whole " \
-                                       f"numbers ≥ 0 with best_step ≤ last_step"
     accelerator2, model2, parts2, state2 = run_parts(seed=1)
-    s2 = start_early_stopping(accelerator2, config(), None, {"model": model2})
-    chosen = choose_checkpoint(accelerator2, tmp_path)
-    assert chosen.name == "step_00000001" and "skipping damaged checkpoint" in caplog.text
-    resume(accelerator2, chosen, state2, **parts2)
-    assert (s2.best, s2.best_step, s2.last_step) == (1.0, 1, 1)
+    start_early_stopping(accelerator2, config(), None, {"model": model2})
+    before = {k: v.clone() for k, v in model2.state_dict().items()}
+    with pytest.raises(RunError, match=rf"^{ckpt}: {name} \(the state of the registered EarlyStopping\) holds "
+                                       rf"counters that are not whole numbers ≥ 0 with best_step ≤ last_step: a save "
+                                       rf"never writes that .*: move step_00000002 out of {ckpt.parent} to resume "
+                                       rf"from the checkpoint before it$"):
+        resume(accelerator2, choose_checkpoint(accelerator2, tmp_path), state2, **parts2)
+    assert all(torch.equal(v, before[k]) for k, v in model2.state_dict().items())  # nothing loaded
 
 
 def test_the_start_refuses_what_cannot_work_in_one_line(tmp_path):
