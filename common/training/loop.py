@@ -36,6 +36,8 @@ What each function guarantees, and why (docs/resume.md has the full story):
   would step num_processes times, accelerate #1382).
 - `save_or_preempt`: checkpoints only at step boundaries; a preemption signal on any rank makes
   every rank save the same step and exit 75.
+- early stopping (common/training/early_stopping.py: a stopper the recipe registered): `train_batches`
+  ends the loop and `save_or_preempt` saves at the step where its patience ran out.
 
 Contracts check themselves: each helper knows its predecessor through `state.stage` (see
 `TrainState`) and raises `ContractError`, saying what was out of order, when a loop bypasses one

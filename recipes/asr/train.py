@@ -2,7 +2,8 @@
 
     # built-in espeak-ng corpus, characters, 1 process (CPU or one GPU)
     accelerate launch recipes/asr/train.py
-    # a voice of your own (LibriSpeech layout): started from the run above, trained once per machine (README)
+    # a voice of your own (LibriSpeech layout): started from the run above, trained once per machine (README);
+    # it stops when its validation CER has not improved in 4 validations, final/ holding the best one's weights
     accelerate launch recipes/asr/train.py --data_dir my_voice --output_dir outputs/asr_my_voice
     # fine-tune a BEST-RQ encoder (same front end and encoder shape)
     accelerate launch recipes/asr/train.py --init_from outputs/best_rq --output_dir outputs/asr_ft

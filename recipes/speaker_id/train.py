@@ -42,7 +42,7 @@ class Config(DatasetConfig):
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/speaker_id"
-    metric_for_best_model: Literal["eval_acc", "eval_loss"] = "eval_loss"
+    metric_for_best_model: Literal["eval_acc", "eval_loss"] = "eval_acc"
     max_steps: int = 300
     # --- data ---
     train_split: Annotated[str, Names] = "train"  # subfolder(s) of data_dir, comma-separated: the training voices' utterances
