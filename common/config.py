@@ -325,6 +325,13 @@ class RunConfig:
     save_total_limit: Annotated[int, NonNegative, ResumeSafe] = 2  # complete checkpoints kept (oldest pruned after a new one is complete; 0 = all)
     report_to: Annotated[str, Trackers, ResumeSafe] = "tensorboard"  # trackers besides metrics.jsonl: tensorboard, wandb, mlflow, ... (comma-separated), all, none
     dump_batch_ids: Annotated[bool, ResumeSafe] = False  # write each rank's utterance ids per batch (audits DDP sharding)
+    # --- early stopping ---
+    # common/training/early_stopping.py. The same command stops at the same step (the counters are run state), so the patience and the
+    # threshold may change on resume as --max_steps may: a larger patience continues a stopped run.
+    metric_for_best_model: str = "eval_loss"  # the validation metric early stopping watches (a recipe names its choices)
+    greater_is_better: bool | None = None  # None: false for a metric ending in loss or er (eval_loss, eval_cer), else true
+    early_stopping_patience: Annotated[int | None, NonNegative, ResumeSafe] = 0  # validations in a row without an improvement after which the run stops, final/ then holding the best validation's weights (0 = never); None = auto: the recipe's AUTO_EARLY_STOPPING_PATIENCE on training data of your own under 10 h, else 0
+    early_stopping_threshold: Annotated[float, NonNegative, ResumeSafe] = 0.0  # an improvement must beat the best by more than this (absolute, in the metric's unit)
 
     def validate(self) -> None:
         """Cross-field checks of a recipe's Config (raise ValueError): none shared."""

@@ -185,7 +185,7 @@ def _command_lines(state) -> list[str]:
 
 
 def write_model_card(folder: str | Path, *, recipe: str, state, data_dir: str, metrics_path: str | Path,
-                     usage: str) -> None:
+                     usage: str, ended: str | None = None) -> None:
     """`<folder>/README.md`: what this model is and how it was made. Called from a recipe's
     `write_extras`, so the card is sealed with the weights (the `COMPLETE` digests cover it).
 
@@ -193,7 +193,8 @@ def write_model_card(folder: str | Path, *, recipe: str, state, data_dir: str, m
     training set, `launches` = the command of each launch that trained it: `this_launch`, from `sys.argv`
     as `accelerate launch` received it; its own options are not visible here, the process count is
     given beside it); `usage` is a
-    short Markdown snippet on loading the folder (dedented)."""
+    short Markdown snippet on loading the folder (dedented); `ended` (optional) says how training ended
+    and which weights the folder holds (early stopping: `EarlyStopping.card_line`)."""
     last, last_eval = _last_rows(Path(metrics_path))
     data = state.data or {}
     fmt = lambda row: json.dumps(row, sort_keys=False) if row else "(none logged)"  # noqa: E731
@@ -220,6 +221,7 @@ def write_model_card(folder: str | Path, *, recipe: str, state, data_dir: str, m
         "",
         f"- last logged step: `{fmt(last)}`",
         f"- last validation: `{fmt(last_eval)}`",
+        *([f"- training ended: {ended}"] if ended else []),
         "",
         "## Use",
         "",

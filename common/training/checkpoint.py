@@ -1333,6 +1333,10 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
             if problem:
                 raise RunError(f"{ckpt}: {rng.name} {problem}; it changed after the checkpoint was checked at "
                                f"launch: move {ckpt.name} out of {ckpt.parent} to resume from the checkpoint before it")
+        problem = _registered_state_problem(accelerator, ckpt)
+        if problem:
+            raise RunError(f"{ckpt}: {problem}: a save never writes that (the checkpoint was damaged or crafted before "
+                           f"it was sealed): move {ckpt.name} out of {ckpt.parent} to resume from the checkpoint before it")
         with _weights_only_loads(accelerator):
             accelerator.load_state(str(ckpt))  # models, optimizers (prepare order), RNG states, registered objects
     except pickle.UnpicklingError as e:  # changed after choose_checkpoint checked it: refused, not run
@@ -1374,6 +1378,20 @@ def resume_from_checkpoint(accelerator, ckpt: Path | None, state: TrainState, *,
         logger.info(f"resumed from {ckpt}: step {state.step}, epoch {state.epoch}, "
                     f"batch {state.batches_in_epoch} of the epoch")
     return ckpt
+
+
+def _registered_state_problem(accelerator, ckpt: Path) -> str | None:
+    """None, or what is wrong with the state of a registered object that can say so: one with a
+    `state_problem(state) -> str | None` method (common.training.early_stopping.EarlyStopping), given its
+    `custom_checkpoint_<i>.pkl` (weights only): `load_state` would fail inside its `load_state_dict`,
+    after the weights were loaded. Before `load_state`, the objects registered in the checkpoint's order."""
+    for i, obj in enumerate(accelerator._custom_objects):
+        check = getattr(obj, "state_problem", None)
+        path = ckpt / f"custom_checkpoint_{i}.pkl"
+        problem = check(accelerate_load(path, map_location="cpu", mmap=True)) if check and path.is_file() else None
+        if problem:
+            return f"{path.name} (the state of the registered {type(obj).__qualname__}) {problem}"
+    return None
 
 
 @contextlib.contextmanager

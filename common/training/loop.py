@@ -36,6 +36,8 @@ What each function guarantees, and why (docs/resume.md has the full story):
   would step num_processes times, accelerate #1382).
 - `save_or_preempt`: checkpoints only at step boundaries; a preemption signal on any rank makes
   every rank save the same step and exit 75.
+- early stopping (common/training/early_stopping.py: a stopper the recipe registered): `train_batches`
+  ends the loop and `save_or_preempt` saves at the step where its patience ran out.
 
 Contracts check themselves: each helper knows its predecessor through `state.stage` (see
 `TrainState`) and raises `ContractError`, saying what was out of order, when a loop bypasses one
@@ -58,6 +60,7 @@ from accelerate import skip_first_batches
 
 from common.training.checkpoint import ContractError, TrainState, save_checkpoint
 from common.training.distributed import derive_seed
+from common.training.early_stopping import registered_stopper
 from common.training.faults import PREEMPTED_EXIT_CODE, NonFiniteError, RunError
 from common.training.logs import batch_ids, get_logger
 
@@ -89,6 +92,8 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     `ids_log` (optional) receives one JSON line per micro-batch with its utterance ids. Every batch must
     be a dict with its utterance ids under "ids" (`common.training.logs.batch_ids`).
     Raises `RunError` at the end when no update of the run was applied (every one non-finite).
+    Early stopping (a stopper registered with the Accelerator: common/training/early_stopping.py) ends
+    the loop at the step where its patience ran out, and a re-launch of a run that stopped trains no step.
 
     Checks its contract: `state` was resumed (`resume_from_checkpoint`), `world × accumulation` is
     the state's global batch, a sampler among `epoch_objects` makes its batch count a multiple of it,
@@ -100,9 +105,13 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
         raise RunError(f"--max_steps {max_steps} is below this run's step {state.step} (its newest checkpoint): "
                        f"re-launch with --max_steps {state.step} or more (earlier weights are only in the "
                        f"checkpoints/step_* folders the run kept)")
+    stopper = registered_stopper(accelerator)
+    finished = lambda: state.step >= max_steps or (stopper is not None and stopper.stopped)  # noqa: E731
+    if stopper is not None and stopper.stopped:
+        logger.info(f"this run stopped early at step {state.step} ({stopper.reason()}): no step to train")
     ids_file = open(ids_log, "a") if ids_log else None
     try:
-        while state.step < max_steps:
+        while not finished():
             for obj in (loader, *epoch_objects):
                 obj.set_epoch(state.epoch)
             n_batches = len(loader)  # this rank's batches; equal on every rank
@@ -132,7 +141,7 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
                 if micro.sync and state.stage != "boundary":
                     raise ContractError(f"the window ending at micro-batch {i} of epoch {epoch} was not closed: "
                                         f"call end_step(state, *schedulers) after its optimizer updates")
-                if micro.sync and state.step >= max_steps:
+                if micro.sync and finished():
                     break
         if state.skipped_updates and not state.applied_updates:
             # Shorter than max_nonfinite_updates, such a run would end "done" with its initial weights.
@@ -312,12 +321,15 @@ def validation_due(state: TrainState, eval_steps: int, max_steps: int) -> bool:
 
 def save_or_preempt(accelerator, output_dir: str | Path, state: TrainState, preemption, *, models, optimizers,
                     schedulers, save_steps: int, max_steps: int, save_total_limit: int | None) -> None:
-    """Save every `save_steps`, at `max_steps`, and when any rank was signalled (then exit 75).
+    """Save every `save_steps`, at `max_steps`, at the step where early stopping ended the run (its
+    stopper registered: common/training/early_stopping.py; a re-launch then knows the run ended), and
+    when any rank was signalled (then exit 75).
     `models`, `optimizers`, `schedulers`: as for `common.training.checkpoint.save_checkpoint`.
 
     Collective: call on every rank after each `end_step`."""
     stop = preemption.requested()  # all ranks agree on the same step
-    if stop or state.step % save_steps == 0 or state.step == max_steps:
+    stopper = registered_stopper(accelerator)  # it decided on rank 0's metric: the same on every rank
+    if stop or state.step % save_steps == 0 or state.step == max_steps or (stopper is not None and stopper.stopped):
         save_checkpoint(accelerator, output_dir, state, models=models, optimizers=optimizers, schedulers=schedulers,
                         save_total_limit=save_total_limit)
     if stop:

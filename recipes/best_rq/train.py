@@ -42,6 +42,7 @@ class Config(DatasetConfig):
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/best_rq"
+    metric_for_best_model: Literal["eval_loss", "eval_acc"] = "eval_loss"
     max_steps: int = 1500
     # --- data ---
     train_split: Annotated[str, Names] = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-other-500)
@@ -81,6 +82,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.training.early_stopping import start_early_stopping  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
 from common.model.encoder import encoder_config_from  # noqa: E402
@@ -156,6 +158,8 @@ def main(cfg: Config) -> None:
     # What the run is made of: a resume refuses another config (but for the fields that may change on
     # resume) or other training data.
     parts = dict(models=model, optimizers=optimizer, schedulers=scheduler)  # what a checkpoint holds
+    # --early_stopping_patience: the run ends when validation stops improving; final/ holds the best one's weights
+    stopper = start_early_stopping(accelerator, cfg, run.ckpt, {"model": model}, data.summary.get("hours"))
     state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=data.summary)
     if resume_from_checkpoint(accelerator, run.ckpt, state, **parts) is None:  # evenly spaced rows: a manifest is sorted by speaker
         set_feature_stats(accelerator, model, lambda: feature_stats(  # (id, (frames, n_mels)) pairs
@@ -188,6 +192,7 @@ def main(cfg: Config) -> None:
         row = {}
         if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
             row = evaluate(model, valid_loader, accelerator)  # collective
+            stopper.after_validation(state, row)  # collective; keeps these weights if the best
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
         if row or state.step % cfg.logging_steps == 0 or state.step == cfg.max_steps:
             row = metrics.log_step(state, window, throughput, lr=scheduler.get_last_lr()[0], grad_norm=grad_norm,
@@ -208,6 +213,7 @@ def main(cfg: Config) -> None:
         save_feature_extractor(folder / "encoder", n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
                                sample_rate=cfg.sample_rate, mean=weights["feat_mean"], std=weights["feat_std"])
         write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
+                         ended=stopper.card_line(state.step),
                          usage="""
             `encoder/` is a transformers folder:
 
@@ -219,7 +225,8 @@ def main(cfg: Config) -> None:
             hidden = encoder(**fe(samples, sampling_rate=16000, return_tensors="pt")).last_hidden_state
             ```""")
 
-    export_final(accelerator, model, out, write_extras)  # collective
+    with stopper.kept_weights():  # with early stopping on: the best validation's weights
+        export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()
 
 if __name__ == "__main__":

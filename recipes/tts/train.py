@@ -50,6 +50,7 @@ class Config(DatasetConfig):
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/tts"
+    metric_for_best_model: Literal["eval_mel_loss", "eval_dur_loss", "eval_len_loss", "eval_align_loss", "eval_bin_loss"] = "eval_mel_loss"
     data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv) or an audiofolder (metadata.csv: file_name,text); None = built-in corpus
     sample_rate: int = 22050  # Hz
     max_seconds: float = 30.0  # longer utterances are refused by the data check (a real voice's prompt set has 20-30 s ones)
@@ -122,6 +123,7 @@ from common.training.averaging import checkpoint_weights, start_average, swapped
 from common.training.builtin_base import (AUTO as INIT_AUTO, KEYWORD as BUILTIN, base_args, builtin_base,  # noqa: E402
                                           start_from_base, uses_builtin_corpus)
 from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
+from common.training.early_stopping import start_early_stopping  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data.loading import load_row_audio  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
@@ -306,6 +308,8 @@ def main(cfg: Config) -> None:
     model, optimizer, train_loader, valid_loader = accelerator.prepare(model, optimizer, data.train_loader, data.valid_loader)
     # --ema_decay: the weights validation scores and final/ exports (registered: resumed with the run)
     average = start_average(accelerator, model, cfg.ema_decay)
+    # --early_stopping_patience: the run ends when validation stops improving; final/ holds the best one's weights
+    stopper = start_early_stopping(accelerator, cfg, run.ckpt, {"model": model}, data.summary.get("hours"))
 
     # ---- resume, or start: global feature statistics (computed once, broadcast, checkpointed) --
     # What the run is made of: a resume refuses another config (but for the fields that may change on
@@ -351,6 +355,7 @@ def main(cfg: Config) -> None:
         if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
             with swapped_in(average, model):
                 row = evaluate(model, valid_loader, accelerator)  # collective
+                stopper.after_validation(state, row)  # collective; keeps these (averaged) weights if the best
                 if writer is not None:  # main process only; no collectives inside
                     log_samples(accelerator.unwrap_model(model), data.valid_items, samples, cfg, writer, vocoder, state.step)
             logger.info(f"step {state.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
@@ -369,7 +374,7 @@ def main(cfg: Config) -> None:
         (folder / "symbols.json").write_text(json.dumps({"symbols": cfg.symbols}) + "\n")
         write_code(folder, "tts", exported_code())  # the synthesis code: final/ loads without this repository
         write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir, metrics_path=out / "metrics.jsonl",
-                         usage="""
+                         ended=stopper.card_line(state.step), usage="""
             Needs torch, torchaudio, numpy, safetensors, PyYAML and transformers (pip), nothing of the
             repository that trained it (and espeakng-loader for a phoneme model):
 
@@ -388,7 +393,7 @@ def main(cfg: Config) -> None:
             With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
             "tts_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
-    with swapped_in(average, model):  # final/ holds the average
+    with swapped_in(average, model), stopper.kept_weights():  # final/ holds the average (the best validation's)
         export_final(accelerator, model, out, write_extras)  # collective
     accelerator.end_training()
 

@@ -33,7 +33,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
@@ -49,6 +49,7 @@ class Config(DatasetConfig):
 
     # RunConfig's settings with this recipe's defaults
     output_dir: str = "outputs/vocoder"
+    metric_for_best_model: Literal["eval_mel_loss"] = "eval_mel_loss"
     data_dir: str | None = None  # LJSpeech-layout root (wavs/ + metadata.csv) or an audiofolder (metadata.csv: file_name,...); None = built-in corpus
     sample_rate: int = 22050  # Hz: the TTS recipe's
     max_seconds: float = 15.0  # longer utterances are refused by the data check
@@ -160,6 +161,7 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
+from common.training.early_stopping import start_early_stopping  # noqa: E402
 from common.training.checkpoint import (TrainState, export_final, model_weights_files, resolve_checkpoint,  # noqa: E402
                                         resume_from_checkpoint)
 from common.config import save_config  # noqa: E402
@@ -270,6 +272,8 @@ def main(cfg: Config) -> None:
     # ---- resume, or start ------------------------------------------------------------------
     parts = dict(models={"generator": generator, "discriminator": discriminator},
                  optimizers={"generator": g_opt, "discriminator": d_opt}, schedulers=schedulers)
+    # --early_stopping_patience: the run ends when validation stops improving; final/ holds the best one's generator
+    stopper = start_early_stopping(accelerator, cfg, run.ckpt, {"generator": generator}, data.summary.get("hours"))
     state = TrainState.for_run(cfg, accelerator.num_processes, accumulation, data=data.summary)
     resume_from_checkpoint(accelerator, run.ckpt, state, **parts)
     metrics = start_logging(run, state)
@@ -316,6 +320,7 @@ def main(cfg: Config) -> None:
         row = {}
         if validation_due(state, cfg.eval_steps, cfg.max_steps):  # every eval_steps, and at the end
             row = evaluate(accelerator.unwrap_model(generator), valid_loader, frontend, accelerator)  # collective
+            stopper.after_validation(state, row)  # collective; keeps the generator's weights if the best
             logger.info(f"step {state.step}: eval_mel_loss {row['eval_mel_loss']:.4f}")
             if writer is not None:  # main process only; no collectives inside
                 log_samples(accelerator.unwrap_model(generator), data.valid_items, samples, frontend, cfg, writer, state.step)
@@ -335,7 +340,7 @@ def main(cfg: Config) -> None:
         # The model code under a name of its own (`model` would collide with a TTS model's on sys.path).
         write_code(folder, "vocoder", {"model": Path(__file__).with_name("model.py")})
         write_model_card(folder, recipe=Path(__file__).parent.name, state=state, data_dir=data.data_dir,
-                         metrics_path=out / "metrics.jsonl", usage="""
+                         metrics_path=out / "metrics.jsonl", ended=stopper.card_line(state.step), usage="""
             Needs torch, safetensors and PyYAML (pip), nothing of the repository that trained it:
 
             ```python
@@ -351,7 +356,8 @@ def main(cfg: Config) -> None:
             With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
             "vocoder_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
-    export_final(accelerator, {"generator": generator}, out, write_extras)  # collective
+    with stopper.kept_weights():  # with early stopping on: the best validation's generator
+        export_final(accelerator, {"generator": generator}, out, write_extras)  # collective
     accelerator.end_training()
 
 

@@ -243,7 +243,7 @@ def test_a_redeclared_shared_field_keeps_its_rules_comment_and_place(capsys):
     assert "  --max_steps int (≥ 1; may change on resume) = 7\n      optimizer steps\n" in out  # RunConfig's comment
     # sections: RunConfig's, the recipe's data fields joining its data section, then the recipe's own
     sections = [line[:-1] for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert sections == ["run", "data", "optimization", "logging / checkpoints", "model"]
+    assert sections == ["run", "data", "optimization", "logging / checkpoints", "early stopping", "model"]
     assert out.index("--stats_utterances") < out.index("--n_mels") < out.index("optimization:")
     assert list(config_to_dict(Sub()))[:3] == ["output_dir", "overwrite_output_dir", "max_steps"]
     assert list(config_to_dict(Sub()))[-1] == "width"

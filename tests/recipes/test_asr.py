@@ -33,7 +33,8 @@ from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights
 SEED = 42
 ENCODER = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64", "--conv_kernel", "7"]
 TINY = [*ENCODER, "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
-        "--max_batch_seconds", "16", "--stats_utterances", "20", "--init_from", "none"]  # (last flag wins: a test may start from a run)
+        "--max_batch_seconds", "16", "--stats_utterances", "20", "--init_from", "none",  # (last flag wins: a test may start from a run)
+        "--early_stopping_patience", "0"]  # the tiny corpus is a voice to auto: tests/recipes/test_early_stopping.py tests it on
 RECIPE = ROOT / "recipes" / "asr"
 
 

@@ -115,3 +115,19 @@ def test_a_recipe_takes_its_name_from_its_folder(script):
     assert named_recipe_literals(script.read_text()) == []
     assert named_recipe_literals('write_model_card(folder, recipe="best_rq", state=state)') == [
         "line 1: write_model_card(recipe='best_rq')"]  # the check can fail
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_recipe_that_validates_can_stop_early(script):
+    """Every recipe that validates makes its stopper before the resume (which restores it), tells it
+    each validation inside the loop, and exports with its kept weights (common/training/early_stopping.py)."""
+    tree = ast.parse(script.read_text())
+    calls = {}  # name -> the line of its first call
+    for n in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        calls[called(n)] = min(calls.get(called(n), n.lineno), n.lineno)
+    loop = next(n for n in ast.walk(tree) if isinstance(n, ast.For) and isinstance(n.iter, ast.Call)
+                and called(n.iter) == "train_batches")
+    assert "validation_due" in calls
+    assert calls.get("start_early_stopping", 1e9) < calls["resume_from_checkpoint"]
+    assert "after_validation" in {called(n) for n in ast.walk(loop) if isinstance(n, ast.Call)}
+    assert "kept_weights" in calls

@@ -37,6 +37,12 @@ class Config:
     save_steps: int = 1
     save_total_limit: int = 3
     overwrite_output_dir: bool = False
+    # Validation (the generator's distance to held-out frames) and early stopping, the shared fields' names
+    eval_steps: int = 0  # optimizer steps between validations (0 = never)
+    metric_for_best_model: str = "eval_loss"
+    greater_is_better: bool | None = None
+    early_stopping_patience: int = 0  # validations without improvement before the run stops (0 = never)
+    early_stopping_threshold: float = 0.0
 
 
 if __name__ == "__main__":
@@ -51,7 +57,9 @@ from common.data.loading import make_loader  # noqa: E402
 from common.training.distributed import build_accelerator, seed_everything  # noqa: E402
 from common.training.faults import Preemption, run_main  # noqa: E402
 from common.training.logs import MetricsLog  # noqa: E402
-from common.training.loop import end_step, no_sync_unless, optimizer_update, save_or_preempt, train_batches  # noqa: E402
+from common.training.early_stopping import start_early_stopping  # noqa: E402
+from common.training.loop import (end_step, no_sync_unless, optimizer_update, save_or_preempt,  # noqa: E402
+                                  train_batches, validation_due)
 from common.training.rundir import claim_output_dir  # noqa: E402
 
 
@@ -94,6 +102,17 @@ def mlp(n_in: int, hidden: int, n_out: int, dropout: float) -> torch.nn.Module:
                                torch.nn.Linear(hidden, n_out))
 
 
+@torch.no_grad()
+def evaluate(generator, cfg: Config) -> dict:
+    """eval_loss: how far the mean of generated frames is from held-out frames' (fixed noise: no RNG drawn)."""
+    g = torch.Generator().manual_seed(1)
+    held_out = torch.randn(32, cfg.dim, generator=g) * 0.5 + 1.0
+    generator.eval()
+    fake = generator(torch.randn(32, cfg.noise_dim, generator=g))
+    generator.train()
+    return {"eval_loss": (fake.mean(0) - held_out.mean(0)).abs().mean().item()}
+
+
 def main(cfg: Config) -> None:
     out = Path(cfg.output_dir)
     accelerator = build_accelerator(timeout_s=60.0)
@@ -123,6 +142,7 @@ def main(cfg: Config) -> None:
                  schedulers={"generator": g_sched, "discriminator": d_sched})
     balance = Balance()
     accelerator.register_for_checkpointing(balance)  # before the resume: it loads it
+    stopper = start_early_stopping(accelerator, cfg, ckpt, parts["models"])  # registered when on: before the resume too
     state = TrainState.for_run(cfg, world, accumulation)
     resume_from_checkpoint(accelerator, ckpt, state, **parts)
     metrics = MetricsLog(accelerator, out / "metrics.jsonl", resume_step=state.step)
@@ -158,14 +178,19 @@ def main(cfg: Config) -> None:
         means = accelerator.reduce(window, "mean").tolist()  # collective: the same on every rank
         balance.generator_updates += update_g
         balance.d_loss_mean = 0.9 * balance.d_loss_mean + 0.1 * means[0]
+        row = {}
+        if validation_due(state, cfg.eval_steps, cfg.max_steps):
+            row = evaluate(accelerator.unwrap_model(generator), cfg)  # the same on every rank
+            stopper.after_validation(state, row)  # collective
         metrics.log({"step": state.step, "epoch": state.epoch, "loss": means[0], "g_loss": means[1],
                      "d_lr": d_sched.get_last_lr()[0], "g_lr": g_sched.get_last_lr()[0],
-                     "d_loss_mean": balance.d_loss_mean, "generator_updates": balance.generator_updates})
+                     "d_loss_mean": balance.d_loss_mean, "generator_updates": balance.generator_updates, **row})
         window.zero_()
         save_or_preempt(accelerator, out, state, preemption, **parts, save_steps=cfg.save_steps,
                         max_steps=cfg.max_steps, save_total_limit=cfg.save_total_limit)
 
-    export_final(accelerator, parts["models"], out, lambda folder: save_config(cfg, folder / "config.yaml"))
+    with stopper.kept_weights():  # with early stopping on: the best validation's weights
+        export_final(accelerator, parts["models"], out, lambda folder: save_config(cfg, folder / "config.yaml"))
     accelerator.end_training()
 
 
