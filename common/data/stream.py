@@ -8,7 +8,7 @@ The files are then read with pyarrow, row group by row group: a shard is never c
 disk and no row before the position is ever read again. Only parquet is streamed (what the Hub
 serves every dataset as); other formats are refused in one line naming it.
 
-The design, and why (every property below is tested in tests/common/test_stream.py):
+The design, and why (every property below is tested in tests/common/data/test_stream.py):
 
 - **Canonical partitions.** An epoch is the concatenation of all shards' rows in a per-epoch shard
   order (a permutation from (seed, epoch)), cut into `partitions` P contiguous row ranges of equal

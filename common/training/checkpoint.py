@@ -1383,7 +1383,7 @@ def _weights_only_loads(accelerator):
     for `weights_only=False` (torch's TORCH_FORCE_WEIGHTS_ONLY_LOAD, read at each call): even a file
     swapped after `choose_checkpoint` checked it cannot run code. Under FSDP this covers
     torch.distributed.checkpoint's non-tensor items too (plain data, read with `weights_only=False`
-    by its DefaultLoadPlanner: they load forced, tests/recipes/test_fsdp.py resumes exactly). Not
+    by its DefaultLoadPlanner: they load forced, tests/guarantees/test_fsdp.py resumes exactly). Not
     under DeepSpeed, whose engine loads its own `.pt` files with `weights_only=False` (see the module
     docstring; deepspeed is not installed here, so that path is untested with these changes)."""
     if accelerator.distributed_type.value == "DEEPSPEED":

@@ -24,7 +24,7 @@ Adapting it: the data (data.py), the model and its loss (model.py), freezing, wh
 evaluated are yours to change; the seams above `main` (build_data, build_models, build_optimizers,
 compute_loss: README.md, "Adapt a recipe") are what the benchmarks and tests build the recipe with. The loop's calls into common/training/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
-run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
+run with a ContractError saying which), and tests/guarantees/test_contract.py checks that every recipe calls them.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.recipe import RECIPES, load_recipe
-from tests.recipes.harness import SUPPORT, run
+from tests.harness.harness import SUPPORT, run
 
 # Each recipe's test model (its flags only; a recipe not named here is built with its defaults).
 TINY = {"best_rq": ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64",
@@ -34,7 +34,7 @@ def on_tiny_corpus(tiny_corpus) -> list[str]:
 def load_as_main_builds(recipe: str, argv: list[str], out: Path):
     """`load_recipe(recipe, argv)`, after checking that its `build_models()` gives, weight for weight and
     flag for flag, the models the recipe's main hands to `accelerator.prepare` with the same flags (a run
-    forked with tests/recipes/support's DUMP_PREPARED, which stops it there)."""
+    forked with tests/harness/support's DUMP_PREPARED, which stops it there)."""
     dump = out / "prepared"
     dump.mkdir(parents=True)
     run(recipe, 1, [*argv, "--output_dir", str(out / "run"), "--report_to", "none"],

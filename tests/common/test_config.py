@@ -16,7 +16,7 @@ from common.config import (MAX_CONFIG_BYTES, MAX_YAML_NODES, START_UP_SIGNAL_EXI
                            ExistingPathOr, Internal, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe, RunConfig,
                            SpaceSeparated, config_hash, config_to_dict, field_specs, parse_config, resume_safe_keys,
                            save_config)
-from tests.recipe_import import RECIPES, recipe_modules
+from tests.harness.recipe_import import RECIPES, recipe_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 

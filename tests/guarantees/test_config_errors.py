@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.recipes.harness import ROOT, command
+from tests.harness.harness import ROOT, command
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted(ROOT.glob("recipes/*/train.py")) + [ROOT / "tests/recipes/support/gan_recipe/train.py"]
+SCRIPTS = sorted(ROOT.glob("recipes/*/train.py")) + [ROOT / "tests/harness/support/gan_recipe/train.py"]
 
 # The start-of-run sequence, in source order: where to resume → the global batch it fixes → the
 # sampler sized to it → prepare → load the checkpoint → the loop.

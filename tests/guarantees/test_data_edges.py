@@ -12,8 +12,8 @@ import pytest
 import soundfile as sf
 
 from common.training.checkpoint import list_checkpoints
-from tests.common.test_manifest import replace_keeping_size
-from tests.recipes.harness import SUPPORT, run
+from tests.common.data.test_manifest import replace_keeping_size
+from tests.harness.harness import SUPPORT, run
 from tests.recipes.test_best_rq import TINY
 
 pytestmark = pytest.mark.slow

@@ -22,11 +22,11 @@ from common.config import parse_config
 from common.training.faults import UsageError
 from common.data.manifest import read_librispeech
 from tests.conftest import suite_dir
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, last_flag_wins, metrics, python,
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import (ROOT, assert_same_losses, assert_same_weights, last_flag_wins, metrics, python,
                                    resumed_positions, run)
 from tests.recipes.test_asr import TINY
-from tests.recipes.test_elastic import ids_per_step
+from tests.guarantees.test_elastic import ids_per_step
 
 SPLITS = {"train": [20, 5, 23], "validation": [6]}  # rows per shard: uneven on purpose (48 and 6 utterances)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # there is no Hub here: fail fast, never retry
@@ -58,7 +58,7 @@ def source(tiny_corpus, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def env(tmp_path_factory) -> dict:
     """One datasets cache for the test run, as a user has one: the runs of every test share it, and so
-    share a fork server too (`datasets` reads HF_DATASETS_CACHE on import; tests/recipes/harness.py)."""
+    share a fork server too (`datasets` reads HF_DATASETS_CACHE on import; tests/harness/harness.py)."""
     return {**OFFLINE, "HF_DATASETS_CACHE": str(suite_dir(tmp_path_factory) / "hf_cache")}
 
 

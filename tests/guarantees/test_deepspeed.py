@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
+from tests.harness.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
                                    resumed_positions, run)
 from tests.recipes.test_best_rq import args_for, train_durations
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.recipes.harness import metrics, resumed_positions, run
+from tests.harness.harness import metrics, resumed_positions, run
 from tests.recipes.test_asr import args_for as asr_args_for
 from tests.recipes.test_best_rq import args_for
 from tests.recipes.test_tts import args_for as tts_args_for

@@ -22,8 +22,8 @@ from common.model.encoder import encoder_config
 from common.model.features import LogMel
 from common.model.hf_export import load_recipe_ctc_weights, save_feature_extractor, write_model_card
 from common.data.manifest import read_librispeech
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, python, run
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import ROOT, python, run
 from tests.recipes.test_asr import short_run
 from tests.recipes.test_tts import args_for as tts_args_for
 
@@ -195,7 +195,7 @@ def test_tts_export_loads_from_anywhere_and_score_writes_beside_it(tiny_corpus, 
 
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(out / "final", elsewhere / "my_tts")
-    from tests.recipes.test_sealed_exports import WITHOUT_THE_REPOSITORY
+    from tests.guarantees.test_sealed_exports import WITHOUT_THE_REPOSITORY
 
     script = WITHOUT_THE_REPOSITORY + f"""
 assert not any("recipes" in p or p == {str(ROOT)!r} for p in sys.path), sys.path
@@ -224,7 +224,7 @@ def test_asr_and_best_rq_exports_load_without_the_repository(tmp_path):
     """The transformers exports, copied into an empty folder, load as their model cards say in a
     fresh interpreter that cannot import this repository: the same text and hidden states."""
     from common.model.encoder import StackedLogMelEncoder
-    from tests.recipes.test_sealed_exports import WITHOUT_THE_REPOSITORY
+    from tests.guarantees.test_sealed_exports import WITHOUT_THE_REPOSITORY
 
     torch.manual_seed(0)
     tok = asr.text.CharTokenizer()

@@ -28,7 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
+from tests.harness.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, metrics,
                                    resumed_positions, run)
 from tests.recipes import test_asr, test_tts
 from tests.recipes.test_best_rq import args_for, best_rq, train_durations

@@ -1,4 +1,4 @@
-"""Several models through the loop mechanics: a minimal GAN (tests/recipes/support/gan_recipe: generator +
+"""Several models through the loop mechanics: a minimal GAN (tests/harness/support/gan_recipe: generator +
 discriminator, two AdamW, two schedules, discriminator-only steps, accumulation) killed with SIGKILL
 and re-launched ends bit-identical to a run never stopped, in 1 and 2 processes."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.recipes.harness import metrics, resumed_positions, run
+from tests.harness.harness import metrics, resumed_positions, run
 
 pytestmark = pytest.mark.slow
 
-GAN = "tests/recipes/support/gan_recipe/train.py"
+GAN = "tests/harness/support/gan_recipe/train.py"
 
 
 @pytest.mark.accelerate_launch

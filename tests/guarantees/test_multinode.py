@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.recipes.harness import ROOT, cpu_tokens, free_port, kill_tree, metrics, on_cores
+from tests.harness.harness import ROOT, cpu_tokens, free_port, kill_tree, metrics, on_cores
 from tests.recipes.test_best_rq import TINY
 
 pytestmark = pytest.mark.slow

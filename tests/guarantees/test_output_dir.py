@@ -15,7 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.training.checkpoint import list_checkpoints
-from tests.recipes.harness import ROOT, SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
+from tests.harness.harness import ROOT, SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
 from tests.recipes.test_best_rq import TINY, args_for
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_second_launch_into_a_busy_output_dir_is_refused(tiny_corpus, tmp_path):
     undisturbed. After the first is SIGKILLed, a re-launch takes its lock over at once."""
     out = tmp_path / "run"
     # --num_threads 1: started outside the harness's CPU tokens, it would take both cores' threads, and so
-    # would the re-launch that resumes its checkpoint (tests/recipes/harness.py, cpu_tokens).
+    # would the re-launch that resumes its checkpoint (tests/harness/harness.py, cpu_tokens).
     first = subprocess.Popen(command("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "400", "--num_threads", "1")),
                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.recipes.harness import ACCELERATE, ROOT, cpu_tokens, free_port, on_cores
+from tests.harness.harness import ACCELERATE, ROOT, cpu_tokens, free_port, on_cores
 from tests.recipes.test_best_rq import args_for
 
 pytestmark = pytest.mark.slow
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def launch(launcher: list[str], args: list[str], tokens: int = 0) -> subprocess.CompletedProcess:
     """`accelerate launch` the BEST-RQ recipe; with `tokens`, on that many of the harness's CPU tokens'
-    cores (a run that trains: one thread per token, tests/recipes/harness.py)."""
+    cores (a run that trains: one thread per token, tests/harness/harness.py)."""
     with cpu_tokens(tokens) if tokens else contextlib.nullcontext() as cpus:
         return subprocess.run([*ACCELERATE, *launcher, str(ROOT / "recipes" / "best_rq" / "train.py"), *args],
                               cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from common.training.checkpoint import MARKER, seal_files
 from common.config import config_to_dict
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, python
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import ROOT, python
 
 tts = recipe_modules("tts", "model")
 vocoder = recipe_modules("vocoder", "model")
@@ -54,7 +54,7 @@ def export(folder: Path, cfg: dict, weights: dict, **files: str) -> Path:
 
 
 def tool(script: str, *args) -> subprocess.CompletedProcess:
-    """`script` as a user runs it: its own process (forked, tests/recipes/harness.py)."""
+    """`script` as a user runs it: its own process (forked, tests/harness/harness.py)."""
     return python([ROOT / "recipes" / script, *args])
 
 

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SUPPORT = ROOT / "tests" / "recipes" / "support"  # sitecustomize: write audit, fault injection
+SUPPORT = ROOT / "tests" / "harness" / "support"  # sitecustomize: write audit, fault injection
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 # Whether run() starts its runs through `accelerate launch` (fresh interpreters, the real launcher):
 # set per test by the `accelerate_launch` mark (tests/conftest.py). Every recipe keeps such tests for
@@ -32,7 +32,7 @@ REAL_LAUNCH = [False]
 # recipe's 1-process test (the whole cut run under `accelerate launch`), and forked in the others.
 # A signal the launcher forwards (SIGTERM or Ctrl-C to its group) or the launcher killed alone keeps
 # it in the legs that receive them.
-# The other runs are forked from a server that has done the imports (tests/recipes/zygote.py): one
+# The other runs are forked from a server that has done the imports (tests/harness/zygote.py): one
 # process as `python train.py`, several as cpu_ddp.yaml's DDP ranks. HARNESS_FORK=0 turns that off
 # (each run a fresh interpreter: `python train.py`, or `accelerate launch` for several processes).
 FORK = os.environ.get("HARNESS_FORK", "1") != "0"
@@ -270,7 +270,7 @@ class ForkedGroup:
 
 def ddp_env(rank: int, world: int, port: int) -> dict:
     """What `accelerate launch --config_file accelerate_configs/cpu_ddp.yaml` adds to a worker's
-    environment (tests/recipes/test_harness.py compares it with the real launcher's), less the agent's
+    environment (tests/harness/test_harness.py compares it with the real launcher's), less the agent's
     own channels: no TORCHELASTIC_USE_AGENT_STORE (rank 0 hosts the rendezvous store itself) and no
     TORCHELASTIC_ERROR_FILE."""
     return {"ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_DYNAMO_MODE": "default",
@@ -303,7 +303,7 @@ def _server(env: dict) -> dict:
         folder = tempfile.mkdtemp(prefix="zygote")
         atexit.register(shutil.rmtree, folder, True)  # after the kill below (atexit runs last-in first)
         path = os.path.join(folder, "socket")
-        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "recipes" / "zygote.py"), path], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "harness" / "zygote.py"), path], cwd=ROOT,
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=open(path + ".log", "w"), start_new_session=True)
         atexit.register(proc.kill)
@@ -336,7 +336,7 @@ def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = 
     return Forked(json.loads(conn.recv(4096))["pid"], conn)
 
 
-# tests/recipes/support/sitecustomize.py's switches that patch accelerate's classes (Accelerator.backward,
+# tests/harness/support/sitecustomize.py's switches that patch accelerate's classes (Accelerator.backward,
 # prepare, save_state, save_model): a patch made after the fork, in the child, acts as one made at the start of
 # a fresh interpreter. The others wrap module functions that this checkout's modules, imported by the
 # fork server, already hold (the write audit's safetensors wrapper, ENOSPC_AT_SAFETENSORS) or change
@@ -349,7 +349,7 @@ def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT
          cpus: list[int] | None = None) -> Forked | ForkedGroup | None:
     """`python <argv>` (one process: a script or `-m module`) or its `nproc` DDP ranks (`env` plus
     `ddp_env`), forked by the fork server for `env`, writing to `log` (and `err` for stderr, if
-    given), on the cores `cpus` (None: any). A run with tests/recipes/support on its path gets its sitecustomize executed in the child
+    given), on the cores `cpus` (None: any). A run with tests/harness/support on its path gets its sitecustomize executed in the child
     (as `site` does at an interpreter's start) when it only uses FORKABLE_HOOKS. None (start fresh
     interpreters) for any other change of the module path."""
     base = base_env()["PYTHONPATH"]

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from common.training.launcher import launched
-from tests.recipes import harness
+from tests.harness import harness
 
 PROBE = textwrap.dedent("""
     import json, os, sys

@@ -27,7 +27,7 @@ Protocol (AF_UNIX, SOCK_SEQPACKET, one connection per run): the harness sends on
 one file descriptor attached (stdout and stderr: the run's log) or two (stdout, stderr); the server answers {"pid"} at once
 and {"returncode"} (Popen's convention: -N for signal N) once the child has been reaped.
 
-    python tests/recipes/zygote.py <socket path>     # started by tests/recipes/harness.py
+    python tests/harness/zygote.py <socket path>     # started by tests/harness/harness.py
 """
 
 from __future__ import annotations

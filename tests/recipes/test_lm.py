@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from common.data.manifest import read_librispeech
-from tests.recipe_import import recipe_modules
+from tests.harness.recipe_import import recipe_modules
 from tests.recipes.test_asr import launch, short_run
 
 kenlm = pytest.importorskip("kenlm", reason="pip install -r requirements-lm.txt")

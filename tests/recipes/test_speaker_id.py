@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from common.data.manifest import read_librispeech
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
                                    metrics, resumed_positions, run)
 
 SEED = 42
@@ -128,7 +128,7 @@ def test_predict_names_a_training_speaker_per_file(tiny_corpus, tmp_path, refere
     from common.config import load_config
     from common.training.averaging import checkpoint_weights
     from common.model.encoder import encoder_config_from
-    from tests.recipes.harness import python
+    from tests.harness.harness import python
 
     out = reference("speaker_id", 1, lambda o: args_for(tiny_corpus, o, "--max_steps", "2", "--save_steps", "2",
                                                          "--eval_steps", "0"))

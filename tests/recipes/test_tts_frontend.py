@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from common.data.manifest import read_ljspeech
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, python, run
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import ROOT, python, run
 
 tts = recipe_modules("tts", "frontend", "train")
 frontend = tts.frontend

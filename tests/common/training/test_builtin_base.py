@@ -15,9 +15,9 @@ from common.training.builtin_base import (AUTO, AUTO_MAX_HOURS, COMPLETE_MARKER,
                                           builtin_base, start_from_base, wants_base)
 from common.training.checkpoint import MARKER, seal_export
 from common.training.faults import UsageError
-from tests.recipe_import import recipe_modules
+from tests.harness.recipe_import import recipe_modules
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("init_from,on_builtin,hours,use", [

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from tests.recipes.harness import ROOT
+from tests.harness.harness import ROOT
 
 # A recipe's main that fails the given way, run by run_main in a process of its own (it ends in os._exit).
 MAIN = """

@@ -1,6 +1,6 @@
 """The FSDP-specific pieces of common/ on real sharded DTensors: 2 processes, gloo, torch's fully_shard.
 
-(The whole recipe under accelerate's FSDP2 path is tests/recipes/test_fsdp.py.)
+(The whole recipe under accelerate's FSDP2 path is tests/guarantees/test_fsdp.py.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests.recipes.harness import ROOT, free_port
+from tests.harness.harness import ROOT, free_port
 
 WORKER = textwrap.dedent('''
     import os

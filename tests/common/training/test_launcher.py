@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from common.training.launcher import LAUNCHER_PID_ENV, launched, launcher_pid
-from tests.recipes.harness import ROOT
+from tests.harness.harness import ROOT
 
 # What a training script does: the start-up handlers first; in "training", Preemption deferred and
 # polled at each "step" as save_or_preempt polls it. "late": the launcher ends before the start-up

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from common.training.logs import TRACKERS, trackers
-from tests.recipe_import import RECIPES
-from tests.recipes.harness import ROOT
+from tests.harness.recipe_import import RECIPES
+from tests.harness.harness import ROOT
 
 
 def test_the_tracker_list_is_accelerates():

@@ -1,9 +1,9 @@
 """A minimal GAN, the second shape the loop mechanics must take without edits to common/: a generator
 and a discriminator (two models), two AdamW, two schedules, discriminator-only steps every other
 step, gradient accumulation, through one Accelerator, and a state of its own registered for
-checkpointing (`Balance`). Test-only (tests/recipes/test_gan.py).
+checkpointing (`Balance`). Test-only (tests/guarantees/test_gan.py).
 
-    accelerate launch tests/recipes/support/gan_recipe/train.py --output_dir /tmp/gan
+    accelerate launch tests/harness/support/gan_recipe/train.py --output_dir /tmp/gan
 
 The data are fixed random 16-dim "frames" with made-up durations (so the duration batch sampler
 makes uneven batches); the generator maps noise to frames. Exactness is the point, not quality.
