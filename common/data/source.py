@@ -58,7 +58,7 @@ from common.data.loading import build_loaders
 from common.training.faults import UsageError
 from common.training.logs import get_logger
 from common.data.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest, read_manifest
-from common.training.checkpoint import MARKER, seal_export, verify_checkpoint
+from common.training.sealing import MARKER, seal_export, verify_checkpoint
 from common.training.prepare import COMPLETE_MARKER
 from common.data.datacheck import decoded_facts
 from common.data.stream import (MIN_SECONDS, BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source,
@@ -482,7 +482,7 @@ def recorded_partitions(out) -> int | None:
     a run has the same: a changed value is refused on resume), or None (no checkpoint)."""
     import json
 
-    from common.training.checkpoint import list_checkpoints
+    from common.training.sealing import list_checkpoints
 
     for ckpt in reversed(list_checkpoints(out)):
         try:

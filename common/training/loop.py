@@ -56,7 +56,8 @@ from typing import Iterator, NamedTuple
 import torch
 from accelerate import skip_first_batches
 
-from common.training.checkpoint import ContractError, TrainState, save_checkpoint
+from common.training.checkpoint import save_checkpoint
+from common.training.state import ContractError, TrainState
 from common.training.distributed import derive_seed
 from common.training.faults import PREEMPTED_EXIT_CODE, NonFiniteError, RunError
 from common.training.logs import get_logger

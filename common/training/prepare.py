@@ -13,7 +13,7 @@ on another node from a live one. A lock *file* created in one step with `link()`
 too) that names its holder (host, pid, start time) and carries a heartbeat gives both.
 
 The file-system primitives that the run folder's lock (`common/training/rundir.py`) and the checkpoints
-(`common/training/checkpoint.py`) share live here too: `fsync_path`, `process_alive`, `create_lock`,
+(`common/training/checkpoint.py`, `sealing.py`) share live here too: `fsync_path`, `process_alive`, `create_lock`,
 `break_lock`, `Heartbeat`.
 """
 

@@ -29,7 +29,7 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.training.checkpoint import resolve_checkpoint, seal_export
+from common.training.sealing import resolve_checkpoint, seal_export
 from common.config import ExistingPath, load_config, parse_config
 from common.training.faults import run_main
 from common.model.hf_export import load_recipe_ctc_weights
@@ -87,4 +87,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)  # a refused --checkpoint (common.training.checkpoint.resolve_checkpoint): one line, exit code 2
+    run_main(main)  # a refused --checkpoint (common.training.sealing.resolve_checkpoint): one line, exit code 2

@@ -140,7 +140,9 @@ from safetensors.torch import load_file  # noqa: E402
 from common.training.averaging import start_average, swapped_in  # noqa: E402
 from common.training.builtin_base import (AUTO, KEYWORD as BUILTIN, base_args, builtin_base,  # noqa: E402
                                           start_from_base, uses_builtin_corpus)
-from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import export_final  # noqa: E402
+from common.training.resume import resume_from_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
 from common.model.encoder import MATCHING_KEYS, encoder_config_from, load_pretrained_encoder  # noqa: E402

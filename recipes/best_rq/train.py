@@ -76,7 +76,9 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import export_final  # noqa: E402
+from common.training.resume import resume_from_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
 from common.model.encoder import encoder_config_from  # noqa: E402

@@ -116,7 +116,10 @@ import torch  # noqa: E402
 from common.training.averaging import checkpoint_weights, start_average, swapped_in  # noqa: E402
 from common.training.builtin_base import (AUTO as INIT_AUTO, KEYWORD as BUILTIN, base_args, builtin_base,  # noqa: E402
                                           start_from_base, uses_builtin_corpus)
-from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import export_final  # noqa: E402
+from common.training.resume import resume_from_checkpoint  # noqa: E402
+from common.training.sealing import resolve_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data.loading import load_row_audio  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
@@ -380,7 +383,7 @@ def main(cfg: Config) -> None:
                                                  audio.make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
             ```
 
-            With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
+            With a checkout of that repository on sys.path, `common.training.sealed_import.import_export("<this folder>",
             "tts_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
     with swapped_in(average, model):  # final/ holds the average

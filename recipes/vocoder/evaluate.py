@@ -79,7 +79,7 @@ def stoi_per_band(ref, out, sample_rate: int):
 def html_report(page: Path, report: dict, heard: dict[str, dict], sealed: Path) -> None:
     """eval_test.html (tools/report.py): the means, the run's training curves, and per utterance the
     recording beside its copy-synthesis by Griffin-Lim and by the vocoder, with PESQ, STOI and MCD."""
-    from common.training.checkpoint import run_dir_of
+    from common.training.sealing import run_dir_of
     from tools.report import command_line, training_curves, write_report
 
     rows = [{**r, **heard[r["id"]]} for r in report["utterances"]]
@@ -105,7 +105,7 @@ def main() -> None:
     from pesq import pesq
     from pystoi import stoi
 
-    from common.training.checkpoint import resolve_checkpoint
+    from common.training.sealing import resolve_checkpoint
     from common.data.loading import load_audio
     from common.model.features import mel_frontend
     from common.data.manifest import read_corpus

@@ -154,8 +154,10 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
-from common.training.checkpoint import (TrainState, export_final, model_weights_files, resolve_checkpoint,  # noqa: E402
-                                        resume_from_checkpoint)
+from common.training.checkpoint import export_final, model_weights_files  # noqa: E402
+from common.training.resume import resume_from_checkpoint  # noqa: E402
+from common.training.sealing import resolve_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.faults import RunError, run_main  # noqa: E402
 from common.model.hf_export import write_code, write_model_card  # noqa: E402
@@ -342,7 +344,7 @@ def main(cfg: Config) -> None:
             wav = code.vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
             ```
 
-            With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
+            With a checkout of that repository on sys.path, `common.training.sealed_import.import_export("<this folder>",
             "vocoder_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
     export_final(accelerator, {"generator": generator}, out, write_extras)  # collective

@@ -435,7 +435,8 @@ def _save_and_resume(tmp_path, saved_state, state):
     import torch
     from accelerate import Accelerator
 
-    from common.training.checkpoint import choose_checkpoint, resume_from_checkpoint, save_checkpoint
+    from common.training.checkpoint import save_checkpoint
+    from common.training.resume import choose_checkpoint, resume_from_checkpoint
 
     def objects():
         accelerator = Accelerator(cpu=True)
@@ -453,7 +454,7 @@ def _save_and_resume(tmp_path, saved_state, state):
 
 
 def test_resume_compares_by_the_fields_marks(tmp_path):
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     state = TrainState.for_run(Toy(), 1, 1)
     assert state.resume_safe == ["max_steps", "previews"] and state.config == {"lr": 0.1, "max_steps": 10, "previews": 2}
@@ -465,7 +466,7 @@ def test_resume_compares_by_the_fields_marks(tmp_path):
 def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
     """A checkpoint written before the marks were stored (no `resume_safe`, its hash over the old list
     of keys, TTS's sample settings not in it) resumes when only marked fields changed."""
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     old_list = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps", "eval_steps",
                 "num_workers", "memory_cache_mb", "report_to", "data_cache_dir", "ddp_timeout",
@@ -484,7 +485,7 @@ def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
 def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path):
     """A checkpoint written before a field existed (ASR's layer_decay, say) resumes when this launch
     uses the field's default, which is how the older code behaved; another value is a change."""
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
     old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))
@@ -499,7 +500,7 @@ def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path
 
 
 def test_a_key_the_checkpoint_marked_safe_and_this_config_dropped_is_ignored(tmp_path):
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     saved = TrainState.for_run(Toy(), 1, 1)
 
@@ -875,7 +876,7 @@ def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_surviv
 def test_a_field_added_after_the_checkpoint_still_resumes_from_a_copied_state(tmp_path):
     """The class defaults that judge an added field travel in the TrainState's fields: a copy made
     with dataclasses.replace resumes as the original does."""
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
     old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))

@@ -1,4 +1,4 @@
-"""Every training script goes through the loop helpers (common/training/loop.py, common/training/checkpoint.py) in the
+"""Every training script goes through the loop helpers (common/training/loop.py, checkpoint.py, resume.py) in the
 order their contracts need, and steps, saves and loads nothing behind their backs. A static check of
 the source (AST): the helpers check their own order at run time too, but only on the paths a run takes."""
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from common.training.checkpoint import list_checkpoints
+from common.training.sealing import list_checkpoints
 from tests.common.data.test_manifest import replace_keeping_size
 from tests.harness.harness import SUPPORT, run
 from tests.recipes.test_best_rq import TINY

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.training.checkpoint import file_digest, list_checkpoints
+from common.training.sealing import file_digest, list_checkpoints
 from tests.harness.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
                                    metrics, run, worker)
 from tests.recipes.test_best_rq import TINY, args_for

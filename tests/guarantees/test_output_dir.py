@@ -14,7 +14,7 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from common.training.checkpoint import list_checkpoints
+from common.training.sealing import list_checkpoints
 from tests.harness.harness import ROOT, SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
 from tests.recipes.test_best_rq import TINY, args_for
 

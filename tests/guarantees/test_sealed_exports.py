@@ -15,7 +15,7 @@ import pytest
 import yaml
 from safetensors.torch import save_file
 
-from common.training.checkpoint import MARKER, seal_files
+from common.training.sealing import MARKER, seal_files
 from common.config import config_to_dict
 from tests.harness.recipe_import import recipe_modules
 from tests.harness.harness import ROOT, python
@@ -201,7 +201,7 @@ def test_a_tts_export_loads_outside_the_repository_through_import_export(tmp_pat
 
     import torch
 
-    from common.training.checkpoint import import_export
+    from common.training.sealed_import import import_export
 
     local = ("model", "audio", "frontend")  # renamed as the TTS recipe's export renames them
     code = {}
@@ -230,7 +230,7 @@ def test_export_py_writes_a_sealed_folder_that_the_tools_accept(tmp_path, in_pro
     decode.py (and every tool) accepts it; the weights are the checkpoint's."""
     import torch
 
-    from common.training.checkpoint import resolve_checkpoint
+    from common.training.sealing import resolve_checkpoint
     from common.model.encoder import encoder_config_from
     from common.model.hf_export import load_recipe_ctc_weights
 

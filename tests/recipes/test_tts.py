@@ -26,7 +26,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from common.training.averaging import checkpoint_weights
-from common.training.checkpoint import seal_export
+from common.training.sealing import seal_export
 from common.data.manifest import read_ljspeech
 from tests.harness.recipe_import import recipe_modules
 from tests.recipes.test_asr import short_run

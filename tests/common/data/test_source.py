@@ -18,7 +18,7 @@ import soundfile as sf
 from common.training.faults import RunError
 from common.data.manifest import DataError, data_change, manifest_summary
 from common.data.source import load_split, run_manifests, with_contents
-from common.training.checkpoint import seal_export, verify_checkpoint
+from common.training.sealing import seal_export, verify_checkpoint
 from common.training.prepare import COMPLETE_MARKER
 from common.data.stream import ShardStream, open_shards, resolve_shards
 

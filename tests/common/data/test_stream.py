@@ -214,7 +214,7 @@ def test_train_batches_resumes_a_stream_mid_epoch_without_reading_what_was_consu
     (inside epoch 1) and resumed with fresh objects, the micro-batches equal an uninterrupted run's."""
     from types import SimpleNamespace
 
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
     from common.training.loop import end_step, train_batches
 
     acc = SimpleNamespace(process_index=0, num_processes=1)

@@ -13,7 +13,7 @@ import pytest
 from common.config import config_to_dict, parse_config
 from common.training.builtin_base import (AUTO, AUTO_MAX_HOURS, COMPLETE_MARKER, KEYWORD, base_args, base_folder,
                                           builtin_base, start_from_base, wants_base)
-from common.training.checkpoint import MARKER, seal_export
+from common.training.sealing import MARKER, seal_export
 from common.training.faults import UsageError
 from tests.harness.recipe_import import recipe_modules
 

@@ -7,7 +7,7 @@ import json
 import torch
 from accelerate import Accelerator
 
-from common.training.checkpoint import TrainState
+from common.training.state import TrainState
 from common.training.logs import MetricsLog, Throughput, WindowMeans
 from common.training.loop import decay_groups
 

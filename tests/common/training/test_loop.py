@@ -10,7 +10,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from common.training.checkpoint import ContractError, TrainState
+from common.training.state import ContractError, TrainState
 from common.training.faults import RunError
 from common.training.loop import (MicroBatch, accumulation_window, end_step, lr_schedule, optimizer_update,
                                   train_batches)

@@ -45,7 +45,9 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common.training.checkpoint import TrainState, choose_checkpoint, export_final, global_batch_plan, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import export_final  # noqa: E402
+from common.training.resume import choose_checkpoint, global_batch_plan, resume_from_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.data.loading import make_loader  # noqa: E402
 from common.training.distributed import build_accelerator, seed_everything  # noqa: E402
