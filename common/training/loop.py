@@ -51,7 +51,7 @@ import math
 import sys
 import warnings
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import torch
 from accelerate import skip_first_batches
@@ -103,16 +103,8 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     ids_file = open(ids_log, "a") if ids_log else None
     try:
         while state.step < max_steps:
-            for obj in (loader, *epoch_objects):
-                obj.set_epoch(state.epoch)
-            n_batches = len(loader)  # this rank's batches; equal on every rank
-            epoch, done = state.epoch, state.batches_in_epoch // world  # this rank's consumed batches
-            # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them. A
-            # stream (common.data.stream.StreamLoader) starts at the position itself, reading no consumed row.
-            if done and hasattr(loader, "resume_at"):
-                loader.resume_at(done)
-            resumed = skip_first_batches(loader, done) if done and not hasattr(loader, "resume_at") else loader
-            for i, batch in enumerate(resumed, start=done):
+            epoch, n_batches, done, batches = _start_epoch(loader, epoch_objects, state, world)
+            for i, batch in enumerate(batches, start=done):
                 micro = accumulation_window(i, n_batches, accumulation)
                 # Rank r's i-th batch is the global batch i·world + r (accelerate deals batches round-
                 # robin): dropout draws from that position alone, never from what ran before.
@@ -142,6 +134,21 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     finally:
         if ids_file:
             ids_file.close()
+
+
+def _start_epoch(loader, epoch_objects, state: TrainState, world: int) -> tuple[int, int, int, Iterable]:
+    """(epoch, this rank's batches in it, how many of them were consumed before, the loader from
+    there) at `state`'s position, every object with a `set_epoch` set to the epoch."""
+    for obj in (loader, *epoch_objects):
+        obj.set_epoch(state.epoch)
+    n_batches = len(loader)  # this rank's batches; equal on every rank
+    done = state.batches_in_epoch // world  # this rank's consumed batches
+    # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them. A
+    # stream (common.data.stream.StreamLoader) starts at the position itself, reading no consumed row.
+    if done and hasattr(loader, "resume_at"):
+        loader.resume_at(done)
+    resumed = skip_first_batches(loader, done) if done and not hasattr(loader, "resume_at") else loader
+    return state.epoch, n_batches, done, resumed
 
 
 def _batch_sampler(loader):

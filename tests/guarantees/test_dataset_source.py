@@ -412,7 +412,7 @@ def test_a_streamed_bad_row_is_skipped_with_its_count_and_checked_once(bad_sourc
                                                                         monkeypatch):
     """--on_bad_data skip: the row is left out of the stream and of the transcripts (TTS's symbol
     table), the count logged; a second launch on the same output_dir reads no shard."""
-    import common.data.stream
+    import common.data.stream_check
     from common.data.source import stream_column
 
     folder, bad_id = bad_source
@@ -428,7 +428,7 @@ def test_a_streamed_bad_row_is_skipped_with_its_count_and_checked_once(bad_sourc
 
     caplog.clear()
     read = []
-    monkeypatch.setattr(common.data.stream, "_check_shard", lambda path, *a: read.append(path) or [])
+    monkeypatch.setattr(common.data.stream_check, "_check_shard", lambda path, *a: read.append(path) or [])
     with caplog.at_level(logging.INFO):
         data = build("tts", argv, tmp_path / "out")
     assert read == [] and "stream data check" not in caplog.text and data.source.size("train") == 47

@@ -1,4 +1,4 @@
-"""`common.data.stream.check_shards`: every row of every parquet shard checked once, its verdicts cached
+"""`common.data.stream_check.check_shards`: every row of every parquet shard checked once, its verdicts cached
 per shard, bad rows refused in one line or skipped, and a stream with skips still exact."""
 import io
 import json
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import common.data.stream
+import common.data.stream_check
 from common.training.faults import RunError
-from common.data.stream import ShardStream, StreamDataset, StreamLoader, check_shards, open_shards, resolve_shards
+from common.data.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards
+from common.data.stream_check import check_shards
 
 COLUMNS = {"audio": "audio", "text": "sentence", "id": "utt", "duration": None}
 
@@ -69,7 +70,7 @@ def test_a_bad_row_is_named_in_one_line(corpus):
 
 def test_skip_drops_them_with_counts_and_full_mode_finds_non_finite_audio(corpus, caplog):
     folder, shards = corpus
-    with caplog.at_level(logging.WARNING, logger="common.data.stream"):
+    with caplog.at_level(logging.WARNING, logger="common.data.stream_check"):
         kept = check_shards(shards, COLUMNS, folder / "out", mode="full", on_bad_data="skip", workers=1)
     assert "skipping 4 unusable rows in 2 of 3 shards (1 unreadable audio, 1 empty transcript, 1 transcript is " \
            "not text, 1 empty audio)" in caplog.text
@@ -84,7 +85,7 @@ def test_each_shard_is_read_once(corpus, monkeypatch):
     out = folder / "out"
     first = check_shards(shards, COLUMNS, out, on_bad_data="skip", workers=2)
     read = []
-    monkeypatch.setattr(common.data.stream, "_check_shard", lambda path, *a: read.append(path) or [])
+    monkeypatch.setattr(common.data.stream_check, "_check_shard", lambda path, *a: read.append(path) or [])
     assert check_shards(shards, COLUMNS, out, on_bad_data="skip", workers=1) == first
     for folder_made in out.glob("stream-check-*"):
         if folder_made.is_dir():
@@ -184,7 +185,7 @@ def test_a_one_sample_clip_and_a_null_label_are_named_or_skipped(tmp_path, caplo
     pq.write_table(table.append_column("spk", pa.array(["a", None, "b", " ", "c", "d", "e"])), shards[0].path)
     columns = {**COLUMNS, "speaker": "spk"}
     shards = open_shards(resolve_shards(str(tmp_path)), columns)
-    with caplog.at_level(logging.WARNING, logger="common.data.stream"):
+    with caplog.at_level(logging.WARNING, logger="common.data.stream_check"):
         [kept] = check_shards(shards, columns, tmp_path / "out", on_bad_data="skip", workers=1)
     assert kept.skip == (1, 3, 6) and "(2 no speaker, 1 too short)" in caplog.text
     problems = [json.loads(line) for f in (tmp_path / "out").glob("stream-check-*/problems.jsonl")
