@@ -38,7 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import load_yaml
+from common.config_yaml import load_yaml
 from common.data.cache import cache_root
 from common.training.launcher import LAUNCHER_PID_ENV
 from common.training.prepare import COMPLETE_MARKER, prepare_once

@@ -71,7 +71,8 @@ class TrainState:
         """The state of a fresh run of `config` (the recipe's Config) on `world_size` processes with
         `accumulation` (see `global_batch_plan`), on the training data summarized by `data`
         (`common.data.manifest.manifest_summary`), with this process's torch thread count."""
-        from common.config import config_hash, config_to_dict, resume_safe_keys
+        from common.config import config_hash, config_to_dict
+        from common.config_rules import resume_safe_keys
 
         values, safe = config_to_dict(config), resume_safe_keys(config)
         state = cls(world_size=world_size, gradient_accumulation_steps=accumulation,

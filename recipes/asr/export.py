@@ -30,7 +30,8 @@ from typing import Annotated
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.training.sealing import resolve_checkpoint, seal_export
-from common.config import ExistingPath, load_config, parse_config
+from common.config import load_config, parse_config
+from common.config_rules import ExistingPath
 from common.training.faults import run_main
 from common.model.hf_export import load_recipe_ctc_weights
 

@@ -46,7 +46,7 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import ExistingPath, Range
+from common.config_rules import ExistingPath, Range
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)  # lmplz --discount_fallback

@@ -38,8 +38,8 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Fraction, Names, NonNegative, Range,
-                           Rule, exit_on_signals_during_start_up, parse_config)
+from common.config import DatasetConfig, exit_on_signals_during_start_up, parse_config
+from common.config_rules import Count, ExistingPath, ExistingPathOr, Fraction, Names, NonNegative, Range, Rule
 
 SUBSETS_DIR = Path(__file__).with_name("subsets")
 

@@ -27,7 +27,8 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import ConfigError, Count, ExistingPath, SpaceSeparated, load_config, parse_config
+from common.config import load_config, parse_config
+from common.config_rules import ConfigError, Count, ExistingPath, SpaceSeparated
 
 
 @dataclass

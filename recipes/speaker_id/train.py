@@ -31,7 +31,8 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import Count, DatasetConfig, Names, Range, exit_on_signals_during_start_up, parse_config
+from common.config import DatasetConfig, exit_on_signals_during_start_up, parse_config
+from common.config_rules import Count, Names, Range
 
 
 @dataclass

@@ -31,7 +31,8 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import Count, ExistingPath, NonNegative, parse_config
+from common.config import parse_config
+from common.config_rules import Count, ExistingPath, NonNegative
 
 
 @dataclass
@@ -117,7 +118,8 @@ def main() -> None:
     from model import load_vocoder, vocode
     from train import Config
 
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
     from common.training.faults import UsageError
 
     try:

@@ -12,10 +12,10 @@ from typing import Annotated, Literal
 import pytest
 import yaml
 
-from common.config import (MAX_CONFIG_BYTES, MAX_YAML_NODES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath,
-                           ExistingPathOr, Internal, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe, RunConfig,
-                           SpaceSeparated, config_hash, config_to_dict, field_specs, parse_config, resume_safe_keys,
-                           save_config)
+from common.config import START_UP_SIGNAL_EXIT_CODE, RunConfig, config_hash, config_to_dict, parse_config, save_config
+from common.config_rules import (Count, ExistingPath, ExistingPathOr, Internal, MayBeEmpty, NonNegative, Positive,
+                                 Range, ResumeSafe, SpaceSeparated, field_specs, resume_safe_keys)
+from common.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES
 from tests.harness.recipe_import import RECIPES, recipe_modules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -277,7 +277,8 @@ def test_a_recipe_leaves_out_a_shared_field_it_has_no_use_for(tmp_path, capsys):
     """The vocoder has no log-mel statistics: `stats_utterances` is not in its --help, refused on the
     command line and in a YAML file with the recipe's reason, not saved; its older saved configs
     (and checkpoints) that hold it are read (and resumed) without it. The other recipes keep it."""
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
 
     vocoder = recipe_config("vocoder")
     yaml_path = ROOT / "recipes" / "vocoder" / "config.yaml"
@@ -379,7 +380,7 @@ save_steps:
 
 def _composed(monkeypatch) -> list:
     """A list that grows by one for every YAML node the config loader composes."""
-    from common.config import _ConfigLoader
+    from common.config_yaml import _ConfigLoader
 
     nodes, compose = [], _ConfigLoader.compose_node
 
@@ -811,7 +812,8 @@ def test_load_config_fills_an_older_config_from_the_class_defaults_in_one_log_li
     ("a: [\n", "config.yaml: not valid YAML"),
 ])
 def test_load_config_refuses_what_the_class_cannot_hold_in_one_line(tmp_path, text, message):
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
 
     (tmp_path / "config.yaml").write_text(text)
     with pytest.raises(ConfigError) as refused:
@@ -824,7 +826,8 @@ def test_load_config_holds_a_saved_config_to_the_fields_rules_and_validate_namin
     """A sealed final/config.yaml with `num_heads: 0` reached a ZeroDivisionError in decode.py: a saved
     config is checked as the command line is (the rules, then `validate()`), in one line naming the
     file and the key's line, never a --config flag nobody gave."""
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
 
     asr, vocoder = recipe_config("asr"), recipe_config("vocoder")
     path = tmp_path / "config.yaml"
@@ -853,7 +856,8 @@ def test_load_config_does_not_hold_a_saved_config_to_what_this_machine_has(tmp_p
 
 
 def test_load_config_of_a_folder_without_one_says_so(tmp_path):
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
 
     with pytest.raises(ConfigError, match=rf"^{tmp_path / 'config.yaml'}: no such file$"):
         load_config(tmp_path, Cfg)
@@ -866,7 +870,7 @@ def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_surviv
     yaml_path = ROOT / "recipes" / "asr" / "config.yaml"
     cfg = parse_config(asr, ["--dataset_name", "x/y"], default_yaml=yaml_path)
     assert set(vars(cfg)) == {f.name for f in dataclasses.fields(asr)}
-    from common.config import ConfigError, validate
+    from common.config_rules import ConfigError, validate
 
     changed = dataclasses.replace(cfg, min_seconds=0.1)  # a setting a `datasets` source ignores
     with pytest.raises(ConfigError, match="--min_seconds does not apply to a --dataset_name source"):

@@ -168,6 +168,6 @@ def test_symbols_derived_never_refuses_a_resume():
     """`symbols_derived` is written by training, a function of --symbols and the front end that the
     resume compares anyway: a checkpoint written before the field existed (an --symbols auto run)
     resumes instead of being refused for 'symbols_derived: None != True'."""
-    from common.config import resume_safe_keys
+    from common.config_rules import resume_safe_keys
 
     assert "symbols_derived" in resume_safe_keys(tts.train.Config)
