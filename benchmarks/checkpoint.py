@@ -32,7 +32,6 @@ def build(recipe: str, root: str | None = None):
     import torch
 
     from benchmarks.recipe import load_recipe
-    from common.training.checkpoint import TrainState
     from common.training.distributed import build_accelerator
     from common.training.loop import lr_schedule
 
@@ -41,6 +40,10 @@ def build(recipe: str, root: str | None = None):
 
         benchmarks.recipe.ROOT = Path(root)
     r = load_recipe(recipe)  # its models take its data (build_models(cfg, data))
+    try:
+        from common.training.state import TrainState
+    except ImportError:  # a checkout from before common/training/checkpoint.py was split
+        from common.training.checkpoint import TrainState
     try:
         from common.training.distributed import set_threads
     except ImportError:  # an older checkout: torch's default, which is also one thread per core
@@ -74,7 +77,7 @@ def main() -> None:
 
     pieces = args.root is None
     if pieces:
-        from common.training.checkpoint import file_digest, seal_files
+        from common.training.sealing import file_digest, seal_files
 
     accelerator, model, optimizer, scheduler, state = build(args.recipe, args.root)
     if "models" in inspect.signature(save_checkpoint).parameters:

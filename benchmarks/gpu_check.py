@@ -112,7 +112,7 @@ def check_ddp_vs_fsdp(opts, base: list[str]) -> tuple[str, str]:
     """(b): the same 8 steps under multi_gpu.yaml and fsdp.yaml, 1 process each."""
     if opts.device != "cuda":
         return "SKIP", ("needs a GPU: on CPU accelerate 1.15 does not make the FSDP profile FSDP and the recipe "
-                        "refuses it; FSDP2 on CPU/gloo is tested with a test-only hook in tests/recipes/test_fsdp.py")
+                        "refuses it; FSDP2 on CPU/gloo is tested with a test-only hook in tests/guarantees/test_fsdp.py")
     runs = {}
     for name, profile in (("ddp", "multi_gpu.yaml"), ("fsdp", "fsdp.yaml")):
         out, log = opts.output_dir / name, opts.output_dir / f"{name}.log"

@@ -41,7 +41,7 @@ def recipe_modules(recipe: str, *names: str) -> SimpleNamespace:
     scripts import them (the folder on sys.path: their siblings too), then the plain names taken out of
     sys.modules again so that another recipe's `model` or `data` never collides with this one's.
     Importing `train` parses no command line (train.py does that only under `__main__`). The tests
-    import recipes with this too (tests/recipe_import.py)."""
+    import recipes with this too (tests/harness/recipe_import.py)."""
     saved_path, saved = sys.path[:], {n: sys.modules.pop(n) for n in LOCAL if n in sys.modules}
     sys.path.insert(0, str(ROOT / "recipes" / recipe))
     try:

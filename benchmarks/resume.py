@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.recipe import load_recipe
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
     from common.training.distributed import set_threads
     from common.training.loop import train_batches
 

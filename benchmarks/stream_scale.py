@@ -108,7 +108,7 @@ def rss_mb() -> float:
 
 def measure(folder: Path, repeats: int) -> dict:
     """What the module docstring lists, for the corpus in `folder` (run in a fresh process)."""
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
     from common.data.stream import ShardStream, StreamDataset, StreamLoader, open_shards, resolve_shards
 
     import pyarrow.parquet  # noqa: F401 — imported by the first read otherwise: not a cost of the position

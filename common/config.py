@@ -6,8 +6,8 @@ Every recipe declares one `@dataclass` whose fields are its whole configuration,
 every value before anything slow happens: it imports nothing heavy (no torch), so `--help` and every
 mistake are answered in well under a second.
 
-A field carries its own rules in its type, `Annotated[type, rule, ...]`, so that this module names
-no recipe's field:
+A field carries its own rules in its type, `Annotated[type, rule, ...]` (the rules and how values are
+held to them: `common.config_rules`), so that this module names no recipe's field:
 
     max_steps: Annotated[int, Count, ResumeSafe] = 1000  # optimizer steps
     mask_prob: Annotated[float, Range(0, 1)] = 0.01  # probability that a position starts a span
@@ -37,7 +37,7 @@ no recipe's field:
 
 Unknown keys are refused with the closest valid name (a typo must never silently train the
 default). A number is written with the digits 0-9 (int() also reads '١٢'). YAML files are read as YAML
-1.2's core schema (`_ConfigLoader`: `010` is 10, `1:30` and `0x10` are strings, a key given twice is
+1.2's core schema (`common.config_yaml`: `010` is 10, `1:30` and `0x10` are strings, a key given twice is
 refused; so is a flag given twice on the command line). A mistake is one line on stderr and exit code
 2, no traceback; a bad value from a YAML file names the file and the key's line, and a cross-field
 refusal (`validate`, `validate_changes`) the file and the lines of the keys it names that the file
@@ -50,27 +50,25 @@ rules, effective default (the YAML's value where it sets one) and comment.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import inspect
-import io
 import json
 import logging
-import math
 import os
 import re
 import signal
-import stat
 import sys
 import time
-import tokenize
-import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 
+from common.config_rules import (ConfigError, Count, ExistingPath, FieldError, Folder, Internal, MayBeEmpty, NonNegative,
+                                 Positive, Range, ResumeSafe, SpaceSeparated, Trackers, check_fields, convert_value,
+                                 field_docs, field_specs, is_bool, is_list, left_out, not_a_setting, type_name, validate)
+from common.config_yaml import YamlKeys, load_yaml
 from common.training.launcher import stop_reason, watch_launcher
 
 T = TypeVar("T")
@@ -79,186 +77,6 @@ T = TypeVar("T")
 # that module imports torch, this one must not).
 START_UP_SIGNAL_EXIT_CODE = 75
 
-
-class ConfigError(ValueError):
-    """A mistake in the configuration: reported as one line, exit code 2 (also by `run_main`)."""
-
-    exit_code = 2
-
-
-class FieldError(ConfigError):
-    """A ConfigError about one field's value (`.field`): parse_config names the YAML file and line
-    the value came from."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-
-
-# ---------------------------------------------------------------------------------------------
-# Rules a field carries: Annotated[type, rule, ...]
-# ---------------------------------------------------------------------------------------------
-
-class Rule:
-    """A rule carried by a field. `check` returns what is wrong with a (non-None) value, or None;
-    `str(rule)` is how `--help` shows it. `of_this_machine`: the rule checks what this machine has
-    now (a path exists, a tracker is installed), not what the value means: a saved config read back
-    elsewhere, or after its data moved (`load_config`), is not held to it."""
-
-    of_this_machine = False
-
-    def check(self, value: Any) -> str | None:
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Range(Rule):
-    """lo ≤ value ≤ hi (None: unbounded; `lo_open`/`hi_open`: strict). `finite=False` lets a float
-    field take nan/inf, which every other float field refuses."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    finite: bool = True
-
-    def __str__(self) -> str:
-        if self.hi is None:
-            return f"{'>' if self.lo_open else '≥'} {self.lo:g}"
-        if self.lo is None:
-            return f"{'<' if self.hi_open else '≤'} {self.hi:g}"
-        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
-
-    def check(self, value: Any) -> str | None:
-        if isinstance(value, float) and math.isnan(value):
-            return None  # finiteness is checked on its own (see validate)
-        too_low = self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo))
-        too_high = self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi))
-        return f"must be {self}, got {value}" if too_low or too_high else None
-
-
-@dataclasses.dataclass(frozen=True)
-class _ExistingPath(Rule):
-    keywords: tuple[str, ...] = ()  # values that name something else than a path (ExistingPathOr)
-    of_this_machine = True
-
-    def __str__(self) -> str:
-        return "must exist" + "".join(f", or {k}" for k in self.keywords)
-
-    def check(self, value: Any) -> str | None:
-        if value in self.keywords or Path(value).exists():
-            return None
-        return f"{value} does not exist" + (f" (nor is it {' or '.join(self.keywords)})" if self.keywords else "")
-
-
-def ExistingPathOr(*keywords: str) -> _ExistingPath:  # noqa: N802 (a rule, spelled like the others)
-    """A path that must exist, or one of `keywords` (e.g. `--init_from builtin`)."""
-    return _ExistingPath(tuple(keywords))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Folder(Rule):
-    """A folder the run writes into: it may not exist yet, but it must not be a file, nor lie under
-    one (that fails only at the first write, after the slow start-up)."""
-
-    of_this_machine = True
-
-    def __str__(self) -> str:
-        return "a folder, made if missing"
-
-    def check(self, value: Any) -> str | None:
-        path = Path(value)
-        for there in (path, *path.parents):  # the nearest that exists must be a folder
-            if there.is_dir():
-                return None
-            if there.exists() or there.is_symlink():
-                what = ("a file" if there.is_file() else "a broken link" if not there.exists()
-                        else "not a folder")
-                where = f"{value} is {what}" if there == path else f"{value} cannot be made: {there} is {what}"
-                return f"{where}; name a folder (a new one, or a run's)"
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
-class _ResumeSafe(Rule):
-    def __str__(self) -> str:
-        return "may change on resume"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Internal(Rule):
-    """A field the program sets itself (recorded in the run's config.yaml, where a resume or a tool
-    reads it): not listed by --help, refused on the command line. A YAML file may hold it (a run's
-    own config.yaml, given as --config, has it); the program sets it again anyway."""
-
-    def __str__(self) -> str:
-        return "set by the program"
-
-
-@dataclasses.dataclass(frozen=True)
-class _MayBeEmpty(Rule):
-    """A list field that may hold no values (`--key ''`): without it a list needs at least one, so
-    that an empty value never silently turns a part off."""
-
-    def __str__(self) -> str:
-        return "may be empty"
-
-
-@dataclasses.dataclass(frozen=True)
-class _SpaceSeparated(Rule):
-    """A list field whose command-line values follow its flag as separate arguments, up to the next
-    `--flag` (`--audio a.wav b.flac`, what a shell makes of `--audio *.wav`): file names may hold commas."""
-
-    def __str__(self) -> str:
-        return "space-separated"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Trackers(Rule):
-    """`--report_to`: trackers accelerate knows and this environment has (common.training.logs.trackers;
-    importing it is light: it looks modules up without importing them)."""
-
-    of_this_machine = True
-
-    def __str__(self) -> str:
-        return "installed trackers, comma-separated, or all/none"
-
-    def check(self, value: Any) -> str | None:
-        from common.training.logs import trackers
-
-        try:
-            trackers(value)
-        except ValueError as e:
-            return str(e).split(": ", 1)[-1]
-        return None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Names(Rule):
-    """A text field of comma-separated names (`train-clean-100,train-clean-360`): none may be empty,
-    or `a,,b` would name the data folder itself as one of them."""
-
-    def __str__(self) -> str:
-        return "comma-separated names"
-
-    def check(self, value: Any) -> str | None:
-        if any(not name.strip() for name in str(value).split(",")):
-            return f"an empty name in {_shown(value)} (names are comma-separated: a,b)"
-        return None
-
-
-Count = Range(1)  # how many of something: ≥ 1
-NonNegative = Range(0)
-Positive = Range(0, lo_open=True)
-Fraction = Range(0, 1)  # a probability or a share
-ExistingPath = _ExistingPath()
-Folder = _Folder()
-ResumeSafe = _ResumeSafe()
-Internal = _Internal()
-MayBeEmpty = _MayBeEmpty()
-SpaceSeparated = _SpaceSeparated()
-Trackers = _Trackers()
-Names = _Names()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,447 +223,6 @@ class DatasetConfig(RunConfig):
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading a Config class: types, rules, comments
-# ---------------------------------------------------------------------------------------------
-
-def _split_rules(tp: Any) -> tuple[Any, tuple[Rule, ...]]:
-    """`Annotated[X, r1, r2]` → (X, (r1, r2)); also inside `Annotated[...] | None`. A list field's
-    rules apply to each of its values: `list[Annotated[int, Count]]` → (list[int], (Count,)), the same
-    as `Annotated[list[int], Count]`."""
-    origin = typing.get_origin(tp)
-    if origin is Annotated:
-        base, *extras = typing.get_args(tp)
-        inner, rules = _split_rules(base)
-        return inner, rules + tuple(r for r in extras if isinstance(r, Rule))
-    if origin in (typing.Union, types.UnionType):
-        parts = [_split_rules(a) for a in typing.get_args(tp)]
-        if any(rules for _, rules in parts):
-            return typing.Union[tuple(p for p, _ in parts)], sum((rules for _, rules in parts), ())
-    if origin in (list, tuple) and typing.get_args(tp):  # list[Annotated[int, Count]]: every element's rules
-        item, rules = _split_rules(typing.get_args(tp)[0])
-        if rules:
-            return origin[item], rules
-    return tp, ()
-
-
-def field_specs(cls: type) -> dict[str, tuple[Any, tuple[Rule, ...]]]:
-    """{field: (type, rules)} of a Config class. A field re-declared by a subclass takes the
-    subclass's type and default and keeps the rules of every declaration up its bases."""
-    specs: dict[str, tuple[Any, tuple[Rule, ...]]] = {}
-    for klass in reversed(cls.__mro__):
-        own = vars(klass).get("__annotations__", {})
-        if not own:
-            continue
-        module = sys.modules.get(klass.__module__)
-        # A recipe's script imported under another name (tests) may be gone from sys.modules, or its
-        # name may now be another module's (vocoder/evaluate.py vs the `evaluate` package): its
-        # dataclass __init__ still holds the defining module's globals.
-        defines = module is not None and getattr(module, klass.__name__, None) is klass
-        namespace = vars(module) if defines else getattr(klass.__init__, "__globals__", {})
-        for name, annotation in own.items():
-            tp = eval(annotation, namespace) if isinstance(annotation, str) else annotation  # noqa: S307 — our own source
-            tp, rules = _split_rules(tp)
-            inherited = specs.get(name, (None, ()))[1]
-            specs[name] = (tp, inherited + tuple(r for r in rules if r not in inherited))
-    return {f.name: specs[f.name] for f in dataclasses.fields(cls) if f.name not in left_out(cls)}
-
-
-def left_out(cls: type) -> dict[str, str]:
-    """A Config's `LEFT_OUT` (RunConfig's docstring): {inherited field it has no use for: why}."""
-    names = getattr(cls, "LEFT_OUT", {})
-    wrong = [name for name in names if name not in {f.name for f in dataclasses.fields(cls)}]
-    if wrong:  # the recipe's own mistake, found by its first run
-        raise ConfigError(f"{cls.__name__}.LEFT_OUT names {wrong[0]!r}, which is not a field of it: name a shared field")
-    return dict(names)
-
-
-def resume_safe_keys(cfg_or_cls: Any) -> list[str]:
-    """The fields marked `ResumeSafe`: they may differ between a checkpoint and its re-launch."""
-    cls = cfg_or_cls if isinstance(cfg_or_cls, type) else type(cfg_or_cls)
-    # A left-out field is read by nothing: a checkpoint written before it was left out holds its
-    # value, which resuming without it changes nothing.
-    return [name for name, (_, rules) in field_specs(cls).items() if ResumeSafe in rules] + list(left_out(cls))
-
-
-def field_docs(cls: type) -> list[tuple[str | None, str, str]]:
-    """[(section or None, field name, its trailing comment)], grouped by section.
-
-    Reads the source of `cls` and of each dataclass it extends (base first). A field keeps the
-    section and place where it was first declared; a re-declaration's comment, if any, wins.
-    Sections come in order of first appearance, so a recipe's `# --- data ---` fields join
-    RunConfig's data section and its own sections follow the shared ones."""
-    names = list(field_specs(cls))  # without the fields it leaves out
-    found: dict[str, list] = {}  # name -> [section, comment]
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            source = inspect.getsource(klass)
-        except (OSError, TypeError):
-            continue
-        own = set(vars(klass).get("__annotations__", {}))
-        section, line_field = None, {}
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-        for i, tok in enumerate(tokens):
-            if tok.type == tokenize.NAME and tok.string in own and tok.start[1] == 4 and i + 1 < len(tokens) \
-                    and tokens[i + 1].string == ":":
-                line_field[tok.start[0]] = tok.string
-                found.setdefault(tok.string, [section, ""])
-            elif tok.type == tokenize.COMMENT:
-                text = tok.string.lstrip("#").strip()
-                if tok.line.strip().startswith("#"):
-                    if text.startswith("---"):
-                        section = text.strip("- ").strip()
-                elif tok.start[0] in line_field:
-                    found[line_field[tok.start[0]]][1] = text
-    sections = list(dict.fromkeys(found.get(n, [None])[0] for n in names))
-    return [(s, n, found.get(n, [None, ""])[1]) for s in sections for n in names if found.get(n, [None])[0] == s]
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " | ".join(_type_name(a) for a in args) + " | None"
-    if origin is Literal:
-        return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
-    if origin in (list, tuple):
-        return f"list[{_type_name((typing.get_args(tp) or (str,))[0])}]"
-    return getattr(tp, "__name__", str(tp))
-
-
-# ---------------------------------------------------------------------------------------------
-# Values: conversion and checks
-# ---------------------------------------------------------------------------------------------
-
-def _shown(value: Any) -> str:
-    """A value as a message shows it: repr, cut to one short line."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _is_list(tp: Any) -> bool:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return any(_is_list(a) for a in typing.get_args(tp) if a is not type(None))
-    return typing.get_origin(tp) in (list, tuple)
-
-
-def _is_bool(tp: Any) -> bool:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return all(_is_bool(a) for a in typing.get_args(tp) if a is not type(None))
-    return tp is bool
-
-
-def _convert(name: str, value: Any, tp: Any) -> Any:
-    """Coerce a YAML value or a command-line string to the field's declared type."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):  # Optional[X] / X | None
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        return _convert(name, value, args[0])
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise FieldError(name, f"--{name}: {_shown(value)} is not one of {', '.join(map(str, choices))}")
-        return value
-    if origin in (list, tuple):
-        (item_tp, *_) = typing.get_args(tp) or (str,)
-        if isinstance(value, str):  # the command line: comma-separated; '' is no values
-            value = value.split(",") if value.strip() else []
-            if any(not v.strip() for v in value):
-                raise FieldError(name, f"--{name}: an empty value in {_shown(','.join(value))} (values are "
-                                       f"comma-separated: 2,3,5)")
-        if not isinstance(value, (list, tuple)):
-            raise FieldError(name, f"--{name}: expected a list, got {_shown(value)}")
-        return origin(_convert(name, v, item_tp) for v in value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in ("1", "true", "yes", "on"):
-            return True
-        if str(value).lower() in ("0", "false", "no", "off"):
-            return False
-        raise FieldError(name, f"--{name}: expected true or false, got {_shown(value)}")
-    if tp in (int, float, str):
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise FieldError(name, f"--{name}: expected {tp.__name__}, got {_shown(value)}")
-        if tp is str:
-            return str(value)
-        if tp is int and isinstance(value, int):
-            return value
-        if isinstance(value, str) and not value.isascii():
-            # int() and float() read any script's digits ('١٢' is 12, '０.５' is 0.5): a number is
-            # written with 0-9 only, so that it means what every reader of the file sees.
-            if any(c.isdigit() or c.isnumeric() for c in value if not c.isascii()):
-                raise FieldError(name, f"--{name}: {_shown(value)} has digits other than 0-9 (write the number "
-                                       f"with ASCII digits)")
-            raise FieldError(name, f"--{name}: expected {tp.__name__}, got {_shown(value)}")
-        if tp is int and isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass  # "1e3" is 1000: read as a float below
-        try:
-            number = float(value)
-        except (ValueError, OverflowError):
-            raise FieldError(name, f"--{name}: expected {tp.__name__}, got {_shown(value)}") from None
-        if tp is float:
-            return number
-        if not number.is_integer():  # 1.5, 1e400 (inf), nan: not integers (and no OverflowError)
-            raise FieldError(name, f"--{name}: expected an integer, got {_shown(value)}")
-        return int(number)
-    return value
-
-
-def _unknown(key: str, known: typing.Iterable[str], source: str) -> ConfigError:
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    hint = f"; did you mean --{close[0]}?" if close else " (--help lists them)"
-    return ConfigError(f"unknown config key {key!r} in {source}{hint}")
-
-
-def _not_a_setting(cls: type, key: str, source: str) -> ConfigError:
-    """`key` (from `source`) is no field of `cls`: a field it leaves out (its reason), or a typo."""
-    why = left_out(cls).get(key)
-    if why is None:
-        return _unknown(key, field_specs(cls), source)
-    given = f"--{key}" if source == "command line" else f"{key!r} in {source}"
-    return ConfigError(f"{given}: not a setting of this recipe ({why}): drop it")
-
-
-def _apply(cfg: T, overrides: dict[str, Any], source: str, saved: bool = False) -> T:
-    """`cfg` with `overrides` (from `source`: "command line" or a YAML file) converted to the fields'
-    types. A bad value from a file names the file and the key's line, as a --config flag's (`saved`:
-    raised as it is, for load_config to name the file its own way)."""
-    specs = field_specs(type(cfg))
-    for key in overrides:
-        if not isinstance(key, str) or key not in specs:
-            raise _not_a_setting(type(cfg), str(key), source)
-        if source == "command line" and Internal in specs[key][1]:
-            raise ConfigError(f"--{key} is set by the program itself (recorded in the run's config.yaml), "
-                              f"not on the command line: drop it")
-    try:
-        converted = {k: _convert(k, v, specs[k][0]) for k, v in overrides.items()}
-    except FieldError as e:
-        raise (e if source == "command line" or saved else _from_file(e, source, overrides)) from None
-    return dataclasses.replace(cfg, **converted)
-
-
-def _from_file(error: FieldError, path: str, loaded: Any) -> ConfigError:
-    """`error` about a value read from the YAML file `path`: its line names the file and the key's line."""
-    line = getattr(loaded, "lines", {}).get(error.field)
-    return FieldError(error.field, f"{error} (--config {path}{f', line {line}' if line else ''})")
-
-
-def _keys_from_file(error: ConfigError, path: str, loaded: Any, given: dict) -> ConfigError:
-    """`error` from a cross-field check, naming the YAML file `path` and the lines of the `--key`s
-    its message names that the file set and the command line did not (unchanged where none)."""
-    lines = getattr(loaded, "lines", {})
-    keys = [k for k in dict.fromkeys(re.findall(r"--(\w+)", str(error))) if k in loaded and k not in given]
-    if not keys:
-        return error
-    where = ", ".join(f"{k} on line {lines[k]}" if k in lines else k for k in keys)
-    return ConfigError(f"{error} (--config {path}: {where})")
-
-
-def validate(cfg: Any, plain: Any = None) -> None:
-    """Check every field's rules (a list's: on each of its values), then the Config's own
-    `validate_changes(plain)` (`plain`: what a plain run gets; None: the class defaults) and
-    `validate()`; raises ConfigError."""
-    _check_fields(cfg)
-    try:
-        if callable(getattr(cfg, "validate_changes", None)):
-            cfg.validate_changes(plain if plain is not None else type(cfg)())
-        if callable(getattr(cfg, "validate", None)):
-            cfg.validate()
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def _check_fields(cfg: Any, of_this_machine: bool = True) -> None:
-    """Every field's rules (FieldError); `of_this_machine=False`: not those about this machine
-    (`Rule.of_this_machine`)."""
-    for name, (_, rules) in field_specs(type(cfg)).items():
-        rules = tuple(r for r in rules if of_this_machine or not r.of_this_machine)
-        value = getattr(cfg, name)
-        if value is None or isinstance(value, bool):
-            continue
-        is_list = isinstance(value, (list, tuple))
-        if is_list and not value and MayBeEmpty not in rules:
-            separated = "space" if SpaceSeparated in rules else "comma"
-            raise FieldError(name, f"--{name}: needs at least one value ({separated}-separated on the command line, "
-                                   f"a list in the YAML)")
-        for item in value if is_list else (value,):
-            if isinstance(item, float) and not math.isfinite(item) and not any(
-                    isinstance(r, Range) and not r.finite for r in rules):
-                raise FieldError(name, f"--{name}: must be a finite number, got {item}")
-            for rule in rules:
-                problem = rule.check(item)
-                if problem:
-                    raise FieldError(name, f"--{name}: {problem}" + (f" (in {_shown(list(value))})" if is_list else ""))
-
-
-# ---------------------------------------------------------------------------------------------
-# YAML files
-# ---------------------------------------------------------------------------------------------
-
-# A config is a few kB: a mapping of about a hundred values and short lists. PyYAML reads a list of
-# small items at about 20 kB/s (a 50 MB file parsed for minutes), so both the size and the number of
-# values are capped far above any real config.
-MAX_CONFIG_BYTES = 128 << 10  # bytes
-MAX_YAML_NODES = 5000  # keys, values and list items
-MAX_YAML_DEPTH = 8  # nested collections: a config is a mapping of scalars and lists of scalars (depth 3)
-
-
-class YamlKeys(dict):
-    """A YAML mapping, and `.lines`: {key: its 1-based line}, for messages about a value."""
-
-    lines: dict[str, int]
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """yaml.SafeLoader read as YAML 1.2's core schema, so that a value means what it reads as:
-
-    - ints are decimal only: `010` is 10 (YAML 1.1: octal 8); `0x10`, `0o10` and `1_000` are strings,
-      which an int field then refuses, as the command line does; `1:30` is a string (1.1: 90, base 60);
-    - floats: `1.5`, `1e-3` (1.1: a string), `.inf`, `.nan`; bools: true/false only (`yes`, `no`,
-      `on`, `off` are strings: `mixed_precision: no` is the choice "no", and a true/false field reads
-      them as the command line does); no timestamps, no `<<` merge keys;
-    - no anchors and aliases (`&a`, `*a`): a few hundred bytes of nested aliases ("billion laughs")
-      expand to gigabytes wherever the value is walked; a config has no use for them;
-    - a key given twice is refused (YAML keeps the last, silently); collections nest at most
-      MAX_YAML_DEPTH deep (400 nested `[` exhausted Python's recursion), and hold at most
-      MAX_YAML_NODES values in all."""
-
-    yaml_implicit_resolvers: dict = {}  # filled below: 1.2 core only
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name, *name) are not allowed in a config",
-                                              event.start_mark)
-        depth = getattr(self, "_depth", 0)
-        if depth >= MAX_YAML_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep (a config "
-                                              f"is a mapping of values and lists)", event.start_mark)
-        self._nodes = getattr(self, "_nodes", 0) + 1
-        if self._nodes > MAX_YAML_NODES:
-            raise yaml.composer.ComposerError(None, None, f"more than {MAX_YAML_NODES} values (a config is a mapping "
-                                              f"of values and short lists)", event.start_mark)
-        self._depth = depth + 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth = depth
-
-    def construct_mapping(self, node, deep=False):
-        self.flatten_mapping(node)
-        mapping, lines = YamlKeys(), {}
-        for key_node, value_node in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, typing.Hashable):
-                raise yaml.constructor.ConstructorError(None, None, "a key must be a name", key_node.start_mark)
-            if key in mapping:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice (first on line {lines[key]}): keep one", key_node.start_mark)
-            mapping[key] = self.construct_object(value_node, deep=deep)
-            lines[key] = key_node.start_mark.line + 1
-        mapping.lines = lines
-        return mapping
-
-    def _scalar(self, node, parse, what: str):
-        """A scalar of an int/float/bool tag, implicit or explicit (`!!int 0x10`), or a marked error."""
-        value = self.construct_scalar(node)
-        try:
-            return parse(value)
-        except (ValueError, KeyError):
-            raise yaml.constructor.ConstructorError(None, None, f"{value!r} is not {what}", node.start_mark) from None
-
-    def construct_int(self, node):
-        return self._scalar(node, lambda v: int(v) if _INT.fullmatch(v) else int("?"), "a decimal integer")
-
-    def construct_float(self, node):
-        special = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan}
-        return self._scalar(node, lambda v: special[v.lower()] if v.lower() in special
-                            else float(v) if _FLOAT.fullmatch(v) else float("?"), "a number")
-
-    def construct_bool(self, node):
-        return self._scalar(node, lambda v: {"true": True, "false": False}[v.lower()], "true or false")
-
-
-_INT = re.compile(r"[-+]?[0-9]+")
-_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
-_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"),
-                                    ["~", "n", "N", ""])
-_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                    list("tTfF"))
-_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(f"^{_INT.pattern}$"), list("-+0123456789"))
-_ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(rf"^(?:{_FLOAT.pattern}|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+.0123456789"))
-_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_int)
-_ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_float)
-_ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _ConfigLoader.construct_bool)
-_ConfigLoader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: loader.construct_mapping(node))
-
-
-def _read_config_file(path: Path) -> bytes:
-    """The bytes of a --config file: a regular file of at most MAX_CONFIG_BYTES. Checked before
-    reading, and opened non-blocking: opening a FIFO for reading waits for a writer, forever."""
-    try:
-        before = os.stat(path)
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path}: no such file") from None
-    except OSError as e:
-        raise ConfigError(f"--config {path}: cannot be read ({e.strerror})") from None
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a device"),
-             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
-    what = next((name for test, name in kinds if test(before.st_mode)), "not a regular file")
-    if not stat.S_ISREG(before.st_mode):
-        raise ConfigError(f"--config {path}: is {what}, not a file: name a YAML file")
-    if before.st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"--config {path}: {before.st_size} bytes, more than a config's {MAX_CONFIG_BYTES} "
-                          f"(a config is a short list of settings): name the right file")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise ConfigError(f"--config {path}: cannot be read ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # replaced between the stat and the open
-            raise ConfigError(f"--config {path}: not a regular file: name a YAML file")
-        raw = f.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:  # grew since the stat
-        raise ConfigError(f"--config {path}: more than a config's {MAX_CONFIG_BYTES} bytes: name the right file")
-    return raw
-
-
-def load_yaml(path: str | Path) -> YamlKeys:
-    """A config YAML file as a mapping (with `.lines`); every problem is a ConfigError of one line."""
-    path = Path(path)
-    raw = _read_config_file(path)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"--config {path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
-    try:
-        loaded = yaml.load(text, Loader=_ConfigLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1}: " if mark else ""
-        raise ConfigError(f"--config {path}: not valid YAML ({where}{e.problem or e.context})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except (RecursionError, MemoryError, ValueError, TypeError) as e:  # what PyYAML does not mark as its own
-        raise ConfigError(f"--config {path}: not valid YAML ({type(e).__name__})") from None
-    if loaded is None:
-        loaded = YamlKeys()
-        loaded.lines = {}
-    if not isinstance(loaded, YamlKeys):
-        raise ConfigError(f"--config {path}: expected a mapping of keys to values")
-    return loaded
-
-
-# ---------------------------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------------------------
 
@@ -867,7 +244,7 @@ def format_help(cls: type, prog: str, default_yaml: str | Path | None, yaml_valu
             lines += ["", f"{section}:"]
             shown = section
         shown_rules = [str(r) for r in rules]
-        if _is_list(tp):  # a list's bounds hold for each of its values
+        if is_list(tp):  # a list's bounds hold for each of its values
             shown_rules = [f"each {r}" if isinstance(r, Range) else str(r) for r in rules
                            if r not in (MayBeEmpty, SpaceSeparated)]
             shown_rules += ["may be empty" if MayBeEmpty in rules else "at least one",
@@ -877,7 +254,7 @@ def format_help(cls: type, prog: str, default_yaml: str | Path | None, yaml_valu
             default = f"{yaml_values[name]!r} (from {Path(default_yaml).name})"
         else:
             default = repr(defaults[name])
-        head = f"  --{name} {_type_name(tp)}{rule_text} = {default}"
+        head = f"  --{name} {type_name(tp)}{rule_text} = {default}"
         lines.append(head + (f"\n      {comment}" if comment else ""))
     return "\n".join(lines) + "\n"
 
@@ -950,12 +327,12 @@ def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str,
         if not has_value:
             if i < len(argv) and not argv[i].startswith("--"):
                 value, i = argv[i], i + 1
-            elif key in specs and _is_bool(specs[key][0]):
+            elif key in specs and is_bool(specs[key][0]):
                 value = "true"  # a bare boolean flag
             elif key == "config" or key in specs:
                 raise ConfigError(f"--{key} needs a value (only true/false settings may be given bare)")
             else:
-                raise _not_a_setting(cls, key, "command line")
+                raise not_a_setting(cls, key, "command line")
         if key in given:  # as a YAML key given twice is: which one was meant is not ours to guess
             raise ConfigError(f"--{key} given twice on the command line ({given[key]!r}, then {value!r}): keep one")
         given[key] = value
@@ -964,6 +341,41 @@ def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, list[tuple[str,
         else:
             pairs.append((key, value))
     return yaml_path, pairs
+
+
+def _apply(cfg: T, overrides: dict[str, Any], source: str, saved: bool = False) -> T:
+    """`cfg` with `overrides` (from `source`: "command line" or a YAML file) converted to the fields'
+    types. A bad value from a file names the file and the key's line, as a --config flag's (`saved`:
+    raised as it is, for load_config to name the file its own way)."""
+    specs = field_specs(type(cfg))
+    for key in overrides:
+        if not isinstance(key, str) or key not in specs:
+            raise not_a_setting(type(cfg), str(key), source)
+        if source == "command line" and Internal in specs[key][1]:
+            raise ConfigError(f"--{key} is set by the program itself (recorded in the run's config.yaml), "
+                              f"not on the command line: drop it")
+    try:
+        converted = {k: convert_value(k, v, specs[k][0]) for k, v in overrides.items()}
+    except FieldError as e:
+        raise (e if source == "command line" or saved else _from_file(e, source, overrides)) from None
+    return dataclasses.replace(cfg, **converted)
+
+
+def _from_file(error: FieldError, path: str, loaded: Any) -> ConfigError:
+    """`error` about a value read from the YAML file `path`: its line names the file and the key's line."""
+    line = getattr(loaded, "lines", {}).get(error.field)
+    return FieldError(error.field, f"{error} (--config {path}{f', line {line}' if line else ''})")
+
+
+def _keys_from_file(error: ConfigError, path: str, loaded: Any, given: dict) -> ConfigError:
+    """`error` from a cross-field check, naming the YAML file `path` and the lines of the `--key`s
+    its message names that the file set and the command line did not (unchanged where none)."""
+    lines = getattr(loaded, "lines", {})
+    keys = [k for k in dict.fromkeys(re.findall(r"--(\w+)", str(error))) if k in loaded and k not in given]
+    if not keys:
+        return error
+    where = ", ".join(f"{k} on line {lines[k]}" if k in lines else k for k in keys)
+    return ConfigError(f"{error} (--config {path}: {where})")
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str | Path | None = None) -> T:
@@ -1043,7 +455,7 @@ def load_config(folder: str | Path, cls: type[T]) -> T:
     kept.lines = loaded.lines
     try:
         cfg = _apply(cls(), kept, str(path), saved=True)
-        _check_fields(cfg, of_this_machine=False)
+        check_fields(cfg, of_this_machine=False)
         if callable(getattr(cfg, "validate", None)):
             cfg.validate()
     except (ValueError, ConfigError) as e:  # FieldError is both

@@ -42,8 +42,8 @@ def pytest_collection_modifyitems(config, items):
 def _one_process_launcher(request):
     """`@pytest.mark.accelerate_launch`: this test's runs go through `accelerate launch`, in fresh
     interpreters (the others are forked from the harness's fork server: the same training, without
-    the launcher's and the imports' start-up; see tests/recipes/harness.py)."""
-    from tests.recipes import harness
+    the launcher's and the imports' start-up; see tests/harness/harness.py)."""
+    from tests.harness import harness
 
     harness.REAL_LAUNCH[0] = request.node.get_closest_marker("accelerate_launch") is not None
     yield
@@ -59,9 +59,9 @@ def suite_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _cpu_tokens(tmp_path_factory):
-    """Under pytest-xdist, the workers' runs share the cores through CPU tokens (tests/recipes/harness.py)."""
+    """Under pytest-xdist, the workers' runs share the cores through CPU tokens (tests/harness/harness.py)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        from tests.recipes.harness import TOKENS_DIR
+        from tests.harness.harness import TOKENS_DIR
 
         folder = suite_dir(tmp_path_factory) / "cpu_tokens"
         folder.mkdir(exist_ok=True)
@@ -105,7 +105,7 @@ def reference(tmp_path_factory):
     import json
     import shutil
 
-    from tests.recipes.harness import run
+    from tests.harness.harness import run
 
     root = suite_dir(tmp_path_factory) / "references"
     root.mkdir(exist_ok=True)

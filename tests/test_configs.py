@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 
-from common.config import Range, field_specs, parse_config
-from tests.recipe_import import RECIPES, recipe_modules
+from common.config import parse_config
+from common.config_rules import Range, field_specs
+from tests.harness.recipe_import import RECIPES, recipe_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_CONFIGS = sorted(ROOT.glob("recipes/*/config*.yaml"))

@@ -6,7 +6,7 @@ a typed sentence (TTS), one section per model given.
     # then open http://127.0.0.1:7860/ (the address is printed)
 
 Each argument is a training output_dir or its final/: verified against its COMPLETE digests before
-it is read (common.training.checkpoint.resolve_checkpoint, as every tool), its recipe read from the
+it is read (common.training.sealing.resolve_checkpoint, as every tool), its recipe read from the
 model card final/ carries ("# asr model (speech-recipes)"). ASR: the recording (a file uploaded, or
 the microphone where the browser allows it: recorded as PCM and sent as WAV) is read as
 recipes/asr/transcribe.py reads a file and decoded greedily (--decoding beam, --lm as there). TTS:
@@ -80,7 +80,7 @@ def recipe_path(recipe: str):
 
 def recipe_of(path: str) -> tuple[Path, str]:
     """(the verified folder, its recipe) for a command-line argument; a refusal is a UsageError."""
-    from common.training.checkpoint import resolve_checkpoint
+    from common.training.sealing import resolve_checkpoint
     from common.training.faults import UsageError
 
     folder = resolve_checkpoint(path, flag="model")

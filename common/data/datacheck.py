@@ -163,7 +163,7 @@ def audio_facts(path: str, mode: str) -> dict:
 
 def decoded_facts(source, mode: str) -> dict:
     """`audio_facts` without the digest, of a path or a file-like object (a parquet row's audio
-    bytes: `common.data.stream.check_shards`)."""
+    bytes: `common.data.stream_check.check_shards`)."""
     return _decode_all(source) if mode == "full" else _header_facts(source)
 
 

@@ -423,7 +423,7 @@ def prepare_manifest(output_dir: str | Path, name: str, root: str | Path, policy
 
     Every rank calls it (no collective): one validates, with `workers` processes (None: every
     core this process may use), the others wait for its result. `seal(folder)`, when given, writes
-    the folder's marker of digests last (`common.training.checkpoint.seal_export`, passed by
+    the folder's marker of digests last (`common.training.sealing.seal_export`, passed by
     `common.data.source`): what lets another tool trust the manifest it reads back (`read_manifest`).
     """
     root = Path(root)

@@ -28,10 +28,10 @@ recipe's own columns (`DatasetConfig.EXTRA_COLUMNS`, e.g. a label: --speaker_col
   batches), restored without reading what was consumed; changed shards refuse it.
 
 The data check: a stream's rows are checked before training as a folder's files are
-(`common.data.stream.check_shards`, once per shard, cached in <output_dir>/data), and a map-style
+(`common.data.stream_check.check_shards`, once per shard, cached in <output_dir>/data), and a map-style
 source's rows as `datasets` reads them for their durations (`_checked_row`, cached by `datasets`): with
 --on_bad_data error (the default) a row whose audio does not decode, has no samples or is shorter than
-`common.data.stream.MIN_SECONDS` (0.05 s), whose transcript (recipes that read one) is empty, or whose
+`common.data.stream_check.MIN_SECONDS` (0.05 s), whose transcript (recipes that read one) is empty, or whose
 label (`EXTRA_COLUMNS`, e.g. a speaker) is null or blank, refuses the run in one line naming its shard or
 split and row (`DataError`, exit code 2); with skip the bad rows are left out with counts logged (a
 map-style source's rows keep their row-number ids); --data_check full decodes every sample (also finds
@@ -58,12 +58,13 @@ from common.data.loading import build_loaders
 from common.training.faults import UsageError
 from common.training.logs import get_logger
 from common.data.manifest import DataError, DataPolicy, manifest_summary, prepare_manifest, read_manifest
-from common.training.checkpoint import MARKER, seal_export, verify_checkpoint
+from common.training.sealing import MARKER, seal_export, verify_checkpoint
 from common.training.prepare import COMPLETE_MARKER
 from common.data.datacheck import decoded_facts
-from common.data.stream import (MIN_SECONDS, BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source,
-                           audio_struct, auto_partitions, batch_shortfall, batch_sizes, check_shards, label_problem,
-                           open_shards, parquet_footer, resolve_shards, shard_files, split_files)
+from common.data.stream import (BadAudioCell, ShardStream, StreamDataset, StreamLoader, audio_source, audio_struct,
+                                auto_partitions, batch_shortfall, batch_sizes, open_shards, parquet_footer,
+                                resolve_shards, shard_files, split_files)
+from common.data.stream_check import MIN_SECONDS, check_shards, label_problem
 
 logger = get_logger(__name__)  # main process only
 
@@ -482,7 +483,7 @@ def recorded_partitions(out) -> int | None:
     a run has the same: a changed value is refused on resume), or None (no checkpoint)."""
     import json
 
-    from common.training.checkpoint import list_checkpoints
+    from common.training.sealing import list_checkpoints
 
     for ckpt in reversed(list_checkpoints(out)):
         try:

@@ -22,7 +22,7 @@ from torch import nn
 from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
 from common.training.averaging import checkpoint_weights
-from common.training.checkpoint import resolve_checkpoint
+from common.training.sealing import resolve_checkpoint
 
 # Settings that must equal the pre-training run's for its encoder and features to mean anything.
 MATCHING_KEYS = ("sample_rate", "n_mels", "stack_frames", "hidden_size", "num_layers", "num_heads",
@@ -110,7 +110,7 @@ class StackedLogMelEncoder(nn.Module):
 def resolve_pretrained(path: str | Path) -> Path:
     """A pre-trained run's output_dir (BEST-RQ or ASR) or its final/ → the sealed folder holding
     model.safetensors / encoder/ (verified as every tool verifies a trained model:
-    `common.training.checkpoint.resolve_checkpoint`)."""
+    `common.training.sealing.resolve_checkpoint`)."""
     return resolve_checkpoint(path, flag="--init_from")
 
 

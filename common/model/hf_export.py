@@ -168,7 +168,7 @@ def _last_rows(metrics_path: Path) -> tuple[dict | None, dict | None]:
 def _command_lines(state) -> list[str]:
     """The card's command: each launch's (`TrainState.launches`) with the steps it trained, when the
     run was resumed; this process's alone for a state that records none."""
-    from common.training.checkpoint import this_launch
+    from common.training.state import this_launch
 
     launches = getattr(state, "launches", None) or [this_launch(0, state.world_size)]
     # a launch killed before its first checkpoint trained nothing that was kept: the next starts where it did

@@ -38,7 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import load_yaml
+from common.config_yaml import load_yaml
 from common.data.cache import cache_root
 from common.training.launcher import LAUNCHER_PID_ENV
 from common.training.prepare import COMPLETE_MARKER, prepare_once
@@ -193,7 +193,7 @@ def _check_cached(folder: Path, work: Path) -> None:
     Not rebuilt here: every process of this run, and any other run on the machine that shares the
     cache, may be reading the folder now (deleting it under them is not safe), and a sealed folder
     that changed was changed by something (a disk fault, a hand) the user should hear of."""
-    from common.training.checkpoint import seal_problem
+    from common.training.sealing import seal_problem
     from common.training.faults import UsageError
 
     remedy = (f"it is a cache: delete {folder} and re-run this command, which rebuilds it (exported again "

@@ -149,12 +149,7 @@ def build_accelerator(
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=timeout_s))],
     )
     check_distributed_type(accelerator.distributed_type.value, env=dict(os.environ))
-    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config if accelerator.state.deepspeed_plugin else {}
-    if ds_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
-        # DeepSpeed wants a number of samples per micro-batch; ours are seconds of audio (a batch sampler,
-        # so `prepare` finds no batch size and stops). DeepSpeed only reports it (its own data loader is
-        # unused), so 1 says "one batch": the loss scaling and the steps come from the loop.
-        ds_config["train_micro_batch_size_per_gpu"] = 1
+    _one_batch_per_deepspeed_micro_batch(accelerator)
     expected = launcher_world_size()
     if accelerator.num_processes != expected:
         raise RuntimeError(
@@ -171,6 +166,16 @@ def build_accelerator(
         for w in warnings:
             logging.getLogger(__name__).warning(w)
     return accelerator
+
+
+def _one_batch_per_deepspeed_micro_batch(accelerator: Accelerator) -> None:
+    """DeepSpeed wants a number of samples per micro-batch; ours are seconds of audio (a batch sampler,
+    so `prepare` finds no batch size and stops). DeepSpeed only reports it (its own data loader is
+    unused), so 1 says "one batch": the loss scaling and the steps come from the loop. A profile
+    that sets it keeps its own."""
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config if accelerator.state.deepspeed_plugin else {}
+    if ds_config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds_config["train_micro_batch_size_per_gpu"] = 1
 
 
 def available_cores() -> int:

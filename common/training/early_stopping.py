@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from common.training.builtin_base import AUTO_MAX_HOURS
-from common.training.checkpoint import ContractError
+from common.training.contract import ContractError
 from common.training.faults import RunError
 from common.training.logs import get_logger
 

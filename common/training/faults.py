@@ -23,7 +23,7 @@ import traceback
 
 import torch
 
-from common.config import ConfigError
+from common.config_rules import ConfigError
 from common.training.launcher import stop_reason
 from common.training.rundir import mark_stopping
 

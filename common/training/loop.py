@@ -53,12 +53,13 @@ import math
 import sys
 import warnings
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import torch
 from accelerate import skip_first_batches
 
-from common.training.checkpoint import ContractError, TrainState, save_checkpoint
+from common.training.checkpoint import save_checkpoint
+from common.training.state import ContractError, TrainState
 from common.training.distributed import derive_seed
 from common.training.early_stopping import registered_stopper
 from common.training.faults import PREEMPTED_EXIT_CODE, NonFiniteError, RunError
@@ -105,23 +106,12 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
         raise RunError(f"--max_steps {max_steps} is below this run's step {state.step} (its newest checkpoint): "
                        f"re-launch with --max_steps {state.step} or more (earlier weights are only in the "
                        f"checkpoints/step_* folders the run kept)")
-    stopper = registered_stopper(accelerator)
-    finished = lambda: state.step >= max_steps or (stopper is not None and stopper.stopped)  # noqa: E731
-    if stopper is not None and stopper.stopped:
-        logger.info(f"this run stopped early at step {state.step} ({stopper.reason()}): no step to train")
+    finished = _end_rule(accelerator, state, max_steps)
     ids_file = open(ids_log, "a") if ids_log else None
     try:
         while not finished():
-            for obj in (loader, *epoch_objects):
-                obj.set_epoch(state.epoch)
-            n_batches = len(loader)  # this rank's batches; equal on every rank
-            epoch, done = state.epoch, state.batches_in_epoch // world  # this rank's consumed batches
-            # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them. A
-            # stream (common.data.stream.StreamLoader) starts at the position itself, reading no consumed row.
-            if done and hasattr(loader, "resume_at"):
-                loader.resume_at(done)
-            resumed = skip_first_batches(loader, done) if done and not hasattr(loader, "resume_at") else loader
-            for i, batch in enumerate(resumed, start=done):
+            epoch, n_batches, done, batches = _start_epoch(loader, epoch_objects, state, world)
+            for i, batch in enumerate(batches, start=done):
                 micro = accumulation_window(i, n_batches, accumulation)
                 # Rank r's i-th batch is the global batch i·world + r (accelerate deals batches round-
                 # robin): dropout draws from that position alone, never from what ran before.
@@ -152,6 +142,30 @@ def train_batches(accelerator, loader, state: TrainState, *, max_steps: int, acc
     finally:
         if ids_file:
             ids_file.close()
+
+
+def _end_rule(accelerator, state: TrainState, max_steps: int):
+    """A function saying whether the run has ended: `max_steps` reached, or a registered stopper
+    (common/training/early_stopping.py) ran out of patience; a re-launch of a stopped run says so."""
+    stopper = registered_stopper(accelerator)
+    if stopper is not None and stopper.stopped:
+        logger.info(f"this run stopped early at step {state.step} ({stopper.reason()}): no step to train")
+    return lambda: state.step >= max_steps or (stopper is not None and stopper.stopped)
+
+
+def _start_epoch(loader, epoch_objects, state: TrainState, world: int) -> tuple[int, int, int, Iterable]:
+    """(epoch, this rank's batches in it, how many of them were consumed before, the loader from
+    there) at `state`'s position, every object with a `set_epoch` set to the epoch."""
+    for obj in (loader, *epoch_objects):
+        obj.set_epoch(state.epoch)
+    n_batches = len(loader)  # this rank's batches; equal on every rank
+    done = state.batches_in_epoch // world  # this rank's consumed batches
+    # A resumed epoch drops its consumed batches' index lists: no audio is loaded for them. A
+    # stream (common.data.stream.StreamLoader) starts at the position itself, reading no consumed row.
+    if done and hasattr(loader, "resume_at"):
+        loader.resume_at(done)
+    resumed = skip_first_batches(loader, done) if done and not hasattr(loader, "resume_at") else loader
+    return state.epoch, n_batches, done, resumed
 
 
 def _batch_sampler(loader):

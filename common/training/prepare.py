@@ -13,7 +13,7 @@ on another node from a live one. A lock *file* created in one step with `link()`
 too) that names its holder (host, pid, start time) and carries a heartbeat gives both.
 
 The file-system primitives that the run folder's lock (`common/training/rundir.py`) and the checkpoints
-(`common/training/checkpoint.py`) share live here too: `fsync_path`, `process_alive`, `create_lock`,
+(`common/training/checkpoint.py`, `sealing.py`) share live here too: `fsync_path`, `process_alive`, `create_lock`,
 `break_lock`, `Heartbeat`.
 """
 
@@ -270,43 +270,60 @@ def prepare_once(
             return final_dir
         # host, pid, the process's start time (a reused pid is not the holder), a nonce
         token = f"{host} {pid} started={process_start_time(pid)} {uuid.uuid4().hex}\n"
-        if not create_lock(lock, token):
-            holder = _read_text(lock) or ""
-            fields = holder.split()
-            if len(fields) >= 2 and fields[0] == host and fields[1].isdigit() and not process_alive(
-                    int(fields[1]), _started(fields)):
-                logger.info(f"{lock}: its holder {fields[0]}:{fields[1]} is dead; taking it over")
-                break_lock(lock, holder)  # a dead process on this host: no need to wait
-                continue
-            stale = watch.stale_token(lock)  # another host's holder: judged by its heartbeat
-            if stale is not None:
-                break_lock(lock, stale)
-                continue
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"waited {timeout_s:.0f} s for {final_dir} to be prepared by the holder of lock file "
-                    f"{lock} ({(_read_text(lock) or '').strip()!r}). If no process is preparing it, "
-                    f"delete the lock file."
-                ) from None
-            if not announced:
-                who = ":".join((_read_text(lock) or "? ?").split()[:2])
-                logger.info(f"waiting for {final_dir}: {who} is preparing it")
-                announced = True
-            time.sleep(poll_s)
+        if create_lock(lock, token):
+            heartbeat_s = max(0.05, min(10.0, stale_after_s / 4))
+            return _build_holding_lock(final_dir, build, (lock, token, heartbeat_s), host, pid, info, resumable)
+        if _broke_lock_of_gone_holder(lock, host, watch):
             continue
-        heartbeat = Heartbeat(lock, token, interval_s=max(0.05, min(10.0, stale_after_s / 4)))
-        try:
-            if marker.is_file():  # completed between our check and taking the lock
-                return final_dir
-            logger.info(f"preparing {final_dir} (this process, {host}:{pid}; others wait for it)")
-            return _build_and_publish(final_dir, build, host, pid, info, resumable)
-        finally:
-            heartbeat.stop()
-            if _read_text(lock) == token:  # only release our own lock, never a successor's
-                try:
-                    os.unlink(lock)
-                except FileNotFoundError:
-                    pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"waited {timeout_s:.0f} s for {final_dir} to be prepared by the holder of lock file "
+                f"{lock} ({(_read_text(lock) or '').strip()!r}). If no process is preparing it, "
+                f"delete the lock file."
+            ) from None
+        if not announced:
+            who = ":".join((_read_text(lock) or "? ?").split()[:2])
+            logger.info(f"waiting for {final_dir}: {who} is preparing it")
+            announced = True
+        time.sleep(poll_s)
+
+
+def _broke_lock_of_gone_holder(lock: Path, host: str, watch: _StaleWatch) -> bool:
+    """Break `lock` and return True when its holder is gone: a dead process of this host (at once),
+    or any holder whose heartbeat stopped for `watch.stale_after_s` seconds; False: wait for it."""
+    holder = _read_text(lock) or ""
+    fields = holder.split()
+    if len(fields) >= 2 and fields[0] == host and fields[1].isdigit() and not process_alive(
+            int(fields[1]), _started(fields)):
+        logger.info(f"{lock}: its holder {fields[0]}:{fields[1]} is dead; taking it over")
+        break_lock(lock, holder)  # a dead process on this host: no need to wait
+        return True
+    stale = watch.stale_token(lock)  # another host's holder: judged by its heartbeat
+    if stale is not None:
+        break_lock(lock, stale)
+        return True
+    return False
+
+
+def _build_holding_lock(final_dir: Path, build: Callable[[Path], None], held: tuple[Path, str, float], host: str,
+                        pid: int, info: dict | None, resumable: bool) -> Path:
+    """`prepare_once`'s build, by the holder of the lock: `held` = (the lock, its content, seconds
+    between heartbeats); the lock is touched meanwhile and removed afterwards, unless a successor
+    took it over."""
+    lock, token, heartbeat_s = held
+    heartbeat = Heartbeat(lock, token, interval_s=heartbeat_s)
+    try:
+        if (final_dir / COMPLETE_MARKER).is_file():  # completed between our check and taking the lock
+            return final_dir
+        logger.info(f"preparing {final_dir} (this process, {host}:{pid}; others wait for it)")
+        return _build_and_publish(final_dir, build, host, pid, info, resumable)
+    finally:
+        heartbeat.stop()
+        if _read_text(lock) == token:  # only release our own lock, never a successor's
+            try:
+                os.unlink(lock)
+            except FileNotFoundError:
+                pass
 
 
 def _started(fields: list[str]) -> float | None:

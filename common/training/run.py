@@ -12,7 +12,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from common.training.checkpoint import checkpoint_threads, choose_checkpoint, global_batch_plan
+from common.training.resume import checkpoint_threads, choose_checkpoint, global_batch_plan
 from common.config import config_to_dict, save_config
 from common.data.loading import auto_workers
 from common.training.distributed import build_accelerator, describe_run, seed_everything, set_threads

@@ -136,7 +136,7 @@ def lm_source(path: Path) -> Path:
     its COMPLETE marker (`seal_problem`: every file whole, nothing added, only regular files), a
     final/language_model/ its export's; a bare .arpa/.bin file must be a regular file (a FIFO would
     block kenlm for ever; a user's own file has no marker to check). Raises LmError (one line)."""
-    from common.training.checkpoint import MARKER, regular_file_problem, seal_problem
+    from common.training.sealing import MARKER, regular_file_problem, seal_problem
 
     if path.is_dir():
         # lm.py's folder has its own marker; an export's language_model/ is covered by the export's

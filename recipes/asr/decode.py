@@ -49,8 +49,9 @@ import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.training.checkpoint import resolve_checkpoint, run_dir_of
-from common.config import ConfigError, Count, ExistingPath, Names, NonNegative, Positive, load_config, parse_config
+from common.training.sealing import resolve_checkpoint, run_dir_of
+from common.config import load_config, parse_config
+from common.config_rules import ConfigError, Count, ExistingPath, Names, NonNegative, Positive
 from common.data.loading import make_loader
 from common.training.distributed import build_accelerator
 from common.training.faults import RunError, UsageError, run_main

@@ -29,8 +29,9 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.training.checkpoint import resolve_checkpoint, seal_export
-from common.config import ExistingPath, load_config, parse_config
+from common.training.sealing import resolve_checkpoint, seal_export
+from common.config import load_config, parse_config
+from common.config_rules import ExistingPath
 from common.training.faults import run_main
 
 # recipe-local modules (this folder is on sys.path)
@@ -91,4 +92,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)  # a refused --checkpoint (common.training.checkpoint.resolve_checkpoint): one line, exit code 2
+    run_main(main)  # a refused --checkpoint (common.training.sealing.resolve_checkpoint): one line, exit code 2

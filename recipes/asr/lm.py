@@ -46,7 +46,7 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import ExistingPath, Range
+from common.config_rules import ExistingPath, Range
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)  # lmplz --discount_fallback
@@ -138,7 +138,7 @@ def write_lm_folder(texts: list[str], folder: str | Path, order: int = 3, attrs:
     """`folder/{lm.arpa, unigrams.txt, attrs.json}` (pyctcdecode's layout) from normalized `texts`, sealed
     last with a COMPLETE marker (every file's size and digest) like every folder a tool reads:
     decode.py and export.py check it before kenlm opens anything."""
-    from common.training.checkpoint import seal_export
+    from common.training.sealing import seal_export
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,7 @@ class LmConfig:
 
 
 def main():
-    from common.training.checkpoint import resolve_checkpoint
+    from common.training.sealing import resolve_checkpoint
     from common.config import load_config, parse_config
     from tools.corpus import resolve_data_dir
 
@@ -191,4 +191,4 @@ def main():
 if __name__ == "__main__":
     from common.training.faults import run_main
 
-    run_main(main)  # a refused --checkpoint (common.training.checkpoint.resolve_checkpoint): one line, exit code 2
+    run_main(main)  # a refused --checkpoint (common.training.sealing.resolve_checkpoint): one line, exit code 2

@@ -192,7 +192,7 @@ def tokenizer_dir(folder: Path) -> Path:
 
 
 def checkpoint_tokenizer(folder: Path):
-    """The tokenizer of a verified checkpoint folder (`common.training.checkpoint.resolve_checkpoint`): final/
+    """The tokenizer of a verified checkpoint folder (`common.training.sealing.resolve_checkpoint`): final/
     carries its own tokenizer/; a checkpoints/step_XXXXXXXX/ folder uses its run's
     <output_dir>/tokenizer/, two levels up. A step folder copied out of its run has none there:
     `UsageError` (one line, exit code 2) saying what it needs."""

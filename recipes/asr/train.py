@@ -29,7 +29,7 @@ Adapting it: the data (data.py), the model and its loss (model.py), freezing, wh
 evaluated are yours to change; the seams above `main` (build_data, build_models, build_optimizers,
 compute_loss: README.md, "Adapt a recipe") are what the benchmarks and tests build the recipe with. The loop's calls into common/training/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
-run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
+run with a ContractError saying which), and tests/guarantees/test_contract.py checks that every recipe calls them.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, Fraction, Internal, Names, NonNegative, Range,
-                           Rule, exit_on_signals_during_start_up, parse_config)
+from common.config import DatasetConfig, exit_on_signals_during_start_up, parse_config
+from common.config_rules import Count, ExistingPath, Fraction, Internal, Names, NonNegative, Range, Rule
 
 SUBSETS_DIR = Path(__file__).with_name("subsets")
 
@@ -185,7 +185,9 @@ from safetensors.torch import load_file  # noqa: E402
 from common.training.averaging import start_average, swapped_in  # noqa: E402
 from common.training.builtin_base import (AUTO, KEYWORD as BUILTIN, base_args, builtin_base,  # noqa: E402
                                           start_from_base, uses_builtin_corpus)
-from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import export_final  # noqa: E402
+from common.training.resume import resume_from_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.training.early_stopping import start_early_stopping  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402

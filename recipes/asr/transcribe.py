@@ -26,7 +26,8 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import ConfigError, Count, ExistingPath, SpaceSeparated, load_config, parse_config
+from common.config import load_config, parse_config
+from common.config_rules import ConfigError, Count, ExistingPath, SpaceSeparated
 
 
 @dataclass
@@ -50,7 +51,7 @@ if __name__ == "__main__":  # --help and mistakes are answered before the slow i
 import torch  # noqa: E402
 
 from common.data.loading import read_audio_file  # noqa: E402
-from common.training.checkpoint import resolve_checkpoint  # noqa: E402
+from common.training.sealing import resolve_checkpoint  # noqa: E402
 from common.training.faults import UsageError, run_main  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)

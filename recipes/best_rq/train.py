@@ -17,7 +17,7 @@ Adapting it: the data (data.py), the model and its loss (model.py), what is logg
 yours to change; the seams above `main` (build_data, build_models, build_optimizers, compute_loss: README.md,
 "Adapt a recipe") are what the benchmarks and tests build the recipe with. The loop's calls into common/training/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
-run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
+run with a ContractError saying which), and tests/guarantees/test_contract.py checks that every recipe calls them.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, Names, NonNegative, Positive, Range, exit_on_signals_during_start_up,
-                           parse_config)
+from common.config import DatasetConfig, exit_on_signals_during_start_up, parse_config
+from common.config_rules import Count, Names, NonNegative, Positive, Range
 
 
 @dataclass
@@ -81,7 +81,9 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from common.training.checkpoint import TrainState, export_final, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import export_final  # noqa: E402
+from common.training.resume import resume_from_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.training.early_stopping import start_early_stopping  # noqa: E402
 from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402

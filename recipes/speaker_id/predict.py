@@ -27,7 +27,8 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import ConfigError, Count, ExistingPath, SpaceSeparated, load_config, parse_config
+from common.config import load_config, parse_config
+from common.config_rules import ConfigError, Count, ExistingPath, SpaceSeparated
 
 
 @dataclass
@@ -49,7 +50,7 @@ from common.data.loading import read_audio_file  # noqa: E402
 from common.model.encoder import encoder_config_from  # noqa: E402
 from common.model.features import LogMel  # noqa: E402
 from common.training.averaging import checkpoint_weights  # noqa: E402
-from common.training.checkpoint import resolve_checkpoint  # noqa: E402
+from common.training.sealing import resolve_checkpoint  # noqa: E402
 from common.training.faults import UsageError, run_main  # noqa: E402
 
 # recipe-local modules (this folder is on sys.path)

@@ -286,7 +286,7 @@ def evaluate(model, loader, accelerator) -> dict:
 def load_tts(folder: str | Path, cfg=None, weights: dict | None = None):
     """(model in eval mode, its training config, Symbols, folder) from a TTS final/ or
     checkpoints/step_*/ folder. This repository's tools verify the folder first
-    (common.training.checkpoint.resolve_checkpoint) and pass the run's Config as they read it
+    (common.training.sealing.resolve_checkpoint) and pass the run's Config as they read it
     (common.config.load_config), and the weights to use (common.training.averaging.checkpoint_weights:
     a checkpoint's weight average where its run kept one); without `cfg` (outside this repository,
     where that class is not), config.yaml's values are read as attributes, and without `weights` the
@@ -306,7 +306,7 @@ def transfer_from(model: AlignedFastSpeech, symbols: str, folder: Path, weights:
     another language. Every weight is taken but the symbol embeddings, which are matched by symbol
     (a symbol the other table lacks keeps its random row), and the feature statistics, which this
     run computes from its own data. Refuses a model of another shape. Returns a summary line.
-    `folder`: verified by the caller (common.training.checkpoint.resolve_checkpoint); `weights`: as
+    `folder`: verified by the caller (common.training.sealing.resolve_checkpoint); `weights`: as
     load_tts's (None: its model.safetensors)."""
     their_cfg = yaml.safe_load((folder / "config.yaml").read_text())
     table = (json.loads((folder / "symbols.json").read_text())["symbols"] if (folder / "symbols.json").is_file()

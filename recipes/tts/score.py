@@ -60,8 +60,9 @@ import torchaudio
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.training.averaging import checkpoint_weights
-from common.training.checkpoint import resolve_checkpoint, run_dir_of
-from common.config import ConfigError, Count, ExistingPath, NonNegative, load_config, parse_config
+from common.training.sealing import resolve_checkpoint, run_dir_of
+from common.config import load_config, parse_config
+from common.config_rules import ConfigError, Count, ExistingPath, NonNegative
 from common.data.loading import load_audio
 from common.training.faults import UsageError, run_main
 from common.data.manifest import DataError, DataPolicy, prepare_manifest, split_manifest

@@ -28,8 +28,9 @@ import soundfile as sf
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.training.averaging import checkpoint_weights
-from common.training.checkpoint import resolve_checkpoint
-from common.config import ConfigError, Count, ExistingPath, NonNegative, Positive, load_config, parse_config
+from common.training.sealing import resolve_checkpoint
+from common.config import load_config, parse_config
+from common.config_rules import ConfigError, Count, ExistingPath, NonNegative, Positive
 from common.training.faults import UsageError, run_main
 
 # recipe-local modules (this folder is on sys.path)

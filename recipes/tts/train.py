@@ -25,7 +25,7 @@ and evaluated are yours to change; the seams above `main` (build_data, build_mod
 build_optimizers, compute_loss: README.md, "Adapt a recipe") are what the benchmarks and tests build the
 recipe with. The loop's calls into common/training/loop.py carry the exact-resume
 and DDP guarantees (docs/resume.md); they check their own order (a bypassed or misplaced one stops the
-run with a ContractError saying which), and tests/recipes/test_contract.py checks that every recipe calls them.
+run with a ContractError saying which), and tests/guarantees/test_contract.py checks that every recipe calls them.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, ExistingPathOr, Internal, NonNegative, Positive, Range,
-                           ResumeSafe, exit_on_signals_during_start_up, parse_config)
+from common.config import DatasetConfig, exit_on_signals_during_start_up, parse_config
+from common.config_rules import Count, ExistingPath, ExistingPathOr, Internal, NonNegative, Positive, Range, ResumeSafe
 
 @dataclass
 class Config(DatasetConfig):
@@ -122,7 +122,10 @@ import torch  # noqa: E402
 from common.training.averaging import checkpoint_weights, start_average, swapped_in  # noqa: E402
 from common.training.builtin_base import (AUTO as INIT_AUTO, KEYWORD as BUILTIN, base_args, builtin_base,  # noqa: E402
                                           start_from_base, uses_builtin_corpus)
-from common.training.checkpoint import TrainState, export_final, resolve_checkpoint, resume_from_checkpoint  # noqa: E402
+from common.training.checkpoint import export_final  # noqa: E402
+from common.training.resume import resume_from_checkpoint  # noqa: E402
+from common.training.sealing import resolve_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.training.early_stopping import start_early_stopping  # noqa: E402
 from common.config import config_to_dict, save_config  # noqa: E402
 from common.data.loading import load_row_audio  # noqa: E402
@@ -390,7 +393,7 @@ def main(cfg: Config) -> None:
                                                  audio.make_vocoder(cfg, n_iter=60))  # wav at cfg.sample_rate
             ```
 
-            With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
+            With a checkout of that repository on sys.path, `common.training.sealed_import.import_export("<this folder>",
             "tts_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
     with swapped_in(average, model), stopper.kept_weights():  # final/ holds the average (the best validation's)

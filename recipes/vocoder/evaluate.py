@@ -31,7 +31,8 @@ from typing import Annotated
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import Count, ExistingPath, NonNegative, parse_config
+from common.config import parse_config
+from common.config_rules import Count, ExistingPath, NonNegative
 
 
 @dataclass
@@ -79,7 +80,7 @@ def stoi_per_band(ref, out, sample_rate: int):
 def html_report(page: Path, report: dict, heard: dict[str, dict], sealed: Path) -> None:
     """eval_test.html (tools/report.py): the means, the run's training curves, and per utterance the
     recording beside its copy-synthesis by Griffin-Lim and by the vocoder, with PESQ, STOI and MCD."""
-    from common.training.checkpoint import run_dir_of
+    from common.training.sealing import run_dir_of
     from tools.report import command_line, training_curves, write_report
 
     rows = [{**r, **heard[r["id"]]} for r in report["utterances"]]
@@ -105,7 +106,7 @@ def main() -> None:
     from pesq import pesq
     from pystoi import stoi
 
-    from common.training.checkpoint import resolve_checkpoint
+    from common.training.sealing import resolve_checkpoint
     from common.data.loading import load_audio
     from common.model.features import mel_frontend
     from common.data.manifest import read_corpus
@@ -117,7 +118,8 @@ def main() -> None:
     from model import load_vocoder, vocode
     from train import Config
 
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
     from common.training.faults import UsageError
 
     try:

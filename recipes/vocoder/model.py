@@ -334,7 +334,7 @@ def build_discriminators(cfg) -> Discriminators:
 def load_vocoder(folder: str | Path, cfg=None):
     """(generator in eval mode, its training config) from a vocoder's final/ (or a checkpoints/step_*/
     folder): `model.safetensors` (the generator) + `config.yaml`. This repository's tools verify the
-    folder first (common.training.checkpoint.resolve_checkpoint) and pass the run's Config as they read it
+    folder first (common.training.sealing.resolve_checkpoint) and pass the run's Config as they read it
     (common.config.load_config); without `cfg` (outside this repository, where that class is not),
     config.yaml's values are read as attributes."""
     from safetensors.torch import load_file

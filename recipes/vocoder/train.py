@@ -37,8 +37,8 @@ from typing import Annotated, Literal
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
-from common.config import (Count, DatasetConfig, ExistingPath, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe,
-                           exit_on_signals_during_start_up, parse_config)
+from common.config import DatasetConfig, exit_on_signals_during_start_up, parse_config
+from common.config_rules import Count, ExistingPath, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe
 
 
 @dataclass
@@ -161,9 +161,11 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
+from common.training.checkpoint import export_final, model_weights_files  # noqa: E402
+from common.training.resume import resume_from_checkpoint  # noqa: E402
+from common.training.sealing import resolve_checkpoint  # noqa: E402
+from common.training.state import TrainState  # noqa: E402
 from common.training.early_stopping import start_early_stopping  # noqa: E402
-from common.training.checkpoint import (TrainState, export_final, model_weights_files, resolve_checkpoint,  # noqa: E402
-                                        resume_from_checkpoint)
 from common.config import save_config  # noqa: E402
 from common.training.faults import RunError, run_main  # noqa: E402
 from common.model.hf_export import write_code, write_model_card  # noqa: E402
@@ -353,7 +355,7 @@ def main(cfg: Config) -> None:
             wav = code.vocode(generator, logmel)  # (frames, cfg.n_mels) natural-log power mel → samples at cfg.sample_rate
             ```
 
-            With a checkout of that repository on sys.path, `common.training.checkpoint.import_export("<this folder>",
+            With a checkout of that repository on sys.path, `common.training.sealed_import.import_export("<this folder>",
             "vocoder_model")` imports the same code after checking the folder against its COMPLETE digests.""")
 
     with stopper.kept_weights():  # with early stopping on: the best validation's generator

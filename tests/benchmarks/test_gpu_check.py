@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.recipes.harness import ROOT, cpu_tokens, on_cores
+from tests.harness.harness import ROOT, cpu_tokens, on_cores
 
 pytestmark = pytest.mark.slow
 

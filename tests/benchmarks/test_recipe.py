@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.recipe import RECIPES, load_recipe
-from tests.recipe_import import tiny_flags
-from tests.recipes.harness import SUPPORT, run
+from tests.harness.recipe_import import tiny_flags
+from tests.harness.harness import SUPPORT, run
 
 def on_tiny_corpus(tiny_corpus) -> list[str]:
     """The flags that make a recipe read the tiny built-in corpus (already made) in the layout it chooses."""
@@ -24,7 +24,7 @@ def on_tiny_corpus(tiny_corpus) -> list[str]:
 def load_as_main_builds(recipe: str, argv: list[str], out: Path):
     """`load_recipe(recipe, argv)`, after checking that its `build_models()` gives, weight for weight and
     flag for flag, the models the recipe's main hands to `accelerator.prepare` with the same flags (a run
-    forked with tests/recipes/support's DUMP_PREPARED, which stops it there)."""
+    forked with tests/harness/support's DUMP_PREPARED, which stops it there)."""
     dump = out / "prepared"
     dump.mkdir(parents=True)
     run(recipe, 1, [*argv, "--output_dir", str(out / "run"), "--report_to", "none"],

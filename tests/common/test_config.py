@@ -12,11 +12,11 @@ from typing import Annotated, Literal
 import pytest
 import yaml
 
-from common.config import (MAX_CONFIG_BYTES, MAX_YAML_NODES, START_UP_SIGNAL_EXIT_CODE, Count, ExistingPath,
-                           ExistingPathOr, Internal, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe, RunConfig,
-                           SpaceSeparated, config_hash, config_to_dict, field_specs, parse_config, resume_safe_keys,
-                           save_config)
-from tests.recipe_import import RECIPES, recipe_modules
+from common.config import START_UP_SIGNAL_EXIT_CODE, RunConfig, config_hash, config_to_dict, parse_config, save_config
+from common.config_rules import (Count, ExistingPath, ExistingPathOr, Internal, MayBeEmpty, NonNegative, Positive,
+                                 Range, ResumeSafe, SpaceSeparated, field_specs, resume_safe_keys)
+from common.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_NODES
+from tests.harness.recipe_import import RECIPES, recipe_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -277,7 +277,8 @@ def test_a_recipe_leaves_out_a_shared_field_it_has_no_use_for(tmp_path, capsys):
     """The vocoder has no log-mel statistics: `stats_utterances` is not in its --help, refused on the
     command line and in a YAML file with the recipe's reason, not saved; its older saved configs
     (and checkpoints) that hold it are read (and resumed) without it. The other recipes keep it."""
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
 
     vocoder = recipe_config("vocoder")
     yaml_path = ROOT / "recipes" / "vocoder" / "config.yaml"
@@ -379,7 +380,7 @@ save_steps:
 
 def _composed(monkeypatch) -> list:
     """A list that grows by one for every YAML node the config loader composes."""
-    from common.config import _ConfigLoader
+    from common.config_yaml import _ConfigLoader
 
     nodes, compose = [], _ConfigLoader.compose_node
 
@@ -435,7 +436,8 @@ def _save_and_resume(tmp_path, saved_state, state):
     import torch
     from accelerate import Accelerator
 
-    from common.training.checkpoint import choose_checkpoint, resume_from_checkpoint, save_checkpoint
+    from common.training.checkpoint import save_checkpoint
+    from common.training.resume import choose_checkpoint, resume_from_checkpoint
 
     def objects():
         accelerator = Accelerator(cpu=True)
@@ -453,7 +455,7 @@ def _save_and_resume(tmp_path, saved_state, state):
 
 
 def test_resume_compares_by_the_fields_marks(tmp_path):
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     state = TrainState.for_run(Toy(), 1, 1)
     assert state.resume_safe == ["max_steps", "previews"] and state.config == {"lr": 0.1, "max_steps": 10, "previews": 2}
@@ -465,7 +467,7 @@ def test_resume_compares_by_the_fields_marks(tmp_path):
 def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
     """A checkpoint written before the marks were stored (no `resume_safe`, its hash over the old list
     of keys, TTS's sample settings not in it) resumes when only marked fields changed."""
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     old_list = ("output_dir", "max_steps", "save_steps", "save_total_limit", "logging_steps", "eval_steps",
                 "num_workers", "memory_cache_mb", "report_to", "data_cache_dir", "ddp_timeout",
@@ -484,7 +486,7 @@ def test_a_checkpoint_of_the_old_key_list_still_resumes(tmp_path):
 def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path):
     """A checkpoint written before a field existed (ASR's layer_decay, say) resumes when this launch
     uses the field's default, which is how the older code behaved; another value is a change."""
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
     old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))
@@ -499,7 +501,7 @@ def test_a_field_added_after_the_checkpoint_resumes_at_its_default_only(tmp_path
 
 
 def test_a_key_the_checkpoint_marked_safe_and_this_config_dropped_is_ignored(tmp_path):
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     saved = TrainState.for_run(Toy(), 1, 1)
 
@@ -810,7 +812,8 @@ def test_load_config_fills_an_older_config_from_the_class_defaults_in_one_log_li
     ("a: [\n", "config.yaml: not valid YAML"),
 ])
 def test_load_config_refuses_what_the_class_cannot_hold_in_one_line(tmp_path, text, message):
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
 
     (tmp_path / "config.yaml").write_text(text)
     with pytest.raises(ConfigError) as refused:
@@ -823,7 +826,8 @@ def test_load_config_holds_a_saved_config_to_the_fields_rules_and_validate_namin
     """A sealed final/config.yaml with `num_heads: 0` reached a ZeroDivisionError in decode.py: a saved
     config is checked as the command line is (the rules, then `validate()`), in one line naming the
     file and the key's line, never a --config flag nobody gave."""
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
 
     asr, vocoder = recipe_config("asr"), recipe_config("vocoder")
     path = tmp_path / "config.yaml"
@@ -852,7 +856,8 @@ def test_load_config_does_not_hold_a_saved_config_to_what_this_machine_has(tmp_p
 
 
 def test_load_config_of_a_folder_without_one_says_so(tmp_path):
-    from common.config import ConfigError, load_config
+    from common.config import load_config
+    from common.config_rules import ConfigError
 
     with pytest.raises(ConfigError, match=rf"^{tmp_path / 'config.yaml'}: no such file$"):
         load_config(tmp_path, Cfg)
@@ -865,7 +870,7 @@ def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_surviv
     yaml_path = ROOT / "recipes" / "asr" / "config.yaml"
     cfg = parse_config(asr, ["--dataset_name", "x/y"], default_yaml=yaml_path)
     assert set(vars(cfg)) == {f.name for f in dataclasses.fields(asr)}
-    from common.config import ConfigError, validate
+    from common.config_rules import ConfigError, validate
 
     changed = dataclasses.replace(cfg, min_seconds=0.1)  # a setting a `datasets` source ignores
     with pytest.raises(ConfigError, match="--min_seconds does not apply to a --dataset_name source"):
@@ -875,7 +880,7 @@ def test_a_parsed_config_carries_nothing_beside_its_fields_and_its_checks_surviv
 def test_a_field_added_after_the_checkpoint_still_resumes_from_a_copied_state(tmp_path):
     """The class defaults that judge an added field travel in the TrainState's fields: a copy made
     with dataclasses.replace resumes as the original does."""
-    from common.training.checkpoint import TrainState
+    from common.training.state import TrainState
 
     old_config = {"lr": 0.1, "max_steps": 10, "previews": 2}  # Toy, written before `decay` existed
     old = TrainState(config=old_config, config_hash=config_hash(old_config, ignore=("max_steps",)))

@@ -89,9 +89,9 @@ def test_the_groups_are_read_as_modules():
     """Modules in common/'s groups are nodes of the graph under their dotted names, and
     `from common.data import source` is an import of `data.source`."""
     edges = graph(COMMON)
-    assert {"data.source", "data.stream", "training.checkpoint", "model.encoder", "config"} <= set(edges)
-    assert "data.stream" in edges["data.source"] and "training.checkpoint" in edges["data.source"]
-    assert imports(ROOT / "tests/common/test_distributed.py")[0][0] == "training.distributed"
+    assert {"data.source", "data.stream", "training.sealing", "model.encoder", "config"} <= set(edges)
+    assert "data.stream" in edges["data.source"] and "training.sealing" in edges["data.source"]
+    assert imports(ROOT / "tests/common/training/test_distributed.py")[0][0] == "training.distributed"
 
 
 def test_the_model_card_module_does_not_import_transformers():

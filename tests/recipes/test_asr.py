@@ -26,15 +26,15 @@ from common.data.loading import load_audio
 from common.model.features import LogMel, feature_stats
 from common.model.hf_export import load_recipe_ctc_weights
 from common.data.manifest import read_librispeech
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
                                    metrics, python, resumed_positions, run)
 
 SEED = 42
 ENCODER = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64", "--conv_kernel", "7"]
 TINY = [*ENCODER, "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
         "--max_batch_seconds", "16", "--stats_utterances", "20", "--init_from", "none",  # (last flag wins: a test may start from a run)
-        "--early_stopping_patience", "0"]  # the tiny corpus is a voice to auto: tests/recipes/test_early_stopping.py tests it on
+        "--early_stopping_patience", "0"]  # the tiny corpus is a voice to auto: tests/guarantees/test_early_stopping.py tests it on
 RECIPE = ROOT / "recipes" / "asr"
 
 
@@ -57,7 +57,7 @@ def short_run(reference, corpus: Path, dest: Path) -> Path:
 
 def launch(script: str, nproc: int, args: list[str], log: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """Any script of the recipe (harness.run drives train.py only), its output in `log`: forked, as
-    `python <script>` or its cpu_ddp ranks (tests/recipes/harness.py)."""
+    `python <script>` or its cpu_ddp ranks (tests/harness/harness.py)."""
     proc = python([RECIPE / script, *args], nproc=nproc, timeout=timeout, stderr_to_stdout=True)
     log.write_text(proc.stdout)
     return proc
@@ -330,7 +330,7 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     folder or no argument is refused with the usage. Tiny sizes through BASE_ARGS (the tiny corpus
     stands in for the built-in one) and the voice's arguments; `accelerate launch` stands in as
     `python` (the script's launcher is not what is tested here)."""
-    from tests.recipes.harness import cpu_tokens, on_cores
+    from tests.harness.harness import cpu_tokens, on_cores
 
     shim = tmp_path / "accelerate"
     shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')
@@ -489,7 +489,7 @@ def assert_decode_report(name: Path, audio: dict[str, str]) -> None:
 def test_transcribe_files_as_decode_py_does(tiny_corpus, tmp_path, reference):
     """transcribe.py --audio: each test utterance gets decode.py's greedy text; a stereo float copy of
     one (equal channels) reads as the file itself, a 22.05 kHz file is resampled; --output holds what
-    is printed; --lm decodes with the LM. (Files it refuses: tests/common/test_data.py.)"""
+    is printed; --lm decodes with the LM. (Files it refuses: tests/common/data/test_data.py.)"""
     import numpy as np
     import soundfile as sf
 

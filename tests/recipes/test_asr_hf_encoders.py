@@ -20,8 +20,8 @@ from common.data.manifest import read_librispeech
 from common.model.hf_encoder import (build_encoder, encoder_weights, fetch_hub, load_encoder_weights,
                                      read_frontend)
 from common.training.faults import RunError
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, assert_same_losses, assert_same_weights, python, resumed_positions, run
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import ROOT, assert_same_losses, assert_same_weights, python, resumed_positions, run
 from tests.recipes.tiny_encoders import tiny_encoder
 
 asr = recipe_modules("asr", "text", "ctc_decode", "data", "model", "scoring", "train")

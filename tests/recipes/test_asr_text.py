@@ -11,8 +11,8 @@ import pytest
 
 from tools.corpus import _SENTENCE_SEED, PROFILES, make_sentences
 from common.data.manifest import read_librispeech
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, command, python
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import ROOT, command, python
 
 asr = recipe_modules("asr", "text")
 text = asr.text

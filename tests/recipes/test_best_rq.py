@@ -13,8 +13,8 @@ import torch
 import yaml
 
 from common.data.manifest import read_librispeech
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import (SUPPORT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
                                    metrics, resumed_positions, run)
 
 pytestmark = pytest.mark.slow

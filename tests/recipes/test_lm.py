@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from common.data.manifest import read_librispeech
-from tests.recipe_import import recipe_modules
+from tests.harness.recipe_import import recipe_modules
 from tests.recipes.test_asr import launch, short_run
 
 kenlm = pytest.importorskip("kenlm", reason="pip install -r requirements-lm.txt")
@@ -82,7 +82,7 @@ def test_every_distribution_sums_to_one_in_kenlm(tmp_path, order):
 
 
 def test_refusals(tmp_path, monkeypatch):
-    from common.training.checkpoint import seal_export
+    from common.training.sealing import seal_export
 
     tok = asr.text.CharTokenizer()
     (tmp_path / "empty").mkdir()
@@ -109,7 +109,7 @@ def test_an_lm_is_checked_before_kenlm_opens_it(tmp_path):
     import os
     import shutil
 
-    from common.training.checkpoint import MARKER, seal_export
+    from common.training.sealing import MARKER, seal_export
 
     tok = asr.text.CharTokenizer()
     folder = lm.write_lm_folder(["a b", "a"], tmp_path / "lm", order=2)
@@ -187,7 +187,7 @@ def test_decode_and_pipeline_with_the_lm(tiny_corpus, tmp_path, reference):
                                    "--lm_alpha", str(summary["lm_alpha"]), "--lm_beta", str(summary["lm_beta"])],
                   tmp_path / "export.log")
     assert proc.returncode == 0, proc.stdout
-    from common.training.checkpoint import resolve_checkpoint
+    from common.training.sealing import resolve_checkpoint
 
     assert resolve_checkpoint(export) == export  # sealed like a training final/: the tools accept it
     asr_pipe = pipeline("automatic-speech-recognition", model=str(export), trust_remote_code=True)

@@ -1,6 +1,6 @@
 """Speaker identification (recipes/speaker_id, a copy of best_rq adapted to another task: docs/adapt.md):
 its held-out utterances, its new fields' help and refusals, and predict.py. Its kill and resume in 1 and 2
-processes is the test every recipe without one of its own gets (tests/recipes/test_every_recipe.py), as a
+processes is the test every recipe without one of its own gets (tests/guarantees/test_every_recipe.py), as a
 copy would."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from common.data.manifest import read_librispeech
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, last_flag_wins
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import ROOT, last_flag_wins
 
 SEED = 42
 HELD_OUT = 0.25  # of the tiny corpus's 48 training utterances: enough to validate on
@@ -94,7 +94,7 @@ def test_predict_names_a_training_speaker_per_file(tiny_corpus, tmp_path, refere
     from common.config import load_config
     from common.training.averaging import checkpoint_weights
     from common.model.encoder import encoder_config_from
-    from tests.recipes.harness import python
+    from tests.harness.harness import python
 
     out = reference("speaker_id", 1, lambda o: args_for(tiny_corpus, o, "--max_steps", "2", "--save_steps", "2",
                                                          "--eval_steps", "0"))

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, python, run
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import ROOT, python, run
 from tests.recipes.test_asr import TINY
 from tests.tools.test_report import read_page
 from tools import corpus

@@ -26,11 +26,11 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from common.training.averaging import checkpoint_weights
-from common.training.checkpoint import seal_export
+from common.training.sealing import seal_export
 from common.data.manifest import read_ljspeech
-from tests.recipe_import import recipe_modules
+from tests.harness.recipe_import import recipe_modules
 from tests.recipes.test_asr import short_run
-from tests.recipes.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
+from tests.harness.harness import (ROOT, assert_same_losses, assert_same_weights, epoch_lengths, last_flag_wins,
                                    metrics, python, resumed_positions, run)
 from tests.tools.test_report import assert_page_rows, read_page
 
@@ -422,7 +422,7 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     language's phonemes, --init_from the base); run again, it skips stage 1 and stage 2's finished run
     is left as it was. Tiny sizes through BASE_ARGS and the voice's arguments; `accelerate launch`
     stands in as `python` (the script's launcher is not what is tested here)."""
-    from tests.recipes.harness import cpu_tokens, on_cores
+    from tests.harness.harness import cpu_tokens, on_cores
 
     shim = tmp_path / "accelerate"
     shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')
@@ -524,7 +524,7 @@ def test_a_stopped_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_cor
     re-launched once more resumes the base from its last checkpoint and trains the voice from it."""
     import psutil
 
-    from tests.recipes.harness import base_env, cpu_tokens, kill_tree, on_cores
+    from tests.harness.harness import base_env, cpu_tokens, kill_tree, on_cores
 
     cache = tmp_path / "cache"  # this test's own: the base it waits for is the only one
     cache.mkdir()

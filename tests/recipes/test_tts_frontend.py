@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from common.data.manifest import read_ljspeech
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import ROOT, python, run
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import ROOT, python, run
 
 tts = recipe_modules("tts", "frontend", "train")
 frontend = tts.frontend
@@ -168,6 +168,6 @@ def test_symbols_derived_never_refuses_a_resume():
     """`symbols_derived` is written by training, a function of --symbols and the front end that the
     resume compares anyway: a checkpoint written before the field existed (an --symbols auto run)
     resumes instead of being refused for 'symbols_derived: None != True'."""
-    from common.config import resume_safe_keys
+    from common.config_rules import resume_safe_keys
 
     assert "symbols_derived" in resume_safe_keys(tts.train.Config)

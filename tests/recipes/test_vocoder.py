@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from common.config import load_config
 from common.training.checkpoint import model_weights_files
-from tests.recipe_import import recipe_modules
-from tests.recipes.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
+from tests.harness.recipe_import import recipe_modules
+from tests.harness.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
                                    last_flag_wins, metrics, python, resumed_positions, run, worker)
 from tests.recipes.test_tts import args_for as tts_args_for
 from tests.tools.test_report import assert_page_rows
@@ -265,7 +265,7 @@ def test_vocoder_interrupted_equals_continuous(tiny_corpus, tmp_path, continuous
 
 @slow
 def test_vocoder_continues_on_fewer_processes(tiny_corpus, tmp_path, continuous):
-    from tests.recipes.test_elastic import LOSS_RTOL, compare
+    from tests.guarantees.test_elastic import LOSS_RTOL, compare
 
     extra = [*STEPS, "--dump_batch_ids", "true"]
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
@@ -409,7 +409,7 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_its_last_check
     import os
     import sys
 
-    from tests.recipes.harness import cpu_tokens, on_cores
+    from tests.harness.harness import cpu_tokens, on_cores
 
     shim = tmp_path / "accelerate"
     shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')

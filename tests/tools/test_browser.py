@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.data.manifest import read_librispeech
-from tests.recipes.harness import ROOT, python
+from tests.harness.harness import ROOT, python
 from tests.tools.test_demo import options, serving, trained_asr, trained_tts
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

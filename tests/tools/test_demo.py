@@ -21,7 +21,7 @@ import soundfile as sf
 
 from common.data.manifest import read_librispeech
 from common.training.faults import UsageError
-from tests.recipe_import import recipe_modules
+from tests.harness.recipe_import import recipe_modules
 from tools import demo
 
 slow = pytest.mark.slow
