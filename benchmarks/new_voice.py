@@ -102,7 +102,7 @@ def timed(name: str, cmd: list[str], shown: str, env: dict, logs: Path) -> dict:
         base_end = (folder / ".complete").stat().st_mtime
         result["base_seconds"] = round(base_end - base_start, 1)
         result["voice_seconds"] = round(end - start - (base_end - base_start), 1)
-        corpus = [p / ".complete" for p in folder.parent.glob("espeak_corpus-*")]
+        corpus = [p / ".complete" for p in folder.parent.glob("espeak_corpus-*") if (p / ".complete").is_file()]
         made = [p.stat().st_mtime for p in corpus if base_start <= p.stat().st_mtime <= base_end]
         if made:  # this base's child generated the built-in corpus first
             result["corpus_seconds"] = round(max(made) - base_start, 1)
