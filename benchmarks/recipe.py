@@ -22,35 +22,14 @@ corpus (checked into a temporary output folder; global batch 1, no data workers)
 from __future__ import annotations
 
 import atexit
-import importlib
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every folder under recipes/ with a train.py is a recipe (a copied one is benchmarked unedited), and
-# every module in a recipe folder a plain name its scripts import.
-RECIPES = tuple(sorted(p.parent.name for p in ROOT.glob("recipes/*/train.py")))
-LOCAL = tuple(sorted({p.stem for recipe in RECIPES for p in (ROOT / "recipes" / recipe).glob("*.py")}))
 
-
-def recipe_modules(recipe: str, *names: str) -> SimpleNamespace:
-    """A recipe's modules by their plain names (`recipe_modules("asr", "data", "model")`), imported as its
-    scripts import them (the folder on sys.path: their siblings too), then the plain names taken out of
-    sys.modules again so that another recipe's `model` or `data` never collides with this one's.
-    Importing `train` parses no command line (train.py does that only under `__main__`). The tests
-    import recipes with this too (tests/harness/recipe_import.py)."""
-    saved_path, saved = sys.path[:], {n: sys.modules.pop(n) for n in LOCAL if n in sys.modules}
-    sys.path.insert(0, str(ROOT / "recipes" / recipe))
-    try:
-        return SimpleNamespace(**{n: importlib.import_module(n) for n in names})
-    finally:
-        sys.path[:] = saved_path
-        for n in LOCAL:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
+from tools.recipe_import import RECIPES, recipe_modules  # noqa: F401 (RECIPES: what the benchmarks take)
 
 
 def _train_module(recipe: str):

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import importlib
 import io
 import json
@@ -42,6 +41,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
+
+from tools.recipe_import import recipe_path
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("asr", "tts")  # the recipes whose final/ the page can serve
@@ -58,24 +59,6 @@ class Model:
     kind: str  # "asr" or "tts"
     serve: Callable[[bytes], dict]  # request body → the JSON answer; raises Refusal
     lock: threading.Lock  # one request at a time per model (torch threads are already parallel)
-
-
-@contextlib.contextmanager
-def recipe_path(recipe: str):
-    """recipes/<recipe>/ first on sys.path, with the recipes' plain module names (model, data, train,
-    ...) of another recipe taken out of sys.modules meanwhile and restored afterwards: the ASR's
-    `model` and the TTS's `model` both load into one process. Everything a model needs at
-    inference is imported while this is open."""
-    names = {p.stem for p in (ROOT / "recipes").glob("*/*.py")}
-    saved_path, saved = sys.path[:], {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    sys.path.insert(0, str(ROOT / "recipes" / recipe))
-    try:
-        yield
-    finally:
-        sys.path[:] = saved_path
-        for n in names:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
 
 
 def recipe_of(path: str) -> tuple[Path, str]:

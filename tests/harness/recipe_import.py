@@ -1,11 +1,11 @@
-"""One way for tests to import a recipe's modules: `recipe_modules("asr", "data", "model")` (the
-benchmarks' own, benchmarks/recipe.py: a recipe's folder on sys.path for the import only, its plain
-module names taken out of sys.modules afterwards). `RECIPES`: every folder under recipes/ with a
+"""One way for tests to import a recipe's modules: `recipe_modules("asr", "data", "model")` (the one of
+the benchmarks and tools.demo too, tools/recipe_import.py: a recipe's folder on sys.path for the import
+only, its plain module names taken out of sys.modules afterwards). `RECIPES`: every folder under recipes/ with a
 train.py, so that tests need no list of them (a copied recipe is covered without editing here), and
 `tiny_flags(recipe)`, the test model its train.py declares.
 """
 
-from benchmarks.recipe import LOCAL as LOCAL_NAMES, RECIPES, recipe_modules  # noqa: F401
+from tools.recipe_import import LOCAL as LOCAL_NAMES, RECIPES, recipe_modules  # noqa: F401
 
 
 def tiny_flags(recipe: str) -> list[str]:
