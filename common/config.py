@@ -403,6 +403,14 @@ def parse_config(cls: type[T], argv: list[str] | None = None, default_yaml: str 
         plain = cfg if yaml_path == default_yaml and not pairs else None
         if plain is None:
             plain = _apply(cls(), load_yaml(default_yaml), str(default_yaml)) if default_yaml else cls()
+        # Settings a recipe reads from elsewhere (the vocoder's --tts_run: that TTS run's data), filled in
+        # before the checks: `complete(given)` returns the config, `given` the keys the user set (the command
+        # line's, a --config file's); a ValueError is a refusal.
+        if callable(getattr(cfg, "complete", None)):
+            try:
+                cfg = cfg.complete({*dict(pairs), *(loaded if yaml_path != default_yaml else ())})
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         try:
             validate(cfg, plain)
         except FieldError as e:  # a value the YAML set and the command line kept: name the file

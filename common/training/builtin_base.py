@@ -6,8 +6,9 @@ it (recipes/tts/README.md, "Transfer"; recipes/asr/README.md, "A new voice"). `b
 the default path (`--init_from builtin`) without a second command: it trains the
 recipe's `train.py` on the built-in corpus in a child process, once per cache folder (the built-in
 corpus's: `--data_cache_dir`, `$SPEECH_RECIPES_CACHE` or `~/.cache/speech_recipes`), and returns
-the folder of its `final/` export for `--init_from`. Every later voice with the same base settings
-starts from the same folder.
+the folder of its `final/` export for `--init_from` (and of its last checkpoint, for a recipe whose
+export leaves out what a start needs: the vocoder's discriminators). Every later voice with the same
+base settings starts from the same folder.
 
 - The folder's name holds a digest of the child's command and of the recipe's source and YAML: a
   change to either trains a new base (an old one might not load into the new model), never a stale one.
@@ -133,7 +134,11 @@ def base_args(cfg, fields) -> list[str]:
     """The base's arguments for a run of `cfg`: its `--base_config` YAML if any, the built-in corpus,
     from scratch, and `--name value` for each of `fields` (the settings a base shares with the run
     started from it: shape, units, exactness), as the recipe's parser reads them back."""
-    flag = lambda v: "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
+    def flag(v) -> str:  # as the parser reads it back: none, true/false, a list comma-separated
+        if isinstance(v, (list, tuple)):
+            return ",".join(map(flag, v))
+        return "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
     return [*(["--config", str(Path(cfg.base_config).resolve())] if cfg.base_config else []),
             "--data_dir", "none", "--dataset_name", "none", "--init_from", "none", "--report_to", "none",
             *[arg for name in fields for arg in (f"--{name}", flag(getattr(cfg, name)))]]
@@ -155,12 +160,15 @@ def _wait_for(child: subprocess.Popen, save_s: float = 600.0) -> int:
         raise
 
 
-def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=print) -> Path:
+def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=print,
+                 checkpoint: bool = False) -> Path:
     """Train `python script *args --output_dir <folder>.run` once (see the module docstring) and return
     the folder that holds a copy of its `final/` (an `--init_from` target). `args` must make it a run
-    on the built-in corpus (`base_args`); the child's output goes to our stdout/stderr. Raises RunError
-    (one line, naming the command) when the child fails, UsageError (one line, naming the cache folder
-    to delete) when the cached base fails its seal."""
+    on the built-in corpus (`base_args`); the child's output goes to our stdout/stderr. `checkpoint`:
+    the folder also holds a copy of the run's last checkpoint, `checkpoints/step_*/` (what an export
+    leaves out, e.g. a GAN's discriminators). Raises RunError (one line, naming the command) when the
+    child fails, UsageError (one line, naming the cache folder to delete) when the cached base fails
+    its seal."""
     folder = base_folder(script, args, data_cache_dir)
     work = folder.with_name(folder.name + ".run")
     # The cache is where the base lives, not part of its key: `--data_cache_dir` unset, or set to the
@@ -180,24 +188,33 @@ def builtin_base(script: Path, args: list[str], data_cache_dir: str | None, log=
             raise RunError(f"the built-in base's training failed (exit {returncode}); "
                            f"its command, to run and read by hand: {' '.join(command)}")
         shutil.copytree(work / "final", tmp / "final")
+        if checkpoint:  # the newest: the step final/ was exported from (a run that saves at its last step)
+            from common.training.sealing import find_latest_checkpoint
+
+            last = find_latest_checkpoint(work)
+            shutil.copytree(last, tmp / "checkpoints" / last.name)
 
     prepare_once(folder, build, timeout_s=6 * 3600.0, info={"command": command})
-    _check_cached(folder, work)
+    _check_cached(folder, work, checkpoint)
     return folder
 
 
-def _check_cached(folder: Path, work: Path) -> None:
-    """Refuse a cached base whose `final/` fails its seal (`seal_problem`), in one line that names the
-    cache folder to delete: no training command made it, this run's own makes it again.
+def _check_cached(folder: Path, work: Path, checkpoint: bool) -> None:
+    """Refuse a cached base whose `final/` (and with `checkpoint`, its checkpoint, or the lack of one)
+    fails its seal (`seal_problem`), in one line that names the cache folder to delete: no training
+    command made it, this run's own makes it again.
 
     Not rebuilt here: every process of this run, and any other run on the machine that shares the
     cache, may be reading the folder now (deleting it under them is not safe), and a sealed folder
     that changed was changed by something (a disk fault, a hand) the user should hear of."""
-    from common.training.sealing import seal_problem
+    from common.training.sealing import find_latest_checkpoint, seal_problem
     from common.training.faults import UsageError
 
     remedy = (f"it is a cache: delete {folder} and re-run this command, which rebuilds it (exported again "
               f"from its training run {work}, or trained again if that is gone)")
-    problem = seal_problem(folder / "final", remedy)
-    if problem:
-        raise UsageError(f"--init_from builtin: the cached base {folder / 'final'}: {problem}")
+    kept = [folder / "final", *([find_latest_checkpoint(folder) or folder / "checkpoints"] if checkpoint else [])]
+    for part in kept:
+        problem = (seal_problem(part, remedy) if part.name != "checkpoints"
+                   else f"no complete step_*/ folder in it (a base cached without its checkpoint): {remedy}")
+        if problem:
+            raise UsageError(f"--init_from builtin: the cached base {part}: {problem}")

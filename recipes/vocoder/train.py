@@ -6,6 +6,9 @@ discriminator (least-squares GAN, feature matching, L1 mel loss), with Hugging F
     accelerate launch recipes/vocoder/train.py
     # 2 real DDP processes on a CPU-only machine
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml recipes/vocoder/train.py
+    # the vocoder of a TTS run (its data, held-out split and mel), into outputs/tts_fr/vocoder, where the TTS
+    # tools (synthesize.py, score.py) find it; a small voice starts from the built-in base (--init_from auto)
+    accelerate launch recipes/vocoder/train.py --tts_run outputs/tts_fr
     # a real voice (LJSpeech layout)
     accelerate launch recipes/vocoder/train.py --data_dir /data/LJSpeech-1.1
     # a `datasets` source (train/validation splits), its parquet shards streamed in place
@@ -13,6 +16,7 @@ discriminator (least-squares GAN, feature matching, L1 mel loss), with Hugging F
         --streaming true --per_device_train_batch_size 16
     # then: copy-synthesis scores against Griffin-Lim, and text → TTS → this vocoder
     python recipes/vocoder/evaluate.py --checkpoint outputs/vocoder
+    python recipes/tts/synthesize.py --checkpoint outputs/tts_fr --text "une radio a écrit ce crayon"  # its vocoder
     python recipes/tts/synthesize.py --checkpoint outputs/tts --vocoder outputs/vocoder --text "a radio wrote this clever pencil"
 
 Two models (the generator; the discriminators, held as one model), two AdamW and two schedules
@@ -27,6 +31,7 @@ Outputs: <output_dir>/final/{model.safetensors (the generator), config.yaml, voc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import sys
@@ -38,7 +43,9 @@ from typing import Annotated, Literal
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.config import DatasetConfig, exit_on_signals_during_start_up, parse_config
-from common.config_rules import Count, ExistingPath, MayBeEmpty, NonNegative, Positive, Range, ResumeSafe
+from common.config_rules import (Count, ExistingPath, ExistingPathOr, MayBeEmpty, NonNegative, Positive, Range,
+                                 ResumeSafe, convert_value, field_specs)
+from common.config_yaml import load_yaml
 
 
 @dataclass
@@ -90,9 +97,17 @@ class Config(DatasetConfig):
     period_channels: list[Annotated[int, Count]] = field(default_factory=lambda: [16, 64, 128, 128])  # its conv channels (HiFi-GAN: 32 128 512 1024 1024)
     resolutions: list[Annotated[int, Range(4)]] = field(default_factory=lambda: [512, 1024, 2048])  # multi-resolution STFT discriminator: n_fft each (hop n_fft / 4)
     resolution_channels: Annotated[int, Count] = 16  # its conv channels (Vocos: 32)
-    # a vocoder output_dir, final/ or checkpoints/step_*/ to start from (another voice): its generator,
-    # and its discriminators from a checkpoint (README, "Transfer")
-    init_from: Annotated[str | None, ExistingPath] = None
+    # A vocoder output_dir, final/ or checkpoints/step_*/ to start from (another voice): its generator, and its
+    # discriminators from a checkpoint (README, "Transfer"). `builtin`: this recipe's run on the built-in corpus
+    # (`base_config`, with this run's mel, model shape and `builtin_corpus`), trained once per machine into the
+    # corpus cache (common/training/builtin_base.py), its last checkpoint (generator and discriminators); for
+    # the built-in voice itself: from scratch. `auto`: `builtin` for small training data, from scratch above.
+    init_from: Annotated[str | None, ExistingPathOr("builtin", "auto")] = None  # auto: under 10 h of training data, first trains a second model, the built-in base (this recipe on the built-in voice, once per machine, then cached: minutes on a CPU, estimated in the start log), and starts from it; 10 h or more: from scratch. builtin: the base always; none: from scratch; or a vocoder run to start from
+    base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml, 1000 steps)
+    # The TTS run (its --output_dir) this vocoder is for: its data settings (TTS_RUN_DATA: the same utterances
+    # and held-out split) are read from its config.yaml, its mel must be this one's, and output_dir is
+    # <tts_run>/vocoder unless given, where the TTS tools' `--vocoder auto` finds it (`complete`).
+    tts_run: Annotated[str | None, ExistingPath] = None  # a TTS run's --output_dir: train its voice's vocoder, on its data and held-out split, into <tts_run>/vocoder (its TTS tools then use it)
     # --- losses and schedule ---
     lr_decay: Annotated[float, Range(0, 1, lo_open=True)] = 0.99995  # LR × this per optimizer step, both schedules
     mel_loss_weight: Annotated[float, NonNegative] = 45.0  # HiFi-GAN's, on its scale (L1 of log10 mel amplitude)
@@ -118,6 +133,27 @@ class Config(DatasetConfig):
     # --- logging ---
     num_samples: Annotated[int, NonNegative, ResumeSafe] = 2  # validation utterances vocoded into TensorBoard at each validation
 
+    def complete(self, given: set[str]) -> "Config":
+        """With --tts_run: this config with that run's data settings (`tts_run_settings`) and, unless `given`
+        (by the user), output_dir <tts_run>/vocoder. Refuses (ValueError, one line) a folder that is not a
+        TTS run's output_dir, a data setting given here that is not the run's, another mel."""
+        if self.tts_run is None:
+            return self
+        taken, mel = tts_run_settings(Path(self.tts_run))
+        types = field_specs(type(self))
+        taken, mel = ({key: convert_value(key, v, types[key][0]) for key, v in d.items()} for d in (taken, mel))
+        for key, value in taken.items():
+            if key in given and getattr(self, key) != value:
+                raise ValueError(f"--{key} {getattr(self, key)}: this vocoder reads it from --tts_run {self.tts_run} "
+                                 f"({key} {value}), whose held-out utterances it must hold out too: drop --{key}")
+        differ = [key for key, value in mel.items() if getattr(self, key) != value]
+        if differ:
+            raise ValueError(f"--tts_run {self.tts_run}: its TTS model predicts another mel than this vocoder's ("
+                             + ", ".join(f"{k} {mel[k]} there, {getattr(self, k)} here" for k in differ) + "): give this vocoder "
+                             + " ".join(f"--{k} {mel[k]}" for k in differ))
+        output_dir = self.output_dir if "output_dir" in given else str(Path(self.tts_run) / "vocoder")
+        return dataclasses.replace(self, **taken, output_dir=output_dir)
+
     def validate(self) -> None:
         super().validate()
         segment = self.segment_frames * self.hop_length  # samples each training step discriminates
@@ -135,6 +171,36 @@ class Config(DatasetConfig):
         if self.sc_loss_weight and max(_model_py().SC_RESOLUTIONS) > segment:
             raise ValueError(f"--sc_loss_weight: its {max(_model_py().SC_RESOLUTIONS)}-sample STFT is longer than a training "
                              f"segment ({segment} samples): raise --segment_frames or set --sc_loss_weight 0")
+
+
+# What --tts_run takes from the TTS run's config.yaml (`complete`): where its data is and how it was split and
+# checked, so that this vocoder trains on its training utterances and holds out its validation and test ones
+# (score.py scores the chain on sentences neither model heard). A folder's duration and rate rules too: they
+# decide which utterances are in the split (a `datasets` source has none).
+TTS_RUN_DATA = ("data_dir", "builtin_corpus", "data_cache_dir", "dataset_name", "dataset_config_name", "train_split_name",
+                "eval_split_name", "audio_column_name", "num_valid", "num_test")
+TTS_RUN_FOLDER = ("min_seconds", "max_seconds", "wrong_sample_rate", "on_bad_data")
+MEL_FIELDS = ("sample_rate", "n_mels", "win_length", "hop_length")  # the TTS model's output, this vocoder's input
+
+
+def tts_run_settings(run: Path) -> tuple[dict, dict]:
+    """(the data settings --tts_run takes, the mel it checks) from `run`'s config.yaml, read as YAML data
+    (recipes never import each other). Refuses (ValueError) what is not a TTS training output_dir."""
+    path = run / "config.yaml"
+    what = "give the --output_dir of a recipes/tts training run"
+    if not run.is_dir():
+        raise ValueError(f"--tts_run {run} does not exist: {what}")
+    if (run / "COMPLETE").exists():  # a sealed final/ or checkpoint: this vocoder's output_dir would be inside it
+        raise ValueError(f"--tts_run {run} is a sealed export or checkpoint: {what} (the folder that holds final/)")
+    if not path.is_file():
+        raise ValueError(f"--tts_run {run}: no config.yaml in it (not a training output_dir, or a launch that has "
+                         f"not started yet): {what}")
+    tts = load_yaml(path)
+    missing = [k for k in ("symbols", *TTS_RUN_DATA, *TTS_RUN_FOLDER, *MEL_FIELDS) if k not in tts]
+    if missing:
+        raise ValueError(f"--tts_run {run}: its config.yaml has no {missing[0]} (not a TTS run's): {what}")
+    keys = TTS_RUN_DATA + (TTS_RUN_FOLDER if tts["dataset_name"] is None else ())
+    return {k: tts[k] for k in keys}, {k: tts[k] for k in MEL_FIELDS}
 
 
 @functools.cache
@@ -161,9 +227,10 @@ if __name__ == "__main__":  # --help and config mistakes are answered before the
 import torch  # noqa: E402
 from accelerate.utils import DistributedType, extract_model_from_parallel  # noqa: E402
 
+from common.training.builtin_base import AUTO, KEYWORD as BUILTIN, base_args, builtin_base, start_from_base  # noqa: E402
 from common.training.checkpoint import export_final, model_weights_files  # noqa: E402
 from common.training.resume import resume_from_checkpoint  # noqa: E402
-from common.training.sealing import resolve_checkpoint  # noqa: E402
+from common.training.sealing import find_latest_checkpoint, resolve_checkpoint  # noqa: E402
 from common.training.state import TrainState  # noqa: E402
 from common.training.early_stopping import start_early_stopping  # noqa: E402
 from common.config import save_config  # noqa: E402
@@ -199,18 +266,45 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
     return source.loaders(train=(items, SegmentCollator(cfg)), valid=(items, collate_whole))
 
 
+# What the built-in base shares with the voice started from it: the mel and the models' shapes, so that its
+# weights mean the same thing here; and the run settings that make it exact. Not the losses nor the segment:
+# they shape training, not the weights (the base trains with config.yaml's).
+BASE_FIELDS = (*MEL_FIELDS, "dim", "hidden_dim", "layers", "magnitude_prior", "periods", "period_channels", "resolutions",
+               "resolution_channels", "seed", "mixed_precision", "deterministic", "builtin_corpus")
+# The base's speed for the time the start log estimates: 1.96-1.97 steps/s, 2 threads alone on a 2-core VM,
+# the built-in corpus (results/vocoder/RESULTS.md, "The envelope loss").
+BASE_STEPS_PER_S = 1.96
+
+
+def init_folder(cfg: Config, hours: float | None) -> Path | None:
+    """The sealed folder --init_from names (None: from scratch). `builtin` (`auto`: when the `hours` of
+    training data are few; common/training/builtin_base.py): the last checkpoint (generator and
+    discriminators) of this script's run on the built-in corpus (`base_config`, this run's BASE_FIELDS),
+    trained once per machine (every rank may call: one trains, the others wait)."""
+    if cfg.init_from is None:
+        return None
+    if cfg.init_from not in (BUILTIN, AUTO):
+        return resolve_checkpoint(cfg.init_from, "--init_from")
+    args = base_args(cfg, BASE_FIELDS)
+    if not start_from_base(Path(__file__), cfg, args, hours, BASE_STEPS_PER_S, log=logger.info):
+        return None
+    base = builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info, checkpoint=True)
+    return resolve_checkpoint(find_latest_checkpoint(base), "--init_from")
+
+
 def build_models(cfg: Config, data: RecipeData) -> dict:
-    """The generator, and the discriminators held as one model; with --init_from, started from that run
-    (`model.transfer_from`: a checkpoint's both, an export's generator). Every rank, fresh start or not:
-    a resume then loads its checkpoint over them."""
+    """The generator, and the discriminators held as one model; on a fresh start (not `data.resumes`: a
+    resume loads its checkpoint, the start it had is in there) started from --init_from (every rank:
+    `init_folder`; `model.transfer_from`: a checkpoint's both, an export's generator)."""
     models = {"generator": build_generator(cfg), "discriminator": build_discriminators(cfg)}
-    if cfg.init_from:
+    if not data.resumes:
         try:
-            folder = resolve_checkpoint(cfg.init_from, "--init_from")
-            # a checkpoint: one file per prepared model (train_state.json names them); an export: the generator
-            files = (model_weights_files(folder) if (folder / "train_state.json").is_file()
-                     else {"generator": folder / "model.safetensors"})
-            logger.info(transfer_from(models, folder, cfg, files))
+            folder = init_folder(cfg, data.summary.get("hours"))  # (None for a stream: not read ahead)
+            if folder is not None:
+                # a checkpoint: one file per prepared model (train_state.json names them); an export: the generator
+                files = (model_weights_files(folder) if (folder / "train_state.json").is_file()
+                         else {"generator": folder / "model.safetensors"})
+                logger.info(transfer_from(models, folder, cfg, files))
         except ValueError as e:
             raise RunError(str(e)) from None
     logger.info(f"generator {sum(p.numel() for p in models['generator'].parameters()) / 1e6:.2f} M parameters, "
