@@ -10,8 +10,8 @@ it is read (common.training.sealing.resolve_checkpoint, as every tool), its reci
 model card final/ carries ("# asr model (speech-recipes)"). ASR: the recording (a file uploaded, or
 the microphone where the browser allows it: recorded as PCM and sent as WAV) is read as
 recipes/asr/transcribe.py reads a file and decoded greedily (--decoding beam, --lm as there). TTS:
-recipes/tts/synthesize.py's synthesis; with --vocoder (a recipes/vocoder run) through that neural
-vocoder, else Griffin-Lim; the page plays the audio and shows the log-mel and the alignment (which
+recipes/tts/synthesize.py's synthesis, through its --vocoder choice (auto: the TTS run's own neural
+vocoder if it has one, else Griffin-Lim; griffin_lim; a recipes/vocoder run); the page plays the audio and shows the log-mel and the alignment (which
 symbol each frame speaks). Models load once, at start; a folder that cannot be served is refused
 then, in one line.
 
@@ -115,8 +115,10 @@ def load_tts(folder: Path, args) -> Callable[[bytes], dict]:
         audio = importlib.import_module("audio")
         model, cfg, symbols, _ = synth.load_tts(folder, synth.load_config(folder, synth.Config),
                                                 synth.checkpoint_weights(folder))
-        vocoder = (synth.neural_vocoder(args.vocoder, cfg) if args.vocoder  # a mismatched mel: refused, one line
-                   else synth.make_vocoder(cfg, args.griffin_lim_iters))
+        # synthesize.py's choice: --vocoder auto, the run's own vocoder if it has one (else Griffin-Lim, one
+        # line); an unfinished one, or one of another mel or other data: refused, one line
+        path = synth.pick_vocoder(args.vocoder or synth.AUTO, folder, cfg)
+        vocoder = synth.neural_vocoder(path, cfg) if path else synth.make_vocoder(cfg, args.griffin_lim_iters)
     known = "".join(symbols.chars)
 
     @torch.no_grad()
@@ -326,8 +328,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("models", nargs="+", help="training output_dirs or their final/ folders (asr, tts)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     parser.add_argument("--port", type=int, default=7860, help="0: any free port (printed)")
-    parser.add_argument("--vocoder", help="a recipes/vocoder output_dir or final/ for the TTS models (else Griffin-Lim)")
-    parser.add_argument("--griffin_lim_iters", type=int, default=60, help="Griffin-Lim iterations without --vocoder")
+    parser.add_argument("--vocoder", default="auto", help="auto (default): each TTS run's own vocoder, <its output_dir>/vocoder, "
+                        "if it has one, else Griffin-Lim; griffin_lim; or a recipes/vocoder output_dir or final/ for the TTS models")
+    parser.add_argument("--griffin_lim_iters", type=int, default=60, help="Griffin-Lim iterations, where Griffin-Lim vocodes")
     parser.add_argument("--decoding", choices=("greedy", "beam"), default="greedy", help="the ASR models' decoding")
     parser.add_argument("--lm", help="a word n-gram LM for the ASR models (recipes/asr/lm.py's folder)")
     parser.add_argument("--max_upload_mb", type=float, default=20.0, help="largest upload, MB")

@@ -3,7 +3,7 @@
 
     python recipes/tts/score.py --checkpoint outputs/tts --split test
     python recipes/tts/score.py --checkpoint outputs/tts --split test --asr_checkpoint outputs/asr
-    python recipes/tts/score.py --checkpoint outputs/tts --split test --vocoder outputs/vocoder --asr_checkpoint outputs/asr
+    python recipes/tts/score.py --checkpoint outputs/tts --split test --vocoder griffin_lim --asr_checkpoint outputs/asr
 
 Data settings (data_dir, built-in corpus, split sizes) come from the checkpoint's config.yaml, so the
 held-out ids are exactly the ones training never saw (`--split validation` scores those instead).
@@ -14,8 +14,11 @@ Per utterance: the model synthesizes the sentence from text alone (predicted dur
   averaged over the frame pairs of a Euclidean DTW path. Reported for the model's log-mel
   (`mcd`, vocoder-independent), for the log-mel re-analysed from the vocoded audio (`mcd_vocoded`),
   and for the vocoder applied to the *recording's* mel (`mcd_vocoder_floor`: what the vocoder alone
-  costs). The vocoder is Griffin-Lim, or with --vocoder a recipes/vocoder model (synthesize.py's
-  check: one trained on another mel is refused);
+  costs). The vocoder is synthesize.py's --vocoder choice: by default (auto) the TTS run's own
+  recipes/vocoder model, <its output_dir>/vocoder, else Griffin-Lim (one line says which; one trained
+  on another mel or other data is refused); and PESQ (wide-band, at 16 kHz, as recipes/vocoder/evaluate.py)
+  of that vocoder applied to the recording's mel against the recording (`pesq_vocoder_floor`: time-aligned,
+  unlike the synthesized sentence);
 - length ratio (synthesized / recorded frames) and the log-energy envelope correlation after DTW;
 - alignment (teacher-forced on the recording): the hard durations sum to the mel length, the path
   is monotonic (each frame's symbol index is the previous one or the next), and how peaked the soft
@@ -36,8 +39,8 @@ Writes <output>/<split>.json (summary), <output>/<split>.jsonl (per utterance), 
 and alignment pictures, the judge's transcript with its errors marked, length ratio and MCD, sortable;
 its files in <split>_files/), and a spectrogram picture <output>/<first id>.png (synthesized above, recording below) and its
 alignment <output>/<first id>_alignment.png (soft above, hard below; symbols up, frames right).
-<output> defaults to <output_dir>/eval/<checkpoint name>/ (e.g. outputs/tts/eval/final/), and to
-<output_dir>/eval/<checkpoint name>+vocoder/ with --vocoder: beside the checkpoint, never inside it (final/ and step folders are sealed by their digests).
+<output> defaults to <output_dir>/eval/<checkpoint name>/ (e.g. outputs/tts/eval/final/) with Griffin-Lim, and to
+<output_dir>/eval/<checkpoint name>+vocoder/ with a neural vocoder: beside the checkpoint, never inside it (final/ and step folders are sealed by their digests).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 from common.training.averaging import checkpoint_weights
 from common.training.sealing import resolve_checkpoint, run_dir_of
 from common.config import load_config, parse_config
-from common.config_rules import ConfigError, Count, ExistingPath, NonNegative
+from common.config_rules import ConfigError, Count, ExistingPath, ExistingPathOr, NonNegative
 from common.data.loading import load_audio
 from common.training.faults import UsageError, run_main
 from common.data.manifest import DataError, DataPolicy, prepare_manifest, split_manifest
@@ -74,7 +77,7 @@ from tools.report import files_dir
 from audio import dtw_path, make_vocoder, mcd_dtw, mel_cepstra, mel_frontend, stack_images, to_image, write_png
 from data import Collator, TTSDataset
 from model import load_tts, synthesize
-from synthesize import neural_vocoder, refuse
+from synthesize import AUTO, GRIFFIN_LIM, neural_vocoder, pick_vocoder, refuse
 from train import Config
 
 RECIPES = Path(__file__).resolve().parents[1]
@@ -90,13 +93,23 @@ class EvalConfig:
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # None = <output_dir>/eval/<checkpoint name> (beside it, never inside)
     griffin_lim_iters: Annotated[int, Count] = 60
-    vocoder: Annotated[str | None, ExistingPath] = None  # a recipes/vocoder output_dir or final/ instead of Griffin-Lim
+    vocoder: Annotated[str, ExistingPathOr(AUTO, GRIFFIN_LIM)] = AUTO  # auto: the TTS run's own (<its output_dir>/vocoder) if there, else Griffin-Lim (said in one line); griffin_lim; or a recipes/vocoder output_dir or final/
     vocoder_refine_iters: Annotated[int | None, NonNegative] = None  # its phase refinement (recipes/vocoder README); None = the vocoder run's
     asr_checkpoint: Annotated[str | None, ExistingPath] = None  # ASR recipe output_dir: also measure intelligibility (WER/CER)
     asr_sample_rate: Annotated[int, Count] = 16000  # Hz of the audio handed to the ASR evaluator
     asr_recordings: bool = True  # also score the held-out *recordings* (the ASR's ceiling on this voice)
     asr_judge_check: bool = True  # leave out of the ASR scores the sentences the judge trained on (false: score all, unchecked)
     asr_vocoder_floor: bool = False  # also score the vocoder applied to the *recordings'* mel: what the vocoder alone costs the judge
+
+
+def wideband_pesq(ref: torch.Tensor, out: torch.Tensor, sample_rate: int) -> float:
+    """Wide-band PESQ (ITU-T P.862.2) of `out` against `ref` (time-aligned samples at `sample_rate`), both
+    cut to the shorter and resampled to 16 kHz: recipes/vocoder/evaluate.py's."""
+    from pesq import pesq
+
+    n = min(len(ref), len(out))
+    ref16, out16 = (torchaudio.functional.resample(x[:n], sample_rate, 16000).numpy() for x in (ref, out))
+    return float(pesq(16000, ref16, out16, "wb"))
 
 
 def envelope_correlation(a: np.ndarray, b: np.ndarray) -> float:
@@ -197,17 +210,15 @@ def html_report(report: Path, summary: dict, rows: list[dict], manifest, out: Pa
 
 def main():
     args = parse_config(EvalConfig)
-    if args.vocoder_refine_iters is not None and args.vocoder is None:
-        refuse("--vocoder_refine_iters refines a neural vocoder's output: give --vocoder too "
-               "(Griffin-Lim's own setting is --griffin_lim_iters)")
     torch.set_grad_enabled(False)
     try:
         folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read
         model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config), checkpoint_weights(folder))
     except (UsageError, ConfigError) as e:
         refuse(str(e))
+    vocoder_path = pick_vocoder(args.vocoder, folder, cfg, args.vocoder_refine_iters)  # None: Griffin-Lim
     # Beside the checkpoint, never inside: final/ and checkpoints/step_X/ are sealed (COMPLETE digests).
-    out = Path(args.output) if args.output else run_dir_of(folder) / "eval" / (folder.name + ("+vocoder" if args.vocoder else ""))
+    out = Path(args.output) if args.output else run_dir_of(folder) / "eval" / (folder.name + ("+vocoder" if vocoder_path else ""))
     out.mkdir(parents=True, exist_ok=True)
     if args.data_dir is None and cfg.dataset_name:  # a source's run holds out no test utterances
         print(f"error: {args.checkpoint} was trained on --dataset_name {cfg.dataset_name}, which held out no test "
@@ -236,8 +247,8 @@ def main():
             print(f"the ASR judge trained on the sentences of {len(heard)} of the {len(manifest)} {args.split} "
                   f"utterances ({', '.join(heard[:5])}{' ...' if len(heard) > 5 else ''}): they are left out of "
                   f"its scores", flush=True)
-    if args.vocoder:
-        vocoder = neural_vocoder(args.vocoder, cfg, args.vocoder_refine_iters)
+    if vocoder_path:
+        vocoder = neural_vocoder(vocoder_path, cfg, args.vocoder_refine_iters)
     else:
         vocoder = make_vocoder(cfg, args.griffin_lim_iters)
     frontend = mel_frontend(cfg.sample_rate, cfg.n_mels, cfg.win_length, cfg.hop_length)
@@ -258,6 +269,7 @@ def main():
         if args.asr_vocoder_floor:  # kept only when the judge will read them
             floors[utt_id] = floor_wav
         floor = frontend(floor_wav)
+        recording = load_audio(manifest[i]["path"], cfg.sample_rate)  # the floor's reference: time-aligned
         batch = collate([dataset[i]])
         tf = model(batch["tokens"], batch["text_lens"], batch["mels"], batch["mel_lens"], batch["log_prior"], False)
         hard, soft = tf["hard"][0], tf["soft"][0]  # (T, N)
@@ -269,6 +281,7 @@ def main():
             "mcd": mcd_dtw(pred.numpy(), ref.numpy()),
             "mcd_vocoded": mcd_dtw(revocoded.numpy(), ref.numpy()),
             "mcd_vocoder_floor": mcd_dtw(floor.numpy(), ref.numpy()),
+            "pesq_vocoder_floor": wideband_pesq(recording, floor_wav, cfg.sample_rate),
             "energy_corr": envelope_correlation(pred.numpy(), ref.numpy()),
             "durations_sum_ok": int(tf["durations"][0].sum()) == ref.shape[0],
             "monotonic_ok": bool(((steps == 0) | (steps == 1)).all() and index[0] == 0
@@ -287,10 +300,10 @@ def main():
         if i == 0:
             write_png(out / f"{utt_id}.png", pictures["mel"])
             write_png(out / f"{utt_id}_alignment.png", pictures["alignment"])
-    keys = ("mcd", "mcd_vocoded", "mcd_vocoder_floor", "length_ratio", "energy_corr", "soft_peak",
+    keys = ("mcd", "mcd_vocoded", "mcd_vocoder_floor", "pesq_vocoder_floor", "length_ratio", "energy_corr", "soft_peak",
             "soft_hard_agreement", "synth_rms_db")
     summary = {"checkpoint": str(folder), "split": args.split, "utterances": len(rows),
-               "vocoder": args.vocoder or f"griffin-lim ({args.griffin_lim_iters} iterations)",
+               "vocoder": vocoder_path or f"griffin-lim ({args.griffin_lim_iters} iterations)",
                **{k: float(np.mean([r[k] for r in rows])) for k in keys},
                "durations_sum_ok": sum(r["durations_sum_ok"] for r in rows),
                "monotonic_ok": sum(r["monotonic_ok"] for r in rows),

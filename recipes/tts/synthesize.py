@@ -1,5 +1,5 @@
-"""Text → speech with a trained TTS checkpoint and the Griffin-Lim vocoder, or a trained neural
-vocoder (recipes/vocoder) with --vocoder.
+"""Text → speech with a trained TTS checkpoint and the voice's own neural vocoder (recipes/vocoder), or
+Griffin-Lim.
 
     python recipes/tts/synthesize.py --checkpoint outputs/tts --text "a radio wrote this clever pencil" --output out.wav
     python recipes/tts/synthesize.py --checkpoint outputs/tts/final --text_file lines.txt --output_dir wavs/
@@ -8,9 +8,14 @@ vocoder (recipes/vocoder) with --vocoder.
 --checkpoint is a training output_dir (its final/ is used), a final/ folder, or a
 checkpoints/step_XXXXXXXX/ folder (audio comes out of any checkpoint). With --text_file, one wav
 per non-empty line: <output_dir>/0001.wav, 0002.wav, ... 22.05 kHz 16-bit PCM (the model's rate).
---vocoder is a vocoder training output_dir or its final/: its weights and config.yaml are read once
-its COMPLETE marker's digests match, its code is this repository's recipes/vocoder/model.py (the
-folder's vocoder_model.py, for use outside the repository, is never imported here), and a vocoder
+--vocoder auto (the default) takes the TTS run's own vocoder, <its output_dir>/vocoder (what
+`accelerate launch recipes/vocoder/train.py --tts_run <its output_dir>` trains), when that folder
+exists: one line names it, and one that is unfinished, damaged, or trained on other data or another
+mel is refused (never replaced by Griffin-Lim unasked); without it, Griffin-Lim, and one line says so
+and gives the command that trains the voice's vocoder. --vocoder griffin_lim: Griffin-Lim.
+--vocoder PATH: a vocoder training output_dir or its final/. A vocoder's weights and config.yaml are
+read once its COMPLETE marker's digests match, its code is this repository's recipes/vocoder/model.py
+(the folder's vocoder_model.py, for use outside the repository, is never imported here), and a vocoder
 trained on another mel (sample rate, n_mels, window, hop) is refused. A sentence with symbols the
 model does not know, or an output that cannot be written, is refused before anything is synthesized.
 """
@@ -28,17 +33,19 @@ import soundfile as sf
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
 from common.training.averaging import checkpoint_weights
-from common.training.sealing import resolve_checkpoint
+from common.training.sealing import resolve_checkpoint, run_dir_of
 from common.config import load_config, parse_config
-from common.config_rules import ConfigError, Count, ExistingPath, NonNegative, Positive
+from common.config_rules import ConfigError, Count, ExistingPath, ExistingPathOr, NonNegative, Positive
 from common.training.faults import UsageError, run_main
+from tools.recipe_import import recipe_modules
 
 # recipe-local modules (this folder is on sys.path)
 from audio import make_vocoder
 from model import load_tts, synthesize
 from train import Config
 
-RECIPES = Path(__file__).resolve().parents[1]
+AUTO, GRIFFIN_LIM = "auto", "griffin_lim"  # --vocoder's words: the TTS run's own vocoder if it has one; Griffin-Lim
+RUN_VOCODER = "vocoder"  # <TTS output_dir>/vocoder: where `recipes/vocoder/train.py --tts_run` trains the voice's vocoder
 
 
 @dataclass
@@ -53,7 +60,7 @@ class SynthConfig:
     pace: Annotated[float, Positive] = 1.0  # > 1 speaks faster (durations divided by pace)
     griffin_lim_iters: Annotated[int, Count] = 60
     griffin_lim_power: Annotated[float, Positive] = 1.0  # > 1 sharpens magnitudes before phase recovery
-    vocoder: Annotated[str | None, ExistingPath] = None  # a neural vocoder (recipes/vocoder output_dir or its final/) instead of Griffin-Lim
+    vocoder: Annotated[str, ExistingPathOr(AUTO, GRIFFIN_LIM)] = AUTO  # auto: the TTS run's own (<its output_dir>/vocoder) if there, else Griffin-Lim (said in one line); griffin_lim; or a recipes/vocoder output_dir or its final/
     vocoder_refine_iters: Annotated[int | None, NonNegative] = None  # its phase refinement (recipes/vocoder README); None = the vocoder run's
 
 
@@ -63,22 +70,45 @@ def refuse(message: str) -> typing.NoReturn:
     raise SystemExit(2)
 
 
-def vocoder_recipe():
-    """recipes/vocoder's model.py and train.py (its Config), imported with that folder first on
-    sys.path and their plain names (model, data, train) kept apart from this recipe's, which are
-    restored afterwards: here `model` is the TTS model."""
-    import importlib
+def pick_vocoder(choice: str, folder: Path, tts_cfg, refine_iters: int | None = None) -> str | None:
+    """The neural vocoder `--vocoder choice` names for the TTS model in `folder` (a resolved checkpoint), or
+    None for Griffin-Lim. `auto`: its run's own, <run>/vocoder, when that folder exists (a line names it;
+    `neural_vocoder` then refuses it unfinished, damaged or of another mel, and here of other data), else
+    Griffin-Lim (a line says so and gives the command that trains the voice's vocoder). `refine_iters`
+    (--vocoder_refine_iters) without a neural vocoder is refused."""
+    path = None if choice == GRIFFIN_LIM else choice
+    if choice == AUTO:
+        run = run_dir_of(folder)
+        own = run / RUN_VOCODER
+        train = f"accelerate launch recipes/vocoder/train.py --tts_run {run}"
+        if own.exists():
+            path = str(own)
+            print(f"--vocoder auto: the voice's own vocoder, {own} (--vocoder griffin_lim: Griffin-Lim instead)", flush=True)
+        else:
+            print(f"--vocoder auto: Griffin-Lim ({run} has no {RUN_VOCODER}/); the voice's own neural vocoder sounds "
+                  f"better (PESQ, MCD): train it with `{train}`, then run this again", flush=True)
+    if refine_iters is not None and path is None:
+        refuse("--vocoder_refine_iters refines a neural vocoder's output: give --vocoder PATH, or train the TTS run's own "
+               "(recipes/vocoder/train.py --tts_run); Griffin-Lim's own setting is --griffin_lim_iters")
+    if choice == AUTO and path is not None:  # trained for this run's data: its held-out sentences unheard
+        _, train_module = vocoder_recipe()
+        try:
+            theirs = load_config(resolve_checkpoint(path, "--vocoder auto: the TTS run's vocoder"), train_module.Config)
+        except (UsageError, ConfigError) as e:
+            refuse(f"{e} (--vocoder griffin_lim: Griffin-Lim meanwhile)")
+        keys = [k for k in train_module.tts_run_keys(tts_cfg.data_dir, tts_cfg.dataset_name) if k != "data_cache_dir"]
+        differ = [f"{k} {getattr(theirs, k)} vs {getattr(tts_cfg, k)}" for k in keys if getattr(theirs, k) != getattr(tts_cfg, k)]
+        if differ:
+            refuse(f"--vocoder auto: {path} was trained on other data than this TTS model ({', '.join(differ)}): "
+                   f"train it again for this run (`{train} --resume false`), or give --vocoder griffin_lim")
+    return path
 
-    folder, names = str(RECIPES / "vocoder"), ("model", "data", "train")
-    ours = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    sys.path.insert(0, folder)
-    try:
-        return importlib.import_module("model"), importlib.import_module("train")
-    finally:
-        sys.path.remove(folder)
-        for n in names:
-            sys.modules.pop(n, None)
-        sys.modules.update(ours)
+
+def vocoder_recipe():
+    """recipes/vocoder's model.py and train.py (its Config), imported as that recipe's scripts import them
+    (tools/recipe_import.py: its plain names kept apart from this recipe's `model`, `train`)."""
+    modules = recipe_modules("vocoder", "model", "train")
+    return modules.model, modules.train
 
 
 def neural_vocoder(path: str, tts_cfg, refine_iters: int | None = None):
@@ -128,14 +158,12 @@ def main():
     args = parse_config(SynthConfig)
     if (args.text is None) == (args.text_file is None):
         refuse("give exactly one of --text or --text_file")
-    if args.vocoder_refine_iters is not None and args.vocoder is None:
-        refuse("--vocoder_refine_iters refines a neural vocoder's output: give --vocoder too "
-               "(Griffin-Lim's own setting is --griffin_lim_iters)")
     try:
         folder = resolve_checkpoint(args.checkpoint)  # verified (COMPLETE digests) before any file is read
         model, cfg, symbols, _ = load_tts(folder, load_config(folder, Config), checkpoint_weights(folder))
     except (UsageError, ConfigError) as e:
         refuse(str(e))
+    vocoder_path = pick_vocoder(args.vocoder, folder, cfg, args.vocoder_refine_iters)
     if args.text is not None:
         jobs = [("--text", args.text, Path(args.output))]
     else:
@@ -149,8 +177,8 @@ def main():
             refuse(f"{where}: {e}; this model's symbols: {''.join(symbols.chars)!r}")
     for _, _, path in jobs:
         writable(path, "--output" if args.text is not None else "--output_dir")
-    if args.vocoder is not None:
-        vocoder = neural_vocoder(args.vocoder, cfg, args.vocoder_refine_iters)
+    if vocoder_path is not None:
+        vocoder = neural_vocoder(vocoder_path, cfg, args.vocoder_refine_iters)
     else:
         vocoder = make_vocoder(cfg, args.griffin_lim_iters, args.griffin_lim_power)
     for _, text, path in jobs:

@@ -175,10 +175,11 @@ class Config(DatasetConfig):
 
 # What --tts_run takes from the TTS run's config.yaml (`complete`): where its data is and how it was split and
 # checked, so that this vocoder trains on its training utterances and holds out its validation and test ones
-# (score.py scores the chain on sentences neither model heard). A folder's duration and rate rules too: they
-# decide which utterances are in the split (a `datasets` source has none).
-TTS_RUN_DATA = ("data_dir", "builtin_corpus", "data_cache_dir", "dataset_name", "dataset_config_name", "train_split_name",
-                "eval_split_name", "audio_column_name", "num_valid", "num_test")
+# (score.py scores the chain on sentences neither model heard). The built-in corpus's profile and cache when
+# that is its data; a folder's duration and rate rules (they decide which utterances are in the split).
+TTS_RUN_DATA = ("data_dir", "dataset_name", "dataset_config_name", "train_split_name", "eval_split_name",
+                "audio_column_name", "num_valid", "num_test")
+TTS_RUN_BUILTIN = ("builtin_corpus", "data_cache_dir")
 TTS_RUN_FOLDER = ("min_seconds", "max_seconds", "wrong_sample_rate", "on_bad_data")
 MEL_FIELDS = ("sample_rate", "n_mels", "win_length", "hop_length")  # the TTS model's output, this vocoder's input
 
@@ -196,11 +197,16 @@ def tts_run_settings(run: Path) -> tuple[dict, dict]:
         raise ValueError(f"--tts_run {run}: no config.yaml in it (not a training output_dir, or a launch that has "
                          f"not started yet): {what}")
     tts = load_yaml(path)
-    missing = [k for k in ("symbols", *TTS_RUN_DATA, *TTS_RUN_FOLDER, *MEL_FIELDS) if k not in tts]
+    missing = [k for k in ("symbols", *TTS_RUN_DATA, *TTS_RUN_BUILTIN, *TTS_RUN_FOLDER, *MEL_FIELDS) if k not in tts]
     if missing:
         raise ValueError(f"--tts_run {run}: its config.yaml has no {missing[0]} (not a TTS run's): {what}")
-    keys = TTS_RUN_DATA + (TTS_RUN_FOLDER if tts["dataset_name"] is None else ())
-    return {k: tts[k] for k in keys}, {k: tts[k] for k in MEL_FIELDS}
+    return {k: tts[k] for k in tts_run_keys(tts["data_dir"], tts["dataset_name"])}, {k: tts[k] for k in MEL_FIELDS}
+
+
+def tts_run_keys(data_dir: str | None, dataset_name: str | None) -> tuple[str, ...]:
+    """The settings a TTS run on this data decides for its vocoder (TTS_RUN_DATA and the rest above)."""
+    return (TTS_RUN_DATA + (TTS_RUN_BUILTIN if data_dir is None and dataset_name is None else ())
+            + (TTS_RUN_FOLDER if dataset_name is None else ()))
 
 
 @functools.cache
