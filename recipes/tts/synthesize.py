@@ -76,7 +76,7 @@ def pick_vocoder(choice: str, folder: Path, tts_cfg, refine_iters: int | None = 
     `neural_vocoder` then refuses it unfinished, damaged or of another mel, and here of other data), else
     Griffin-Lim (a line says so and gives the command that trains the voice's vocoder). `refine_iters`
     (--vocoder_refine_iters) without a neural vocoder is refused."""
-    path = None if choice == GRIFFIN_LIM else choice
+    path = None if choice in (AUTO, GRIFFIN_LIM) else choice
     if choice == AUTO:
         run = run_dir_of(folder)
         own = run / RUN_VOCODER

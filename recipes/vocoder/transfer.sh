@@ -6,6 +6,11 @@
 #   bash recipes/vocoder/transfer.sh DATA_DIR [train.py arguments for the voice ...]
 #   bash recipes/vocoder/transfer.sh data/prompts_es/ljspeech --num_valid 48 --num_test 52
 #
+# The plain command does the same by default (config.yaml's --init_from auto: the base trained once per
+# machine into the corpus cache, its last checkpoint), and for a TTS run's voice takes its data and split:
+#   accelerate launch recipes/vocoder/train.py --tts_run outputs/tts_es      # into outputs/tts_es/vocoder
+# This script is the explicit form: the base in a folder of your choosing (BASE), of BASE_STEPS and BASE_ARGS.
+#
 # 1. the built-in voice (BASE_STEPS, 1000: ~27 min here, 1 thread beside another run), once per BASE:
 #    a second voice starts from the same model;
 # 2. the voice (DATA_DIR in the LJSpeech layout) from the base's last checkpoint (the generator and

@@ -35,6 +35,7 @@ TTS_CFG = full("tts", **MEL, symbols=" abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()", 
                decoder_layers=1, num_heads=2, ffn_dim=32, conv_kernel=3, dropout=0.0, duration_channels=16,
                attention_dim=16, attention_temperature=0.0005, blank_logprob=-1.0)
 VOCODER_CFG = full("vocoder", **MEL, dim=8, hidden_dim=16, layers=1)
+FOR_TTS_RUN = {"max_seconds": TTS_CFG["max_seconds"]}  # what --tts_run takes from TTS_CFG's run that is not a default of both
 
 
 def seal(folder: Path) -> Path:
@@ -73,7 +74,8 @@ def in_process(monkeypatch, capsys):
             code = 0
         except SystemExit as e:
             code = e.code
-        return subprocess.CompletedProcess(args, code, "", capsys.readouterr().err)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
     return call
 
@@ -123,6 +125,49 @@ def test_synthesize_never_imports_the_vocoder_exports_code(tts_run, vocoder_run,
     proc = in_process("tts/synthesize.py", "--checkpoint", tts_run, "--vocoder", vocoder_out, "--text", "a radio", "--output", wav)
     one_line(proc, f"--vocoder {vocoder_out / 'final'}: no COMPLETE marker", "re-run the training command")
     assert not ran.exists()
+
+
+def test_synthesize_takes_the_tts_runs_own_vocoder_by_default_else_griffin_lim_and_says_which(tts_run, tmp_path,
+                                                                                               in_process):
+    """--vocoder auto (the default): Griffin-Lim while the TTS run has no vocoder/ (a line says so and how to
+    train it); once <run>/vocoder is there, that vocoder (a line names it): the same audio as --vocoder
+    naming it, another than --vocoder griffin_lim's."""
+    def speak(*args) -> tuple[subprocess.CompletedProcess, bytes]:
+        wav = tmp_path / f"{len(list(tmp_path.glob('*.wav')))}.wav"
+        proc = in_process("tts/synthesize.py", "--checkpoint", tts_run, "--text", "a radio", "--output", wav, *args)
+        assert proc.returncode == 0, proc.stderr
+        return proc, wav.read_bytes()
+
+    proc, _ = speak()
+    assert (f"--vocoder auto: Griffin-Lim ({tts_run} has no vocoder/); the voice's own neural vocoder sounds better "
+            f"(PESQ, MCD): train it with `accelerate launch recipes/vocoder/train.py --tts_run {tts_run}`") in proc.stdout
+    generator = vocoder.model.build_generator(SimpleNamespace(**VOCODER_CFG))
+    export(tts_run / "vocoder" / "final", {**VOCODER_CFG, **FOR_TTS_RUN}, generator.state_dict(),
+           **{"vocoder_model.py": "raise SystemExit"})
+    proc, auto = speak()
+    assert f"--vocoder auto: the voice's own vocoder, {tts_run / 'vocoder'} (--vocoder griffin_lim:" in proc.stdout
+    assert auto == speak("--vocoder", tts_run / "vocoder")[1]
+    proc, griffin_lim = speak("--vocoder", "griffin_lim")
+    assert griffin_lim != auto and "--vocoder auto" not in proc.stdout
+
+
+def test_a_tts_runs_vocoder_unfinished_damaged_or_of_other_data_is_refused_not_replaced(tts_run, tmp_path, in_process):
+    """A <run>/vocoder that --vocoder auto cannot use is refused in one line with what to do, never
+    replaced by Griffin-Lim unasked."""
+    said = lambda: in_process("tts/synthesize.py", "--checkpoint", tts_run, "--text", "a radio",  # noqa: E731
+                              "--output", tmp_path / "a.wav")
+    own = tts_run / "vocoder"
+    (own / "checkpoints").mkdir(parents=True)  # a vocoder training that has not exported yet
+    one_line(said(), f"--vocoder auto: the TTS run's vocoder {own}: this run has no final/ yet",
+             "(--vocoder griffin_lim: Griffin-Lim meanwhile)")
+    generator = vocoder.model.build_generator(SimpleNamespace(**VOCODER_CFG))
+    export(own / "final", {**VOCODER_CFG, **FOR_TTS_RUN, "num_test": 53}, generator.state_dict(), **{"vocoder_model.py": ""})
+    one_line(said(), f"--vocoder auto: {own} was trained on other data than this TTS model (num_test 53 vs 20): train it "
+             f"again for this run (`accelerate launch recipes/vocoder/train.py --tts_run {tts_run} --resume false`), "
+             f"or give --vocoder griffin_lim")
+    (own / "final" / MARKER).unlink()
+    one_line(said(), f"--vocoder auto: the TTS run's vocoder {own / 'final'}: no COMPLETE marker")
+    assert not (tmp_path / "a.wav").exists()
 
 
 def test_synthesize_refuses_unknown_symbols_an_unwritable_output_and_an_unsealed_model(tts_run, tmp_path, in_process):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -20,7 +22,7 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
-from common.config import load_config
+from common.config import load_config, parse_config, save_config
 from common.training.checkpoint import model_weights_files
 from tests.harness.recipe_import import recipe_modules
 from tests.harness.harness import (ROOT, SUPPORT, assert_same_losses, assert_same_weights, checkpoint_exists, kill_tree,
@@ -31,10 +33,11 @@ from tests.tools.test_report import assert_page_rows
 slow = pytest.mark.slow
 
 # Tiny: a 1-block generator and 2 + 2 sub-discriminators of 4 channels on 12-frame segments (the envelope loss needs 8 of its frames: 11).
+# From scratch: config.yaml's built-in base for a voice of one's own is tested on its own.
 TINY = ["--dim", "16", "--hidden_dim", "32", "--layers", "1", "--periods", "2,3", "--period_channels", "4,4",
         "--resolutions", "256,512", "--resolution_channels", "4", "--segment_frames", "12", "--num_valid", "2",
         "--num_test", "2", "--max_batch_seconds", "8", "--logging_steps", "1", "--eval_steps", "4",
-        "--report_to", "none", "--gan_start_steps", "2"]
+        "--report_to", "none", "--gan_start_steps", "2", "--init_from", "none"]
 STEPS = ["--max_steps", "8", "--save_steps", "1", "--save_total_limit", "3", "--gradient_accumulation_steps", "2"]
 
 vocoder = recipe_modules("vocoder", "model", "data", "evaluate")
@@ -224,6 +227,57 @@ def test_envelope_loss_is_one_minus_stoi_of_each_segment_and_refuses_a_segment_o
     assert "envelope_loss" not in vocoder.model.generator_loss(None, main, real, real, main(real), train.Config(), False)[1]
     with pytest.raises(ValueError, match="--envelope_loss_weight: a training segment .2048 samples. holds fewer than its 8"):
         train.Config(envelope_loss_weight=1.0, segment_frames=8, resolutions=[512]).validate()
+
+
+def _tts_run(folder: Path, corpus: Path, **changes) -> Path:
+    """A TTS run's output_dir as --tts_run reads it: the config.yaml its training writes (the TTS recipe's
+    Config) for the tiny corpus, 2 validation and 2 test utterances, `changes` made."""
+    tts_config = recipe_modules("tts", "train").train.Config
+    folder.mkdir(parents=True)
+    save_config(tts_config(data_dir=str(corpus / "ljspeech"), num_valid=2, num_test=2, **changes), folder / "config.yaml")
+    return folder
+
+
+def test_tts_run_takes_the_runs_data_and_split_and_refuses_another_mel_or_split(tiny_corpus, tmp_path, capsys):
+    """--tts_run: the data, held-out split and data-check rules of the TTS run's config.yaml, output_dir
+    <run>/vocoder unless given; one line refuses a data setting given otherwise, another mel, and a folder
+    that is not a TTS run's output_dir."""
+    train = recipe_modules("vocoder", "train").train
+
+    def parse(*argv):
+        return parse_config(train.Config, [str(a) for a in argv], default_yaml=ROOT / "recipes" / "vocoder" / "config.yaml")
+
+    def refused(*argv) -> str:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            parse(*argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        return err
+
+    tts = _tts_run(tmp_path / "tts", tiny_corpus, max_seconds=25.0, builtin_corpus="tiny")
+    cfg = parse("--tts_run", tts)
+    assert (cfg.data_dir, cfg.num_valid, cfg.num_test, cfg.max_seconds) == (str(tiny_corpus / "ljspeech"), 2, 2, 25.0)
+    assert cfg.output_dir == str(tts / "vocoder") and cfg.builtin_corpus == "default"  # (its data is a folder)
+    given = parse("--tts_run", tts, "--num_test", "2", "--output_dir", tmp_path / "mine")  # the run's value; output_dir wins
+    assert (given.num_test, given.output_dir) == (2, str(tmp_path / "mine"))
+    assert refused("--tts_run", tts, "--num_test", "20") == (
+        f"error: --num_test 20: this vocoder reads it from --tts_run {tts} (num_test 2), whose held-out utterances it "
+        f"must hold out too: drop --num_test\n")
+    other = _tts_run(tmp_path / "tts_hop", tiny_corpus, hop_length=128)
+    assert refused("--tts_run", other) == (f"error: --tts_run {other}: its TTS model predicts another mel than this "
+                                           f"vocoder's (hop_length 128 there, 256 here): give this vocoder --hop_length 128\n")
+    assert parse("--tts_run", other, "--hop_length", "128", "--segment_frames", "64").hop_length == 128
+    vocoder_run = tmp_path / "vocoder_run"
+    vocoder_run.mkdir()
+    save_config(train.Config(), vocoder_run / "config.yaml")
+    (tts / "final").mkdir()
+    (tts / "final" / "COMPLETE").write_text("{}")
+    for folder, why in ((vocoder_run, "its config.yaml has no symbols (not a TTS run's)"),
+                        (tts / "final", "is a sealed export or checkpoint"), (tmp_path, "no config.yaml in it"),
+                        (tmp_path / "gone", "does not exist")):
+        err = refused("--tts_run", folder)
+        assert why in err and "give the --output_dir of a recipes/tts training run" in err, err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +475,8 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_its_last_check
 
     def transfer():
         with cpu_tokens(1) as cpus:
-            return subprocess.run(["bash", str(ROOT / "recipes/vocoder/transfer.sh"), str(voice), *TINY, "--save_steps", "2"],
+            voice_args = TINY[:TINY.index("--init_from")]  # the script gives stage 2 its own --init_from
+            return subprocess.run(["bash", str(ROOT / "recipes/vocoder/transfer.sh"), str(voice), *voice_args, "--save_steps", "2"],
                                   env=env, capture_output=True, text=True, timeout=600, preexec_fn=on_cores(cpus))
 
     first = transfer()
@@ -442,3 +497,36 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_its_last_check
     missing = subprocess.run(["bash", str(ROOT / "recipes/vocoder/transfer.sh"), str(tmp_path / "nowhere")],
                              env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "is not a folder" in missing.stderr
+
+
+@slow
+def test_a_tts_runs_vocoder_starts_from_the_builtin_base_and_the_tts_tools_take_it(tiny_corpus, tmp_path, reference):
+    """--tts_run with --init_from builtin: the base is trained once (a child run on the built-in corpus; its
+    last checkpoint, the generator and both discriminators, is what the voice starts from), the vocoder
+    trains on the TTS run's data into <run>/vocoder; a second voice starts from the cached base at once;
+    synthesize.py and score.py (--vocoder auto, their default) then vocode with it, and say so."""
+    from tests.tools.test_demo import trained_tts
+
+    tts = tmp_path / "tts"
+    shutil.copytree(trained_tts(reference, tiny_corpus), tts)  # the suite's shared run, copied: this test writes into it
+    base_yaml = tmp_path / "base.yaml"  # the base: 3 steps on the tiny corpus (its 2 validation, 2 test utterances)
+    base_yaml.write_text("num_valid: 2\nnum_test: 2\nmax_steps: 3\nsave_steps: 2\nmax_batch_seconds: 8\nreport_to: none\n")
+    builtin = ["--init_from", "builtin", "--base_config", str(base_yaml), "--builtin_corpus", "tiny",
+               "--data_cache_dir", str(tiny_corpus.parent)]
+    first = run("vocoder", 1, last_flag_wins([*TINY, "--tts_run", str(tts), "--output_dir", str(tts / "vocoder"),
+                                              "--max_steps", "2", *builtin]))
+    assert first.count("training it once for this machine") == 1
+    base = re.search(r"initialized from (\S+)/checkpoints/step_00000003: generator and discriminator\n", first).group(1)
+    assert Path(base).parent == tiny_corpus.parent and Path(base).name.startswith("vocoder_base-")
+    saved = load_config(tts / "vocoder" / "final", recipe_modules("vocoder", "train").train.Config)
+    assert (saved.tts_run, saved.data_dir, saved.max_seconds) == (str(tts), str(tiny_corpus / "ljspeech"), 30.0)
+    second = run("vocoder", 1, args_for(tiny_corpus, tmp_path / "voice2", "--max_steps", "1", *builtin))
+    assert "training it once" not in second
+    assert f"initialized from {base}/checkpoints/step_00000003: generator and discriminator\n" in second
+
+    said = synthesize("--checkpoint", str(tts), "--text", "a cat", "--output", str(tmp_path / "a.wav"))
+    assert said.returncode == 0 and f"--vocoder auto: the voice's own vocoder, {tts / 'vocoder'} " in said.stdout, said.stderr
+    scored = python([ROOT / "recipes" / "tts" / "score.py", "--checkpoint", tts, "--split", "validation"], cwd=Path("/"))
+    assert scored.returncode == 0, scored.stderr
+    summary = json.loads((tts / "eval" / "final+vocoder" / "validation.json").read_text())
+    assert summary["vocoder"] == str(tts / "vocoder") and summary["pesq_vocoder_floor"] > 0
