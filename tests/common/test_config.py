@@ -698,6 +698,7 @@ def test_a_list_in_the_yaml_is_checked_and_names_the_file(tmp_path, capsys):
 
 
 VOCODER_YAML = ROOT / "recipes" / "vocoder" / "config.yaml"
+SEGMENT_LINE = next(n for n, line in enumerate(VOCODER_YAML.read_text().splitlines(), 1) if line.startswith("segment_frames:"))
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -710,7 +711,7 @@ VOCODER_YAML = ROOT / "recipes" / "vocoder" / "config.yaml"
     (["--periods", ""], "--periods: needs at least one value (comma-separated on the command line, a list in the YAML)"),
     (["--resolutions", "512,20000"], "--resolutions: 20000 is longer than a training segment (8192 samples = "
                                      "--segment_frames 32 × --hop_length 256): lower it or raise --segment_frames "
-                                     f"(--config {VOCODER_YAML}: segment_frames on line 9)"),  # the recipe's YAML set it
+                                     f"(--config {VOCODER_YAML}: segment_frames on line {SEGMENT_LINE})"),  # the recipe's YAML set it
 ])
 def test_vocoder_discriminator_lists_are_checked(argv, message, capsys):
     assert _refused(recipe_modules("vocoder", "train").train.Config, argv, capsys, VOCODER_YAML) == f"error: {message}\n"
