@@ -130,6 +130,86 @@ def test_the_models_own_masking_is_a_function_of_the_torch_seed(tmp_path, family
     assert not torch.equal(model(wav, lens)[0], outs[0])  # another position: other masks
 
 
+OUR_SHAPE = dict(hidden_size=32, num_layers=2, num_heads=2, ffn_dim=64, conv_kernel=3)
+
+
+def best_rq_like_run(root):
+    """A BEST-RQ run's folders as its train.py writes them, without training (random weights, random
+    statistics): final/ (recipe names, config.yaml, and encoder/ as its write_extras exports it) and
+    checkpoints/step_00000001/, each sealed. Returns the run folder and its recipe-named weights."""
+    import yaml
+    from safetensors.torch import save_file
+
+    from common.model.encoder import StackedLogMelEncoder, encoder_config_from
+    from common.model.hf_export import save_feature_extractor
+    from common.training.sealing import seal_export
+
+    cfg = asr.train.Config(**OUR_SHAPE)  # the fields BEST-RQ's config shares with ASR's
+    torch.manual_seed(0)
+    model = StackedLogMelEncoder(encoder_config_from(cfg), n_mels=cfg.n_mels, stack_frames=cfg.stack_frames)
+    model.feat_mean.normal_()
+    model.feat_std.uniform_(0.5, 2.0)
+    weights = {**model.state_dict(), "quantizer.codebook": torch.randn(8, 4), "head.weight": torch.randn(8, 32)}
+    saved = {k: getattr(cfg, k) for k in (*asr.train.MATCHING_KEYS, "dropout")}
+    for folder in (root / "final", root / "checkpoints" / "step_00000001"):
+        folder.mkdir(parents=True)
+        save_file(weights, folder / "model.safetensors")
+        (folder / "config.yaml").write_text(yaml.safe_dump(saved))
+    model.encoder.save_pretrained(root / "final" / "encoder")
+    save_feature_extractor(root / "final" / "encoder", n_mels=cfg.n_mels, stack_frames=cfg.stack_frames,
+                           sample_rate=cfg.sample_rate, mean=model.feat_mean, std=model.feat_std)
+    for folder in (root / "final", root / "checkpoints" / "step_00000001"):
+        seal_export(folder)
+    return root, weights
+
+
+def test_our_best_rq_encoder_is_read_as_any_transformers_folder(tmp_path):
+    """A BEST-RQ run's final/encoder/ (a Wav2Vec2BertModel whose front end is our log-mel, not a stock
+    feature extractor) goes through --init_from's one path for transformers folders: its run folder and
+    final/ resolve to it, a checkpoint (recipe names) and an ASR export (Wav2Vec2BertForCTC) give the same
+    record; the ASR recipe fine-tunes its Conformer on it, weights and statistics loaded strictly. A shape
+    other than the run's, a damaged seal around the folder, or a checkpoint of a transformers encoder's run
+    are refused in one line."""
+    import dataclasses
+
+    from common.model.hf_encoder import is_logmel, load_logmel_encoder, read_pretrained
+    from common.training.faults import UsageError
+
+    run_dir, weights = best_rq_like_run(tmp_path / "best_rq")
+    encoder_dir, step = run_dir / "final" / "encoder", run_dir / "checkpoints" / "step_00000001"
+    record = read_pretrained(encoder_dir)
+    assert is_logmel(record) and record["source"] == str(encoder_dir.resolve())
+    assert read_pretrained(run_dir) == read_pretrained(run_dir / "final") == record  # the same folder
+    cfg = asr.train.Config(output_dir=str(tmp_path / "asr"), init_from=str(encoder_dir), **OUR_SHAPE)
+    assert asr.train.prepare_frontend(cfg, tmp_path / "asr") is None  # the recipe's Conformer on log-mel ...
+    recorded = json.loads((tmp_path / "asr" / "frontend" / "frontend.json").read_text())
+    assert recorded == record  # ... and what it started from, recorded for decode.py, never read again
+
+    tokenizer = asr.text.CharTokenizer.from_texts(["ab c"])
+    for start in (recorded, read_pretrained(step)):
+        model = asr.model.ctc_model(cfg, tokenizer.vocab_size)
+        load_logmel_encoder(model, start, cfg)
+        assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items() if not k.startswith("head."))
+    asr.model.export_hf(tmp_path / "asr_final", model.state_dict(), cfg, tokenizer)  # an ASR run's final/
+    exported = read_pretrained(tmp_path / "asr_final")
+    assert is_logmel(exported) and exported["feature_extractor"]["mean"] == record["feature_extractor"]["mean"]
+    again = asr.model.ctc_model(cfg, tokenizer.vocab_size)
+    load_logmel_encoder(again, exported, cfg)  # its CTC head (lm_head) dropped
+    assert all(torch.equal(v, weights[k]) for k, v in again.state_dict().items() if not k.startswith("head."))
+
+    with pytest.raises(RunError) as e:
+        load_logmel_encoder(model, recorded, dataclasses.replace(cfg, hidden_size=48, stack_frames=2))
+    assert "hidden_size: pre-trained 32 != this run 48" in one_line(e) and "stack_frames: pre-trained 4 != this run 2" in str(e.value)
+    (step / "config.yaml").write_text("encoder_type: wav2vec2\n")
+    with pytest.raises(RunError) as e:
+        read_frontend(step)
+    assert "give that run's final/" in one_line(e)
+    (run_dir / "final" / "config.yaml").write_text("edited: true\n")
+    with pytest.raises(UsageError) as e:
+        read_pretrained(encoder_dir)
+    assert f"the folder it is in, {run_dir / 'final'}, is damaged" in one_line(e)
+
+
 def test_transformers_settings_on_the_conformer_are_refused(tmp_path):
     cfg = asr.train.Config(output_dir=str(tmp_path / "out"), mask_time_prob=0.05)
     with pytest.raises(RunError) as e:
