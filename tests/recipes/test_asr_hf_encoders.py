@@ -406,7 +406,7 @@ def test_the_lm_is_built_and_decodes_with_a_transformers_encoders_run(tiny_corpu
                   stderr_to_stdout=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
     proc = python([ROOT / "recipes/asr/decode.py", "--checkpoint", out, "--split", "test", "--lm", tmp_path / "lm",
-                   "--output", tmp_path / "decode"], stderr_to_stdout=True)
+                   "--beam_width", "8", "--output", tmp_path / "decode"], stderr_to_stdout=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
     summary = json.loads((tmp_path / "decode" / "test-lm.json").read_text())
     rows = (tmp_path / "decode" / "test-lm.jsonl").read_text().splitlines()
