@@ -86,7 +86,7 @@ def pretrained_folder(value: str | Path, flag: str = "--init_from") -> Path:
     if (path / "config.json").is_file() and not any((path / name).exists() for name in ("config.yaml", MARKER)):
         problem = seal_problem(path.parent) if (path.parent / MARKER).is_file() else None
         if problem:
-            raise UsageError(f"{flag} {path}: the folder it is in, {path.parent}, is {problem}")
+            raise UsageError(f"{flag} {path}: it is inside {path.parent}, whose seal fails: {problem}")
         return path
     folder = resolve_checkpoint(path, flag=flag)
     return folder / "encoder" if (folder / "encoder" / "config.json").is_file() else folder

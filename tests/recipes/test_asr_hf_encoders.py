@@ -209,7 +209,7 @@ def test_our_best_rq_encoder_is_read_as_any_transformers_folder(tmp_path):
     (run_dir / "final" / "config.yaml").write_text("edited: true\n")
     with pytest.raises(UsageError) as e:
         read_pretrained(encoder_dir)
-    assert f"the folder it is in, {run_dir / 'final'}, is damaged" in one_line(e)
+    assert f"it is inside {run_dir / 'final'}, whose seal fails: damaged (config.yaml" in one_line(e)
 
 
 def test_transformers_settings_on_the_conformer_are_refused(tmp_path):
