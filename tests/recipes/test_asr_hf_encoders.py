@@ -174,6 +174,8 @@ def test_our_best_rq_encoder_is_read_as_any_transformers_folder(tmp_path):
     are refused in one line."""
     import dataclasses
 
+    from safetensors.torch import save_file
+
     from common.model.hf_encoder import is_logmel, load_logmel_encoder, read_pretrained
     from common.training.faults import UsageError
 
@@ -206,10 +208,20 @@ def test_our_best_rq_encoder_is_read_as_any_transformers_folder(tmp_path):
     with pytest.raises(RunError) as e:
         read_frontend(step)
     assert "give that run's final/" in one_line(e)
+    (step / "config.yaml").write_text((run_dir / "final" / "config.yaml").read_text())  # a checkpoint of another model
+    save_file({k: v for k, v in weights.items() if k != "feat_std"}, step / "model.safetensors")
+    with pytest.raises(RunError) as e:
+        read_frontend(step)
+    assert "holds no feature statistics" in one_line(e)
     (run_dir / "final" / "config.yaml").write_text("edited: true\n")
     with pytest.raises(UsageError) as e:
         read_pretrained(encoder_dir)
     assert f"it is inside {run_dir / 'final'}, whose seal fails: damaged (config.yaml" in one_line(e)
+    fe = json.loads((encoder_dir / "preprocessor_config.json").read_text())
+    (encoder_dir / "preprocessor_config.json").write_text(json.dumps({**fe, "mean": fe["mean"][:-1]}))
+    with pytest.raises(RunError) as e:
+        read_frontend(encoder_dir)
+    assert "lacks or misstates" in one_line(e)
 
 
 def test_transformers_settings_on_the_conformer_are_refused(tmp_path):
