@@ -285,18 +285,19 @@ def test_export_of_each_family_transcribes_in_the_pipeline_as_the_recipe_does(ti
 
 
 # Per family, one uninterrupted run (`reference`: trained once per test run, shared by the tests that
-# read it) and one SIGKILLed after its first checkpoint (`killed`: made once, each test resumes its own
-# copy). The model's own time and feature masks, LayerDrop, dropout and speed perturbation on; batch ids
+# read it; it saves at its end only) and one SIGKILLed after its first checkpoint (`killed`: made once,
+# each test resumes its own copy). The model's own time and feature masks, LayerDrop, dropout and speed perturbation on; batch ids
 # logged (the elastic test compares them). A raw-waveform family in 1 process; w2v-BERT in 2, with
 # accumulation 2. The families share the recipe's code path: one per process count is killed and resumed.
 RUNS = {"wav2vec2": 1, "wav2vec2-bert": 2}
-RESUME = ["--max_steps", "3", "--save_steps", "1", "--eval_steps", "0", "--mask_time_prob", "0.2",
+RESUME = ["--max_steps", "3", "--eval_steps", "0", "--mask_time_prob", "0.2",
           "--mask_time_length", "2", "--mask_feature_prob", "0.2", "--mask_feature_length", "2",
           "--layerdrop", "0.3", "--speed_perturb", "0.1", "--dump_batch_ids", "true"]
 
 
-def run_args(corpus, family: str, out, init) -> list[str]:
-    return train_args(corpus, out, init, *RESUME, *(["--gradient_accumulation_steps", "2"] if RUNS[family] == 2 else []))
+def run_args(corpus, family: str, out, init, save_steps: int = 1) -> list[str]:
+    return train_args(corpus, out, init, *RESUME, "--save_steps", str(save_steps),
+                      *(["--gradient_accumulation_steps", "2"] if RUNS[family] == 2 else []))
 
 
 @contextlib.contextmanager
@@ -324,7 +325,7 @@ def continuous(tiny_corpus, tmp_path_factory, reference):
         with made_once(init) as todo:
             if todo:
                 tiny_encoder(family, init)
-        return reference("asr", RUNS[family], lambda out: run_args(tiny_corpus, family, out, init))
+        return reference("asr", RUNS[family], lambda out: run_args(tiny_corpus, family, out, init, save_steps=3))
     return get
 
 
