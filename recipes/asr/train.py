@@ -135,8 +135,9 @@ class Config(DatasetConfig):
     attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # on attention probabilities
     activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # on feed-forward activations
     # --- fine-tuning ---
-    # A BEST-RQ or ASR output_dir (or final/) to start from: its encoder and feature statistics (an ASR
-    # run's CTC head is not taken: the characters are this run's). `builtin`: this recipe's run on the
+    # A BEST-RQ or ASR output_dir (or final/, a checkpoint, or BEST-RQ's final/encoder: our exports are
+    # transformers folders of our log-mel front end, read as any other) to start from: its encoder and
+    # feature statistics (an ASR run's CTC head is not taken: the characters are this run's). `builtin`: this recipe's run on the
     # built-in corpus (`base_config`, with this run's front end and encoder shape and its `builtin_corpus`),
     # trained once per machine into the corpus cache (common/training/builtin_base.py; README, "A new
     # voice"); on a built-in corpus itself: from scratch. `auto`: `builtin` for small training data (below
