@@ -1,9 +1,11 @@
 """ASR from a transformers speech encoder (--init_from a `save_pretrained` folder; common/model/hf_encoder.py):
 tiny random models of each family made here (tests/recipes/tiny_encoders.py, no download). Units: the
 folder rules (foreign or broken checkpoints refused in one line, pre-training extras dropped with one
-log line), the model's own masking drawn from the loop's seed. End to end: each family trains, exports
+log line), the model's own masking drawn from the loop's seed, our BEST-RQ encoder read through the same
+path, a streamed `datasets` source resampled to the model's rate. End to end: each family trains, exports
 a stock <Family>ForCTC that `pipeline` loads without remote code and that transcribes as decode.py does;
-SIGKILL and resume is bit-identical in 1 process (wav2vec 2.0) and 2 (w2v-BERT). The families share the
+SIGKILL and resume is bit-identical in 1 process (wav2vec 2.0) and 2 (w2v-BERT), and 2 → 1 processes
+(elastic) keeps the global batches; lm.py and decode.py --lm work on such a run. The families share the
 recipe's code path (model.HFEncoderCTC, data.StockFrontend, data.PaddingCollator) and differ only in the
 transformers classes the per-family test runs, so one family per process count is killed and resumed."""
 
