@@ -1,34 +1,31 @@
 """The speech encoder shared by BEST-RQ pre-training and ASR fine-tuning: one contract, one place.
 
-The contract that `--init_from` (ASR from a BEST-RQ run) relies on:
+The contract that `--init_from` (ASR from a BEST-RQ run: common/model/hf_encoder.py) relies on:
 - front end: 80-dim log-mel (`common.model.features.LogMel`), normalized with the global statistics held
   in the buffers `feat_mean`, `feat_std` (n_mels,), then `stack_frames` 10 ms frames stacked into
   one encoder frame (4 → 40 ms);
 - encoder: a `transformers` `Wav2Vec2BertModel` (a Conformer) built by `encoder_config`, under the
   parameter name prefix `encoder.`;
-- the config keys in `MATCHING_KEYS` must be equal on both sides.
+- the config keys in `MATCHING_KEYS` must be equal on both sides; an export (a transformers folder)
+  writes them under the names `EXPORTED_AS` gives.
 Checkpoints of both recipes carry these names; do not rename them.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-import yaml
-from safetensors.torch import load_file
 from torch import nn
 from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
-from common.training.averaging import checkpoint_weights
-from common.training.sealing import resolve_checkpoint
-
-# Settings that must equal the pre-training run's for its encoder and features to mean anything.
-MATCHING_KEYS = ("sample_rate", "n_mels", "stack_frames", "hidden_size", "num_layers", "num_heads",
-                 "ffn_dim", "conv_kernel")
-# The encoder's parameter prefix in an exported ASR model (transformers Wav2Vec2BertForCTC).
-ASR_EXPORT_PREFIX = "wav2vec2_bert."
+# Settings that must equal the pre-training run's for its encoder and features to mean anything, and
+# where an export says each: {key: (part of a `hf_encoder.read_frontend` record: "config" is config.json
+# (`encoder_config`'s names), "feature_extractor" preprocessor_config.json (speech_frontend's
+# StackedLogMelFeatureExtractor), its name there)}.
+EXPORTED_AS = {"sample_rate": ("feature_extractor", "sampling_rate"), "n_mels": ("feature_extractor", "feature_size"),
+               "stack_frames": ("feature_extractor", "stack_frames"), "hidden_size": ("config", "hidden_size"),
+               "num_layers": ("config", "num_hidden_layers"), "num_heads": ("config", "num_attention_heads"),
+               "ffn_dim": ("config", "intermediate_size"), "conv_kernel": ("config", "conv_depthwise_kernel_size")}
+MATCHING_KEYS = tuple(EXPORTED_AS)
 
 
 def encoder_config(
@@ -105,59 +102,3 @@ class StackedLogMelEncoder(nn.Module):
         hidden = self.encoder(input_features=x.reshape(B, L, self.stack * D),
                               attention_mask=valid.long()).last_hidden_state
         return hidden, out_lens
-
-
-def resolve_pretrained(path: str | Path) -> Path:
-    """A pre-trained run's output_dir (BEST-RQ or ASR) or its final/ → the sealed folder holding
-    model.safetensors / encoder/ (verified as every tool verifies a trained model:
-    `common.training.sealing.resolve_checkpoint`)."""
-    return resolve_checkpoint(path, flag="--init_from")
-
-
-def load_pretrained_encoder(model: StackedLogMelEncoder, path: str | Path, cfg: dict) -> bool:
-    """Load a pre-trained encoder (and its feature statistics when present) into `model`: a BEST-RQ
-    run's, or an ASR run's (its Conformer without the CTC head: transfer to a new voice or language).
-
-    Refuses, listing the differences, when front end or encoder shape differ from `cfg`.
-    Returns True if the feature mean/std were taken from the pre-trained run."""
-    folder = resolve_pretrained(path)
-    if (folder / "config.yaml").is_file():
-        theirs = yaml.safe_load((folder / "config.yaml").read_text())
-    else:  # encoder/ alone: its transformers config says the shape (front end assumed from it)
-        enc = Wav2Vec2BertConfig.from_pretrained(folder / "encoder")
-        theirs = dict(hidden_size=enc.hidden_size, num_layers=enc.num_hidden_layers,
-                      num_heads=enc.num_attention_heads, ffn_dim=enc.intermediate_size,
-                      conv_kernel=enc.conv_depthwise_kernel_size)
-        if enc.feature_projection_input_dim != cfg["n_mels"] * cfg["stack_frames"]:
-            theirs["n_mels × stack_frames"] = enc.feature_projection_input_dim
-            cfg = {**cfg, "n_mels × stack_frames": cfg["n_mels"] * cfg["stack_frames"]}
-    differ = [f"{k}: pre-trained {theirs[k]!r} != this run {cfg[k]!r}"
-              for k in (*MATCHING_KEYS, "n_mels × stack_frames") if k in theirs and theirs[k] != cfg[k]]
-    if differ:
-        raise ValueError(f"--init_from {folder}: the pre-trained encoder does not match this config "
-                         f"(front end and encoder shape must equal pre-training):\n  " + "\n  ".join(differ)
-                         + "\nSet these keys to the pre-trained run's values (see its config.yaml).")
-    stats = None  # a feature extractor exported beside the weights holds the statistics
-    if (folder / "model.safetensors").is_file():
-        weights = checkpoint_weights(folder)  # a checkpoint's weight average (--ema_decay) when its run kept one
-        if any(k.startswith(ASR_EXPORT_PREFIX) for k in weights):
-            # An ASR run's final/ (transformers Wav2Vec2BertForCTC): its encoder, without the CTC
-            # head, whose vocabulary is the other run's. Transfer from a well-trained ASR model.
-            state = {"encoder." + k[len(ASR_EXPORT_PREFIX):]: v for k, v in weights.items()
-                     if k.startswith(ASR_EXPORT_PREFIX)}
-            stats = folder / "preprocessor_config.json"
-        else:
-            state = {k: v for k, v in weights.items() if k.startswith("encoder.") or k in ("feat_mean", "feat_std")}
-    else:
-        weights = load_file(folder / "encoder" / "model.safetensors")
-        state = {f"encoder.{k}": v for k, v in weights.items()}
-        stats = folder / "encoder" / "preprocessor_config.json"
-    if stats is not None and stats.is_file():
-        fe = json.loads(stats.read_text())
-        state.update(feat_mean=torch.tensor(fe["mean"]), feat_std=torch.tensor(fe["std"]))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k.startswith("encoder.")]
-    if missing or unexpected:
-        raise ValueError(f"--init_from {folder}: encoder weights do not fit: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    return "feat_mean" in state

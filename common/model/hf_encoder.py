@@ -1,5 +1,14 @@
 """A transformers speech encoder as the start of a recipe: what `--init_from` reads when it names a
-folder written by `save_pretrained` (or a Hub id: the same folder, downloaded).
+folder written by `save_pretrained` (or a Hub id: the same folder, downloaded), ours included: one
+code path for every such folder (`read_pretrained`).
+
+Ours: a BEST-RQ run's `final/encoder/` (a `Wav2Vec2BertModel`) and an ASR run's `final/` (a
+`Wav2Vec2BertForCTC`) are transformers folders too, whose `preprocessor_config.json` names our own
+front end (`StackedLogMelFeatureExtractor`, common/model/speech_frontend.py: log-mel + global
+statistics + frame stacking) instead of a stock one. The run folders they sit in (and a run's
+`checkpoints/step_*/`, recipe names, its config.yaml beside) resolve to the same records
+(`pretrained_folder`, `read_frontend`): the ASR recipe then fine-tunes its own Conformer on that
+front end (`load_logmel_encoder`), with the shape and statistics the folder says.
 
 The families a CTC fine-tune starts from, chosen by the folder's `config.json` `model_type`
 (`FAMILIES`): wav2vec 2.0, HuBERT and WavLM (a convolutional front end over the raw waveform,
@@ -27,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from common.training.faults import RunError
+from common.training.faults import RunError, UsageError
+from common.training.sealing import MARKER, resolve_checkpoint, seal_problem
 
 logger = logging.getLogger(__name__)
 
@@ -58,17 +68,39 @@ PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 CONVERT = ("convert it to safetensors once, where you trust it: python -c \"from transformers import AutoModel; "
            "AutoModel.from_pretrained('FOLDER').save_pretrained('FOLDER_st')\" and give FOLDER_st")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# Our front end's feature extractor (common/model/speech_frontend.py), as our exports name it in
+# preprocessor_config.json. Its auto_map there points at the copy of that file they carry, which is
+# never imported here: its settings and statistics are read as JSON, and the recipe computes them itself.
+LOGMEL = "StackedLogMelFeatureExtractor"
 
 
-def is_encoder_folder(path: str | Path) -> bool:
-    """A transformers folder (`config.json` with a `model_type`) that is not one of our run folders."""
-    config = Path(path) / "config.json"
-    if not config.is_file() or (Path(path) / "config.yaml").is_file():
-        return False
-    try:
-        return "model_type" in json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
+def pretrained_folder(value: str | Path, flag: str = "--init_from") -> Path:
+    """The folder `flag`'s `value` names, to read an encoder from: a Hub id, downloaded (`fetch_hub`); a
+    transformers folder as it is (one inside a sealed folder, as a BEST-RQ `final/encoder/`, only when
+    that seal holds); else one of our runs (its output_dir, final/ or checkpoints/step_*/), sealed
+    (`resolve_checkpoint`), a BEST-RQ export's `encoder/` taken from its final/."""
+    value = str(value)
+    if is_hub_id(value):
+        return fetch_hub(value, flag)
+    path = Path(value)
+    if (path / "config.json").is_file() and not any((path / name).exists() for name in ("config.yaml", MARKER)):
+        problem = seal_problem(path.parent) if (path.parent / MARKER).is_file() else None
+        if problem:
+            raise UsageError(f"{flag} {path}: it is inside {path.parent}, whose seal fails: {problem}")
+        return path
+    folder = resolve_checkpoint(path, flag=flag)
+    return folder / "encoder" if (folder / "encoder" / "config.json").is_file() else folder
+
+
+def read_pretrained(value: str | Path, flag: str = "--init_from") -> dict:
+    """`read_frontend`'s record of what `value` names (`pretrained_folder`), with that folder as "source"."""
+    folder = pretrained_folder(value, flag)
+    return {**read_frontend(folder, flag), "source": str(folder.resolve())}
+
+
+def is_logmel(frontend: dict) -> bool:
+    """A record of our own front end (a BEST-RQ or ASR run of this repository), not a stock one."""
+    return frontend["feature_extractor"].get("feature_extractor_type") == LOGMEL
 
 
 def is_hub_id(value: str) -> bool:
@@ -96,9 +128,14 @@ def fetch_hub(repo_id: str, flag: str = "--init_from") -> Path:
 
 def read_frontend(folder: str | Path, flag: str = "--init_from") -> dict:
     """What a transformers encoder folder says about itself, from its JSON alone: {"model_type",
-    "config": config.json, "feature_extractor": preprocessor_config.json}. Refuses (RunError, one
-    line) an unsupported `model_type`, remote code, or a folder without the stock feature extractor."""
+    "config": config.json, "feature_extractor": preprocessor_config.json}: the one place that decides
+    which front end a folder needs: the family's stock feature extractor, or ours (`LOGMEL`, a
+    wav2vec2-bert model: our exports). Refuses (RunError, one line) an unsupported `model_type`, remote
+    code in config.json, or a folder without either front end. One of our checkpoints (config.yaml,
+    no config.json): `checkpoint_frontend`."""
     folder = Path(folder)
+    if not (folder / "config.json").is_file() and (folder / "config.yaml").is_file():
+        return checkpoint_frontend(folder, flag)
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:
@@ -115,12 +152,57 @@ def read_frontend(folder: str | Path, flag: str = "--init_from") -> dict:
         fe = json.loads((folder / "preprocessor_config.json").read_text())
     except (OSError, ValueError):
         fe = None
+    if kind == "wav2vec2-bert" and fe is not None and fe.get("feature_extractor_type") == LOGMEL:
+        return check_logmel({"model_type": kind, "config": config, "feature_extractor": fe}, folder, flag)
     if fe is None or fe.get("feature_extractor_type") != family.feature_extractor or "auto_map" in fe:
         got = "none" if fe is None else fe.get("feature_extractor_type")
         raise RunError(f"{flag} {folder}: a {kind} model needs its stock {family.feature_extractor} in "
                        f"preprocessor_config.json (found: {got}); save it beside the model "
                        f"(`AutoFeatureExtractor.from_pretrained(<hub id>).save_pretrained(folder)`)")
     return {"model_type": kind, "config": config, "feature_extractor": fe}
+
+
+def check_logmel(record: dict, folder, flag: str = "--init_from") -> dict:
+    """`record` when its front end (ours) is whole: sizes, and statistics of `feature_size` values each,
+    that fit the model's input (`feature_projection_input_dim` = feature_size × stack_frames)."""
+    fe, config = record["feature_extractor"], record["config"]
+    try:
+        n, stack = int(fe["feature_size"]), int(fe["stack_frames"])
+        whole = (int(fe["sampling_rate"]) > 0 and len(fe["mean"]) == len(fe["std"]) == n
+                 and config.get("feature_projection_input_dim", n * stack) == n * stack)
+    except (KeyError, TypeError, ValueError):
+        whole = False
+    if not whole:
+        raise RunError(f"{flag} {folder}: its preprocessor_config.json ({LOGMEL}) lacks or misstates sampling_rate, "
+                       f"feature_size, stack_frames, or feature_size values of mean and std for the model's input: "
+                       f"export the run again (re-run its training command) or give the folder it came from")
+    return record
+
+
+def checkpoint_frontend(folder: Path, flag: str = "--init_from") -> dict:
+    """The record of one of our checkpoints (recipe names in model.safetensors, the run's config.yaml
+    beside): the log-mel front end and Conformer its config.yaml says (`EXPORTED_AS`: the names an export
+    writes), the statistics its `feat_mean`/`feat_std` buffers hold. A run that fine-tuned a transformers
+    encoder is refused (its final/ is that encoder's folder)."""
+    import yaml
+    from safetensors import safe_open
+
+    from common.model.encoder import EXPORTED_AS
+
+    saved = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+    if saved.get("encoder_type", "conformer") != "conformer" or not all(k in saved for k in EXPORTED_AS):
+        raise RunError(f"{flag} {folder}: a checkpoint of a run whose model is not this recipe's Conformer on "
+                       f"log-mel (config.yaml: encoder_type {saved.get('encoder_type')!r}): give that run's final/")
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        stats = {k: f.get_tensor(k).tolist() for k in ("feat_mean", "feat_std") if k in f.keys()}
+    if len(stats) < 2:
+        raise RunError(f"{flag} {folder}: its model.safetensors holds no feature statistics (feat_mean, feat_std): "
+                       f"give a BEST-RQ or ASR run of this repository")
+    record = {"model_type": "wav2vec2-bert", "config": {"model_type": "wav2vec2-bert"},
+              "feature_extractor": {"feature_extractor_type": LOGMEL, "mean": stats["feat_mean"], "std": stats["feat_std"]}}
+    for key, (file, name) in EXPORTED_AS.items():
+        record[file][name] = saved[key]
+    return check_logmel(record, folder, flag)
 
 
 def build_encoder(frontend: dict, overrides: dict):
@@ -147,10 +229,15 @@ def feature_extractor(frontend: dict):
 
 def encoder_weights(folder: str | Path, flag: str = "--init_from") -> dict[str, torch.Tensor]:
     """The safetensors weights of a transformers folder (one file or index-named shards); a folder
-    with pickled weights only is refused with the conversion command."""
+    with pickled weights only is refused with the conversion command. One of our checkpoints
+    (`checkpoint_frontend`): its encoder's, bare (`encoder.` stripped; its weight average when it kept one)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
+    if not (folder / "config.json").is_file() and (folder / "config.yaml").is_file():
+        from common.training.averaging import checkpoint_weights
+
+        return {k[len("encoder."):]: v for k, v in checkpoint_weights(folder).items() if k.startswith("encoder.")}
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -192,3 +279,28 @@ def load_encoder_weights(encoder: torch.nn.Module, weights: dict, prefix: str, f
     if kept:
         logger.info(f"{flag} {folder}: {len(kept)} tensors a CTC model does not use dropped "
                     f"({', '.join(sorted({k.split('.')[0] for k in kept}))})")
+
+
+def check_logmel_shape(frontend: dict, cfg, flag: str = "--init_from") -> None:
+    """Refuse in one line, listing the differences, a `LOGMEL` record whose front end or Conformer
+    shape (the MATCHING_KEYS, as `EXPORTED_AS` finds them in the record) is not `cfg`'s."""
+    from common.model.encoder import EXPORTED_AS
+
+    theirs = {key: frontend[part].get(name) for key, (part, name) in EXPORTED_AS.items()}
+    differ = [f"{k}: pre-trained {v!r} != this run {getattr(cfg, k)!r}" for k, v in theirs.items() if v != getattr(cfg, k)]
+    if differ:
+        raise RunError(f"{flag} {frontend['source']}: the pre-trained encoder does not match this config (front end "
+                       f"and encoder shape must equal pre-training): {'; '.join(differ)}; set these keys to the "
+                       f"pre-trained run's values (its config.yaml, or the folder's config.json and preprocessor_config.json)")
+
+
+def load_logmel_encoder(model: torch.nn.Module, frontend: dict, cfg, flag: str = "--init_from") -> None:
+    """Our Conformer (`model`: a StackedLogMelEncoder) from a `LOGMEL` record's folder: its weights
+    strictly (`load_encoder_weights`), its feature statistics into `feat_mean`/`feat_std`. A front end
+    or encoder shape other than `cfg`'s is refused in one line listing the differences."""
+    check_logmel_shape(frontend, cfg, flag)
+    source = frontend["source"]
+    load_encoder_weights(model.encoder, encoder_weights(source, flag), FAMILIES["wav2vec2-bert"].prefix, source, flag)
+    fe = frontend["feature_extractor"]
+    model.feat_mean.copy_(torch.tensor(fe["mean"], dtype=torch.float32))
+    model.feat_std.copy_(torch.tensor(fe["std"], dtype=torch.float32))

@@ -1,8 +1,9 @@
 """Conformer-CTC: the encoder shared with BEST-RQ (`common.model.encoder`: a `transformers`
 `Wav2Vec2BertModel` fed stacked log-mel frames) plus a linear CTC head; SpecAugment masks.
 
-The parameter names are BEST-RQ's (`encoder.*`, buffers `feat_mean`, `feat_std`), so a BEST-RQ
-`final/model.safetensors` loads into this model by name (`common.model.encoder.load_pretrained_encoder`).
+The parameter names are BEST-RQ's (`encoder.*`, buffers `feat_mean`, `feat_std`); a BEST-RQ run's
+exported `final/encoder/` loads into it as any transformers folder of our front end does
+(`common.model.hf_encoder.load_logmel_encoder`).
 `export_hf` writes a trained model as a transformers `Wav2Vec2BertForCTC` (`common.model.hf_export`);
 `evaluate` scores it on the validation set (loss, WER, CER) at train.py's evaluation steps.
 

@@ -5,7 +5,8 @@
     # a voice of your own (LibriSpeech layout): started from the run above, trained once per machine (README);
     # it stops when its validation CER has not improved in 4 validations, final/ holding the best one's weights
     accelerate launch recipes/asr/train.py --data_dir my_voice --output_dir outputs/asr_my_voice
-    # fine-tune a BEST-RQ encoder (same front end and encoder shape)
+    # fine-tune a BEST-RQ encoder (same front end and encoder shape): its run, or its exported transformers
+    # folder (outputs/best_rq/final/encoder, or a Hub id it was uploaded as), read as any transformers encoder
     accelerate launch recipes/asr/train.py --init_from outputs/best_rq --output_dir outputs/asr_ft
     # fine-tune a transformers speech encoder (wav2vec 2.0, HuBERT, WavLM, w2v-BERT 2.0): a save_pretrained
     # folder or a Hub id, with its own front end; final/ is its stock <Family>ForCTC
@@ -134,8 +135,9 @@ class Config(DatasetConfig):
     attention_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # on attention probabilities
     activation_dropout: Annotated[float, Range(0, 1, hi_open=True)] = 0.1  # on feed-forward activations
     # --- fine-tuning ---
-    # A BEST-RQ or ASR output_dir (or final/) to start from: its encoder and feature statistics (an ASR
-    # run's CTC head is not taken: the characters are this run's). `builtin`: this recipe's run on the
+    # A BEST-RQ or ASR output_dir (or final/, a checkpoint, or BEST-RQ's final/encoder: our exports are
+    # transformers folders of our log-mel front end, read as any other) to start from: its encoder and
+    # feature statistics (an ASR run's CTC head is not taken: the characters are this run's). `builtin`: this recipe's run on the
     # built-in corpus (`base_config`, with this run's front end and encoder shape and its `builtin_corpus`),
     # trained once per machine into the corpus cache (common/training/builtin_base.py; README, "A new
     # voice"); on a built-in corpus itself: from scratch. `auto`: `builtin` for small training data (below
@@ -189,11 +191,11 @@ from common.training.checkpoint import export_final  # noqa: E402
 from common.training.resume import resume_from_checkpoint  # noqa: E402
 from common.training.state import TrainState  # noqa: E402
 from common.training.early_stopping import start_early_stopping  # noqa: E402
-from common.config import config_to_dict, save_config  # noqa: E402
+from common.config import save_config  # noqa: E402
 from common.training.distributed import check_fsdp_wrap  # noqa: E402
-from common.model.encoder import MATCHING_KEYS, load_pretrained_encoder  # noqa: E402
-from common.model.hf_encoder import (FAMILIES, encoder_weights, fetch_hub, is_encoder_folder, is_hub_id,  # noqa: E402
-                                     load_encoder_weights, read_frontend)
+from common.model.encoder import MATCHING_KEYS  # noqa: E402
+from common.model.hf_encoder import (FAMILIES, check_logmel_shape, encoder_weights, is_logmel,  # noqa: E402
+                                     load_encoder_weights, load_logmel_encoder, read_pretrained)
 from common.training.faults import RunError, run_main  # noqa: E402
 from common.model.features import LogMel, feature_stats, set_feature_stats  # noqa: E402
 from common.model.hf_export import write_model_card  # noqa: E402
@@ -284,29 +286,31 @@ def prepare_tokenizer(cfg: Config, out: Path, source):
 
 
 def prepare_frontend(cfg: Config, out: Path) -> dict | None:
-    """A transformers encoder's record (`read_frontend` + the folder it came from) when --init_from
-    names one (a Hub id is downloaded here), written once into <out>/frontend/frontend.json by one
-    process: a resume, decode.py and export.py read it there, never the source (which may be gone).
-    None: this recipe's Conformer on log-mel. Its settings are refused in one line where they cannot apply."""
+    """What --init_from names, when it names a folder or a Hub id (downloaded here): its record
+    (`read_pretrained`: a transformers encoder folder, or one of our BEST-RQ/ASR runs, whose exports are
+    such folders too), written once into <out>/frontend/frontend.json by one process: a resume, decode.py
+    and export.py read it there, never the source (which may be gone). None: this recipe's Conformer on
+    log-mel (from scratch, the built-in base, or our front end's record, whose shape must be this run's).
+    Settings are refused in one line where they cannot apply."""
     init = cfg.init_from
-    hf = init not in (None, BUILTIN, AUTO) and (is_hub_id(init) or is_encoder_folder(init))
-    if not hf and not (out / "frontend").is_dir():
+    frontend = None
+    if init not in (None, BUILTIN, AUTO) or (out / "frontend").is_dir():
+        def build(tmp: Path) -> None:
+            (tmp / "frontend.json").write_text(json.dumps(read_pretrained(init), indent=1) + "\n")
+
+        done = prepare_once(out / "frontend", build, info={"init_from": init})
+        if json.loads((done / ".complete").read_text()).get("init_from") != init:
+            raise RunError(f"{done} was made for another --init_from; use a new --output_dir")
+        frontend = json.loads((done / "frontend.json").read_text())
+    if frontend is None or is_logmel(frontend):
         own = [k for k in ("layerdrop", "mask_time_prob", "mask_feature_prob") if getattr(cfg, k)]
         if own or cfg.freeze_feature_encoder:
             raise RunError(f"--{(own or ['freeze_feature_encoder'])[0]} is a transformers encoder's setting "
                            f"(--init_from a save_pretrained folder or a Hub id); this run's Conformer masks its "
                            f"log-mel itself (--time_masks, --freq_masks): drop it")
+        if frontend is not None:  # refused before any audio is read
+            check_logmel_shape(frontend, cfg)
         return None
-
-    def build(tmp: Path) -> None:
-        folder = fetch_hub(init) if is_hub_id(init) else Path(init)
-        record = {**read_frontend(folder), "source": str(folder.resolve())}
-        (tmp / "frontend.json").write_text(json.dumps(record, indent=1) + "\n")
-
-    done = prepare_once(out / "frontend", build, info={"init_from": init})
-    if json.loads((done / ".complete").read_text()).get("init_from") != init:
-        raise RunError(f"{done} was made for another --init_from; use a new --output_dir")
-    frontend = json.loads((done / "frontend.json").read_text())
     rate = frontend["feature_extractor"]["sampling_rate"]
     if rate != cfg.sample_rate:
         raise RunError(f"--sample_rate {cfg.sample_rate}: the {frontend['model_type']} model takes {rate} Hz audio "
@@ -342,8 +346,8 @@ def init_folder(cfg: Config, hours: float | None) -> str | Path | None:
 
 def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
     """The model, its output sized by the data's tokenizer; on a fresh start (not `data.resumes`: a
-    resume loads its checkpoint instead) its encoder loaded from --init_from (every rank: `init_folder`),
-    with the feature statistics when that run has them (`model.stats_given`). A transformers encoder
+    resume loads its checkpoint instead) its encoder and feature statistics loaded from --init_from (every
+    rank: `init_folder`; `load_logmel_encoder`, `model.stats_given`). A transformers encoder
     (the data's `encoder_type`): `build_hf_model`."""
     cfg = dataclasses.replace(cfg, **data.recorded)
     if cfg.encoder_type != "conformer":
@@ -351,7 +355,10 @@ def build_models(cfg: Config, data: RecipeData) -> dict[str, ConformerCTC]:
     model = ctc_model(cfg, data.tokenizer.vocab_size)
     # every rank; a resume loads its checkpoint instead (hours: None for a stream, not read ahead)
     folder = init_folder(cfg, data.summary.get("hours")) if not data.resumes else None
-    model.stats_given = load_pretrained_encoder(model, folder, config_to_dict(cfg)) if folder else False
+    if folder:  # our front end's record: prepare_frontend's of --init_from, or the built-in base's, read here
+        recorded = Path(cfg.output_dir) / "frontend" / "frontend.json"
+        load_logmel_encoder(model, json.loads(recorded.read_text()) if recorded.is_file() else read_pretrained(folder), cfg)
+    model.stats_given = bool(folder)  # the feature statistics came with the encoder
     start = (f"initialized from {folder}" if folder else "resumed" if data.resumes else "from scratch"
              + (" (the built-in corpus: the base of other voices)"
                 if cfg.init_from in (BUILTIN, AUTO) and uses_builtin_corpus(cfg) else ""))

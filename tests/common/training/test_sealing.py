@@ -43,13 +43,13 @@ def test_an_unfinished_unsealed_or_damaged_export_is_refused(tmp_path):
     differ from the marker, or that holds a file the marker does not list: each refused in one line
     naming the folder, by every tool (`--checkpoint`, `--init_from`), before any of its files is read."""
     from common.training.sealing import MARKER, resolve_checkpoint
-    from common.model.encoder import resolve_pretrained
+    from common.model.hf_encoder import pretrained_folder
     from common.training.faults import UsageError
 
     out = tmp_path / "run"
     (out / ".final.tmp").mkdir(parents=True)
     (out / ".final.tmp" / "model.safetensors").write_bytes(b"x")
-    for resolve, flag in ((resolve_checkpoint, "--checkpoint"), (resolve_pretrained, "--init_from")):
+    for resolve, flag in ((resolve_checkpoint, "--checkpoint"), (pretrained_folder, "--init_from")):
         with pytest.raises(UsageError, match=f"{flag} .*the export of this run did not finish.*re-run the training"):
             resolve(out)
     final = seal(out / "final", {"model.safetensors": "weights", "config.yaml": "data_dir: data\n",
@@ -68,7 +68,7 @@ def test_an_unfinished_unsealed_or_damaged_export_is_refused(tmp_path):
     (final / "config.yaml").write_text("data_dir: /etc/x\n")  # edited
     assert "damaged (config.yaml has 17 bytes, 15 were written)" in refused()
     (final / "config.yaml").write_text("data_dir: /etc\n")  # edited, same size
-    assert "damaged (config.yaml is corrupted (digest mismatch))" in refused("--init_from", resolve_pretrained)
+    assert "damaged (config.yaml is corrupted (digest mismatch))" in refused("--init_from", pretrained_folder)
     (final / "config.yaml").write_text("data_dir: data\n")
     (final / "tokenizer" / "vocab.json").write_text("{ }")
     assert "tokenizer/vocab.json has 3 bytes" in refused()
@@ -80,7 +80,7 @@ def test_an_unfinished_unsealed_or_damaged_export_is_refused(tmp_path):
     (final / MARKER).unlink()  # a marker-less final/, whatever it holds
     message = refused()
     assert "no COMPLETE marker" in message and "re-run the training command that made it" in message
-    assert "no COMPLETE marker" in refused("--init_from", resolve_pretrained)
+    assert "no COMPLETE marker" in refused("--init_from", pretrained_folder)
 
 
 MALFORMED_MARKERS = {  # COMPLETE's text → what verify_checkpoint says of it
