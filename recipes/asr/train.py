@@ -101,8 +101,8 @@ class Config(DatasetConfig):
     data_dir: str | None = None  # LibriSpeech-layout root, datasets.save_to_disk folder, or audiofolders <data_dir>/<split>/metadata.csv (manifest.py); None = built-in corpus
     eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
     metric_for_best_model: Literal["eval_cer", "eval_wer", "eval_loss"] = "eval_cer"
-    # A voice's validation CER flattens after ~3000 of its 6000 steps: 4 validations (1000 steps) without
-    # a lower CER end it (results/asr: the four prompt voices would stop at 3500-6000, fr and es earlier).
+    # A voice's validation CER flattens after ~3000 steps: 4 validations (1000 steps) without a lower CER
+    # end it (results/asr: replayed on the four prompt voices' 6000-step runs, fr and es stop at 3750/3500).
     early_stopping_patience: int | None = None  # None = auto: 4 on a voice (your own data under 10 h), off on the built-in corpus
     AUTO_EARLY_STOPPING_PATIENCE = 4
     # --- data ---
