@@ -93,7 +93,7 @@ def timed(name: str, cmd: list[str], shown: str, env: dict, logs: Path) -> dict:
     split into the built-in base's part (and the corpus's, when that base made it) and the rest."""
     print(f"$ {shown}", flush=True)
     lines, start = [], time.time()
-    with open(logs / f"{name}.log", "w") as log:
+    with open(logs / f"{name}.log", "w", buffering=1) as log:  # line-buffered: the log can be watched
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             lines.append((time.time(), line))
