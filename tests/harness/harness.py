@@ -349,6 +349,10 @@ def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = 
 # how accelerate decides its state (FORCE_*_ON_CPU, other profiles anyway): fresh interpreters.
 FORKABLE_HOOKS = ("SLOW_SAVE", "SLOW_EXPORT", "INJECT_FAULT", "ENOSPC_AT_SAVE", "DUMP_PREPARED")
 HOOKS = (*FORKABLE_HOOKS, "AUDIT_WRITES_DIR", "ENOSPC_AT_SAFETENSORS", "FORCE_FSDP_ON_CPU", "FORCE_DEEPSPEED_ON_CPU")
+# Variables this checkout reads when a run needs them, never on import (the cache root: common/data/cache.py): a
+# run that sets its own is forked by the server of the suite's value (the child has the run's, as every variable)
+# instead of costing a server of its own (~5 s of imports).
+READ_WHEN_RUN = ("SPEECH_RECIPES_CACHE",)
 
 
 def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT,
@@ -367,7 +371,8 @@ def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT
     if not FORK or (paths(env.get("PYTHONPATH", "")) != paths(base) and hook is None):
         return None
     # The server's own environment: the run's, less the hooks (read by the child's sitecustomize only)
-    server = _server({k: v for k, v in env.items() if k not in HOOKS} | {"PYTHONPATH": base})
+    server = _server({k: v for k, v in env.items() if k not in (*HOOKS, *READ_WHEN_RUN)}
+                     | {k: os.environ[k] for k in READ_WHEN_RUN if k in os.environ} | {"PYTHONPATH": base})
     outs = [log] if err is None else [log, err]
     if nproc == 1:
         return _fork_one(server, argv, env, outs, cwd, hook, cpus)

@@ -522,7 +522,7 @@ def test_a_stopped_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_cor
     re-launched once more resumes the base from its last checkpoint and trains the voice from it."""
     import psutil
 
-    from tests.harness.harness import base_env, cpu_tokens, kill_tree, on_cores
+    from tests.harness.harness import base_env, cpu_tokens, fork, kill_tree, on_cores
 
     cache = tmp_path / "cache"  # this test's own: the base it waits for is the only one
     cache.mkdir()
@@ -538,8 +538,10 @@ def test_a_stopped_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_cor
         pid and exit code."""
         with cpu_tokens(1) as cpus, open(log, "a") as out:
             before = newest()
-            proc = subprocess.Popen([sys.executable, str(RECIPE / "train.py"), *args], env=base_env(None), stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=on_cores(cpus))
+            argv = [str(RECIPE / "train.py"), *args]  # `python train.py`, forked (its imports spared) unless HARNESS_FORK=0
+            proc = fork(argv, 1, base_env(None), out, cpus=cpus) or subprocess.Popen(
+                [sys.executable, *argv], env=base_env(None), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=on_cores(cpus))
             child = None
             try:
                 deadline = time.monotonic() + 300
