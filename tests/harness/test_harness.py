@@ -175,6 +175,16 @@ def test_a_variable_is_seen_on_import_as_in_a_fresh_interpreter(tmp_path, monkey
     assert harness._servers[next(reversed(harness._servers))]["env"]["HARNESS_PROBE_VARIABLE"] == "set"
 
 
+def test_a_variable_read_when_run_reaches_the_run_from_the_suites_server(tmp_path):
+    """harness.READ_WHEN_RUN (the cache root): a run's own value is the one the run reads, and it costs no
+    fork server of its own (no import reads it)."""
+    _fork(tmp_path, "ok")  # the suite's server, started if none is
+    servers = list(harness._servers.values())
+    proc, log, _ = _fork(tmp_path, "ok", env={"SPEECH_RECIPES_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0 and json.loads(log.splitlines()[0])["env"]["SPEECH_RECIPES_CACHE"] == str(tmp_path / "cache")
+    assert list(harness._servers.values()) == servers
+
+
 @pytest.mark.parametrize("how", ["code", "raise"])
 def test_a_forked_tool_gives_what_a_fresh_interpreter_gives(tmp_path, how, monkeypatch):
     """`harness.python` (the tools: decode, score, synthesize...): stdout, stderr and exit code apart,
