@@ -413,7 +413,8 @@ def accelerate_stand_in(folder: Path) -> Path:
         server = _ready(_server({k: v for k, v in base_env().items() if k not in HOOKS}))
         shim.write_text(_STAND_IN.format(python=sys.executable, path=server["path"]))
     else:  # HARNESS_FORK=0: a fresh interpreter
-        shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')
+        shim.write_text(f'#!/bin/sh\n[ "$1" = launch ] || {{ echo "$0: the suite\'s stand-in takes \\`launch SCRIPT '
+                        f'[ARGS...]\\` only, not $*" >&2; exit 1; }}\nshift\nexec {sys.executable} "$@"\n')
     shim.chmod(0o755)
     return shim
 

@@ -78,7 +78,7 @@ def test_the_accelerate_stand_in_runs_the_script_as_python_does_and_passes_its_e
     raised = subprocess.run([shim, "launch", script, "raise"], env=env, capture_output=True, text=True, timeout=60)
     assert raised.returncode == 1 and "ValueError: boom" in raised.stderr
     other = subprocess.run([shim, "env"], env=env, capture_output=True, text=True, timeout=60)
-    assert other.returncode == 1 and other.stderr.endswith("the suite's stand-in takes `launch SCRIPT [ARGS...]` only, not ['env']\n")
+    assert other.returncode == 1 and "the suite's stand-in takes `launch SCRIPT [ARGS...]` only, not " in other.stderr
 
 
 def test_the_hooks_sitecustomize_runs_in_the_forked_child_or_the_run_is_not_forked(tmp_path):
