@@ -70,6 +70,24 @@ def _cpu_tokens(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_per_worker():
+    """Under pytest-xdist, a worker's own torch work (the in-process tests: data, models, losses, exports)
+    runs on one thread, and so do the fresh interpreters it starts itself (OMP_NUM_THREADS=1, as the
+    harness's runs already have it: harness.base_env). With torch's default, a thread per core, 4 workers
+    on 2 cores spin in OpenMP's barriers (measured on a loaded 2-core machine: the fast tier of test_asr,
+    test_best_rq and test_vocoder in 2 workers took 376 s of wall time and 48 s of CPU with 2 threads a
+    worker, 45 s and 16 s with 1). One count everywhere also keeps a tensor computed here bit-equal to one
+    a fresh interpreter computes (CPU float sums are split by thread). A recipe reads OMP_NUM_THREADS=1 as
+    unset (common/training/distributed.py, plan_threads); a test that wants more says so."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _own_corpus_cache(tmp_path_factory):
     """The built-in corpus and the built-in bases (`--init_from builtin`) a test makes without naming a
     cache go to this test run's folder, never to the user's ~/.cache/speech_recipes."""

@@ -2,34 +2,30 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.harness.harness import ROOT, cpu_tokens, on_cores
+from tests.harness.harness import ROOT, python
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")]
+SCRIPT = [ROOT / "benchmarks" / "gpu_check.py"]
 
 
 def test_gpu_check_smoke_path_on_cpu(tiny_corpus, tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # `python benchmarks/gpu_check.py`, forked by the harness (its imports spared): one core, one thread for
+    # what it trains (in-process, and 3 launches one at a time, which start fresh interpreters of their own)
     if not torch.cuda.is_available():  # the full check refuses in one line, before any work
-        proc = subprocess.run(SCRIPT, capture_output=True, text=True, timeout=120, env=env)
+        proc = python(SCRIPT, timeout=120)
         assert proc.returncode == 1
         assert proc.stderr.strip().splitlines() == [
             "gpu_check: no CUDA GPU on this machine (torch.cuda.is_available() is False); run it on a machine "
             "with one, or `--device cpu --smoke` for the parts a CPU can run"]
 
-    with cpu_tokens(1) as cpus:  # it trains (in-process and 3 launches, one at a time): one core, one thread
-        proc = subprocess.run([*SCRIPT, "--device", "cpu", "--smoke", "--data_dir", str(tiny_corpus / "librispeech"),
-                               "--output_dir", str(tmp_path / "check")], capture_output=True, text=True, timeout=600,
-                              env=env, preexec_fn=on_cores(cpus))
+    proc = python([*SCRIPT, "--device", "cpu", "--smoke", "--data_dir", str(tiny_corpus / "librispeech"),
+                   "--output_dir", str(tmp_path / "check")], timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {m[0]: (m[1], m[2]) for m in re.findall(r"^(\(\w\) [^\n]*?)\s{2,}(PASS|FAIL|SKIP|MEASURED)\s+(.*)$",
                                                     proc.stdout, re.M)}

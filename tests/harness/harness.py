@@ -322,13 +322,19 @@ def _server(env: dict) -> dict:
     return server
 
 
-def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = ROOT, hook: str | None = None,
-              cpus: list[int] | None = None) -> Forked:
+def _ready(server: dict) -> dict:
+    """`server` once it listens (it is importing until its socket exists)."""
     deadline = time.monotonic() + 120
-    while not os.path.exists(server["path"]):  # it is importing
+    while not os.path.exists(server["path"]):
         if server["proc"].poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the fork server did not start: {open(server['path'] + '.log').read()[-2000:]}")
         time.sleep(0.02)
+    return server
+
+
+def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = ROOT, hook: str | None = None,
+              cpus: list[int] | None = None) -> Forked:
+    _ready(server)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.connect(server["path"])
     request = {"argv": argv, "cwd": str(cwd), "env": env, "sitecustomize": hook, "cpus": cpus}
@@ -343,6 +349,10 @@ def _fork_one(server: dict, argv: list[str], env: dict, outs: list, cwd: Path = 
 # how accelerate decides its state (FORCE_*_ON_CPU, other profiles anyway): fresh interpreters.
 FORKABLE_HOOKS = ("SLOW_SAVE", "SLOW_EXPORT", "INJECT_FAULT", "ENOSPC_AT_SAVE", "DUMP_PREPARED")
 HOOKS = (*FORKABLE_HOOKS, "AUDIT_WRITES_DIR", "ENOSPC_AT_SAFETENSORS", "FORCE_FSDP_ON_CPU", "FORCE_DEEPSPEED_ON_CPU")
+# Variables this checkout reads when a run needs them, never on import (the cache root: common/data/cache.py): a
+# run that sets its own is forked by the server of the suite's value (the child has the run's, as every variable)
+# instead of costing a server of its own (~5 s of imports).
+READ_WHEN_RUN = ("SPEECH_RECIPES_CACHE",)
 
 
 def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT,
@@ -361,13 +371,52 @@ def fork(argv: list[str], nproc: int, env: dict, log, err=None, cwd: Path = ROOT
     if not FORK or (paths(env.get("PYTHONPATH", "")) != paths(base) and hook is None):
         return None
     # The server's own environment: the run's, less the hooks (read by the child's sitecustomize only)
-    server = _server({k: v for k, v in env.items() if k not in HOOKS} | {"PYTHONPATH": base})
+    server = _server({k: v for k, v in env.items() if k not in (*HOOKS, *READ_WHEN_RUN)}
+                     | {k: os.environ[k] for k in READ_WHEN_RUN if k in os.environ} | {"PYTHONPATH": base})
     outs = [log] if err is None else [log, err]
     if nproc == 1:
         return _fork_one(server, argv, env, outs, cwd, hook, cpus)
     port = free_port()
     return ForkedGroup([_fork_one(server, argv, {**env, **ddp_env(r, nproc, port)}, outs, cwd, hook, cpus)
                         for r in range(nproc)], log)
+
+
+# `accelerate launch SCRIPT ARGS...` as `python SCRIPT ARGS...` forked by a fork server (`accelerate_stand_in`):
+# started with -S (no site: the standard library is all it imports, ~20 ms instead of a recipe's ~5 s of imports).
+_STAND_IN = """#!{python} -S
+import json, os, signal, socket, sys
+if sys.argv[1:2] != ["launch"]:
+    sys.exit(f"{{sys.argv[0]}}: the suite's stand-in takes `launch SCRIPT [ARGS...]` only, not {{sys.argv[1:]}}")
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+conn.connect({path!r})
+request = {{"argv": sys.argv[2:], "cwd": os.getcwd(), "env": dict(os.environ), "sitecustomize": None,
+           "cpus": sorted(os.sched_getaffinity(0))}}  # the script's cores (the test's CPU tokens), as taskset would
+socket.send_fds(conn, [json.dumps(request).encode()], [1, 2])
+pid = json.loads(conn.recv(4096))["pid"]
+for sig in (signal.SIGTERM, signal.SIGINT):  # stopped as a launcher is: the run is told the same way
+    signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
+code = json.loads(conn.recv(4096))["returncode"]
+sys.exit(code if code >= 0 else 128 - code)  # killed by signal N: the shell's 128 + N
+"""
+
+
+def accelerate_stand_in(folder: Path) -> Path:
+    """An `accelerate` for a shell script under test (recipes/*/transfer.sh's $ACCELERATE), written into
+    `folder`: its `accelerate launch SCRIPT ARGS...` runs `python SCRIPT ARGS...` in one process, forked
+    by the fork server (a run's ~5 s of imports spared, as for `run`), with the script's working
+    directory, environment (what the server's imports read is the suite's: the script's own variables,
+    BASE or OUT, are read by no import), cores and stdout/stderr; its exit status is the run's (a fresh
+    interpreter with HARNESS_FORK=0). Such a test tests the script's plumbing, not the launcher: every
+    recipe's `accelerate_launch` tests do."""
+    shim = folder / "accelerate"
+    if FORK:
+        server = _ready(_server({k: v for k, v in base_env().items() if k not in HOOKS}))
+        shim.write_text(_STAND_IN.format(python=sys.executable, path=server["path"]))
+    else:  # HARNESS_FORK=0: a fresh interpreter
+        shim.write_text(f'#!/bin/sh\n[ "$1" = launch ] || {{ echo "$0: the suite\'s stand-in takes \\`launch SCRIPT '
+                        f'[ARGS...]\\` only, not $*" >&2; exit 1; }}\nshift\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    return shim
 
 
 def on_cores(cpus: list[int] | None):

@@ -59,6 +59,28 @@ def test_a_forked_run_sees_and_ends_as_python_script_does(tmp_path, how, code):
         assert "Traceback" in log and ("ValueError: boom" in log or "KeyboardInterrupt" in log)
 
 
+def test_the_accelerate_stand_in_runs_the_script_as_python_does_and_passes_its_exit_status(tmp_path):
+    """harness.accelerate_stand_in (a shell script's $ACCELERATE in the transfer.sh tests): `launch SCRIPT
+    ARGS` is the script forked with the caller's working directory, environment and cores, its output on
+    the caller's stdout/stderr, its failure the caller's (so a stage that fails fails the script); any
+    other use is refused."""
+    shim = harness.accelerate_stand_in(tmp_path)
+    script = tmp_path / "probe" / "probe.py"
+    script.parent.mkdir()
+    script.write_text(PROBE)
+    env = {**harness.base_env(), "STAGE": "2/2"}
+    shell = f'cd {tmp_path} && "{shim}" launch {script} code || echo "exit $?"'
+    proc = subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True, timeout=60)
+    seen = json.loads(proc.stdout.splitlines()[0])
+    assert seen["argv"] == [str(script), "code"] and seen["path0"] == str(script.parent) and seen["main"] == "__main__"
+    assert seen["cwd"] == str(tmp_path) and seen["env"]["STAGE"] == "2/2"
+    assert proc.stdout.splitlines()[-1] == "exit 3", proc.stderr[-2000:]
+    raised = subprocess.run([shim, "launch", script, "raise"], env=env, capture_output=True, text=True, timeout=60)
+    assert raised.returncode == 1 and "ValueError: boom" in raised.stderr
+    other = subprocess.run([shim, "env"], env=env, capture_output=True, text=True, timeout=60)
+    assert other.returncode == 1 and "the suite's stand-in takes `launch SCRIPT [ARGS...]` only, not " in other.stderr
+
+
 def test_the_hooks_sitecustomize_runs_in_the_forked_child_or_the_run_is_not_forked(tmp_path):
     """A sitecustomize on the path runs at each interpreter's start, reading its rank and pid: the
     hooks that patch accelerate's classes run in the forked child, with the run's environment; the
@@ -151,6 +173,16 @@ def test_a_variable_is_seen_on_import_as_in_a_fresh_interpreter(tmp_path, monkey
         assert harness.fork([str(tmp_path / "run.py")], 1, env, log).wait(timeout=60) == 0
     assert (tmp_path / "log").read_text().strip() == "set"
     assert harness._servers[next(reversed(harness._servers))]["env"]["HARNESS_PROBE_VARIABLE"] == "set"
+
+
+def test_a_variable_read_when_run_reaches_the_run_from_the_suites_server(tmp_path):
+    """harness.READ_WHEN_RUN (the cache root): a run's own value is the one the run reads, and it costs no
+    fork server of its own (no import reads it)."""
+    _fork(tmp_path, "ok")  # the suite's server, started if none is
+    servers = list(harness._servers.values())
+    proc, log, _ = _fork(tmp_path, "ok", env={"SPEECH_RECIPES_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0 and json.loads(log.splitlines()[0])["env"]["SPEECH_RECIPES_CACHE"] == str(tmp_path / "cache")
+    assert list(harness._servers.values()) == servers
 
 
 @pytest.mark.parametrize("how", ["code", "raise"])

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import jiwer
@@ -329,12 +328,10 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     --init_from BASE); run again, it skips stage 1 and stage 2's finished run is left as it was; no
     folder or no argument is refused with the usage. Tiny sizes through BASE_ARGS (the tiny corpus
     stands in for the built-in one) and the voice's arguments; `accelerate launch` stands in as
-    `python` (the script's launcher is not what is tested here)."""
-    from tests.harness.harness import cpu_tokens, on_cores
+    a forked `python` (harness.accelerate_stand_in; the script's launcher is not what is tested here)."""
+    from tests.harness.harness import accelerate_stand_in, cpu_tokens, on_cores
 
-    shim = tmp_path / "accelerate"
-    shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')
-    shim.chmod(0o755)
+    shim = accelerate_stand_in(tmp_path)
     base, out, voice = tmp_path / "base", tmp_path / "voice", tiny_corpus / "librispeech"
     env = {**os.environ, "ACCELERATE": str(shim), "BASE": str(base), "OUT": str(out),
            "BASE_ARGS": " ".join([*TINY, "--data_dir", str(voice), "--max_steps", "2", "--save_steps", "2",

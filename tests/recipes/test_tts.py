@@ -421,12 +421,10 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_it(tiny_corpus
     """recipes/tts/transfer.sh: stage 1 (the base voice, en-us phonemes), stage 2 (the voice, another
     language's phonemes, --init_from the base); run again, it skips stage 1 and stage 2's finished run
     is left as it was. Tiny sizes through BASE_ARGS and the voice's arguments; `accelerate launch`
-    stands in as `python` (the script's launcher is not what is tested here)."""
-    from tests.harness.harness import cpu_tokens, on_cores
+    stands in as a forked `python` (harness.accelerate_stand_in; the script's launcher is not what is tested here)."""
+    from tests.harness.harness import accelerate_stand_in, cpu_tokens, on_cores
 
-    shim = tmp_path / "accelerate"
-    shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')
-    shim.chmod(0o755)
+    shim = accelerate_stand_in(tmp_path)
     base, out, voice = tmp_path / "base", tmp_path / "voice", tiny_corpus / "ljspeech"
     env = {**os.environ, "ACCELERATE": str(shim), "BASE": str(base), "OUT": str(out), "MAX_STEPS": "2",
            "BASE_ARGS": " ".join([*TINY_MODEL, "--data_dir", str(voice), "--max_steps", "2"]),
@@ -524,7 +522,7 @@ def test_a_stopped_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_cor
     re-launched once more resumes the base from its last checkpoint and trains the voice from it."""
     import psutil
 
-    from tests.harness.harness import base_env, cpu_tokens, kill_tree, on_cores
+    from tests.harness.harness import base_env, cpu_tokens, fork, kill_tree, on_cores
 
     cache = tmp_path / "cache"  # this test's own: the base it waits for is the only one
     cache.mkdir()
@@ -540,8 +538,10 @@ def test_a_stopped_voice_run_stops_its_base_and_the_relaunch_resumes_it(tiny_cor
         pid and exit code."""
         with cpu_tokens(1) as cpus, open(log, "a") as out:
             before = newest()
-            proc = subprocess.Popen([sys.executable, str(RECIPE / "train.py"), *args], env=base_env(None), stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=on_cores(cpus))
+            argv = [str(RECIPE / "train.py"), *args]  # `python train.py`, forked (its imports spared) unless HARNESS_FORK=0
+            proc = fork(argv, 1, base_env(None), out, cpus=cpus) or subprocess.Popen(
+                [sys.executable, *argv], env=base_env(None), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=on_cores(cpus))
             child = None
             try:
                 deadline = time.monotonic() + 300

@@ -459,15 +459,12 @@ def test_transfer_script_trains_the_base_once_then_the_voice_from_its_last_check
     """recipes/vocoder/transfer.sh: stage 1 (the base, here the tiny corpus standing in for the
     built-in voice), stage 2 (the voice, --init_from the base's last checkpoint: generator and
     discriminators); run again, it skips stage 1 and leaves stage 2's finished run as it was.
-    `accelerate launch` stands in as `python` (the launcher is not what is tested here)."""
+    `accelerate launch` stands in as a forked `python` (harness.accelerate_stand_in; the launcher is not what is tested here)."""
     import os
-    import sys
 
-    from tests.harness.harness import cpu_tokens, on_cores
+    from tests.harness.harness import accelerate_stand_in, cpu_tokens, on_cores
 
-    shim = tmp_path / "accelerate"
-    shim.write_text(f'#!/bin/sh\nshift  # "launch"\nexec {sys.executable} "$@"\n')
-    shim.chmod(0o755)
+    shim = accelerate_stand_in(tmp_path)
     base, out, voice = tmp_path / "base", tmp_path / "voice", tiny_corpus / "ljspeech"
     env = {**os.environ, "ACCELERATE": str(shim), "BASE": str(base), "OUT": str(out), "BASE_STEPS": "3",
            "MAX_STEPS": "2", "BASE_ARGS": " ".join([*TINY, "--data_dir", str(voice), "--save_steps", "2"]),
