@@ -2,12 +2,11 @@
 tiny random models of each family made here (tests/recipes/tiny_encoders.py, no download). Units: the
 folder rules (foreign or broken checkpoints refused in one line, pre-training extras dropped with one
 log line), the model's own masking drawn from the loop's seed, our BEST-RQ encoder read through the same
-path, a streamed `datasets` source resampled to the model's rate. End to end: each family trains, exports
-a stock <Family>ForCTC that `pipeline` loads without remote code and that transcribes as decode.py does;
-SIGKILL and resume is bit-identical in 1 process (wav2vec 2.0) and 2 (w2v-BERT), and 2 → 1 processes
-(elastic) keeps the global batches; lm.py and decode.py --lm work on such a run. The families share the
-recipe's code path (model.HFEncoderCTC, data.StockFrontend, data.PaddingCollator) and differ only in the
-transformers classes the per-family test runs, so one family per process count is killed and resumed."""
+path, a streamed `datasets` source resampled to the model's rate. End to end, for each family (wav2vec 2.0,
+HuBERT, WavLM, w2v-BERT) in 1 and in 2 processes: a run SIGKILLed after its first checkpoint and re-launched
+equals the run never interrupted bit for bit, and that uninterrupted run's export is the stock
+<Family>ForCTC that `pipeline` loads without remote code and that transcribes as decode.py does. w2v-BERT's
+2-process run, killed, continues on 1 process (elastic); lm.py and decode.py --lm work on a wav2vec 2.0 run."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from common.training.faults import RunError
 from tests.harness.recipe_import import recipe_modules
 from tests.conftest import suite_dir
 from tests.harness.harness import ROOT, assert_same_losses, assert_same_weights, python, resumed_positions, run
-from tests.recipes.tiny_encoders import tiny_encoder
+from tests.recipes.tiny_encoders import FAMILY_NAMES, tiny_encoder
 
 asr = recipe_modules("asr", "text", "ctc_decode", "data", "model", "scoring", "train")
 TINY = ["--warmup_steps", "2", "--logging_steps", "1", "--report_to", "none", "--seed", "42", "--max_batch_seconds", "16"]
@@ -257,49 +256,19 @@ def even_frames_copy(root, split: str, dest):
     return dest
 
 
-@pytest.mark.parametrize("family", ["hubert", "wavlm"])
-def test_export_of_each_family_transcribes_in_the_pipeline_as_the_recipe_does(tiny_corpus, tmp_path, family):
-    """In-process and cheap, for the families the end-to-end test below leaves out: the recipe's model
-    on the tiny encoder, exported (model.export_stock_ctc), read by `pipeline` without remote code,
-    transcribes every test utterance as the recipe's own decoding (decode.py's `transcribe`) does, one
-    utterance per batch as the pipeline (a group-norm front end, these models' default, sees a batch's
-    zero padding: batched decoding may differ from one at a time there, as in transformers)."""
-    import soundfile as sf
-    from transformers import pipeline
-
-    from common.data.loading import make_loader
-
-    frontend = {**read_frontend(tiny_encoder(family, tmp_path / family)), "source": ""}
-    test = read_librispeech(tiny_corpus / "librispeech", "test")
-    tokenizer = asr.text.CharTokenizer.from_texts(list(test["text"]))
-    cfg = asr.train.Config(encoder_type=family)
-    model = asr.model.ctc_model(cfg, tokenizer.vocab_size, frontend)
-    load_encoder_weights(model.encoder, encoder_weights(tmp_path / family), family, tmp_path / family)
-    asr.model.export_stock_ctc(tmp_path / "final", model.state_dict(), cfg, tokenizer, frontend)
-    loader, _ = make_loader(asr.data.SpeechDataset(test, cfg, tokenizer, frontend=frontend), test["duration"],
-                            asr.data.PaddingCollator(), max_batch_seconds=1, num_buckets=1, seed=0, multiple_of=1,
-                            shuffle=False, num_workers=0)
-    decoded = {i: h for i, h, _ in asr.ctc_decode.transcribe(model, loader, tokenizer)[0]}
-    pipe = pipeline("automatic-speech-recognition", model=str(tmp_path / "final"))
-    for utt_id, path in zip(test["id"], test["path"]):
-        wav, rate = sf.read(path, dtype="float32")
-        assert " ".join(pipe({"raw": wav, "sampling_rate": rate})["text"].split()) == decoded[utt_id]
-
-
-# Per family, one uninterrupted run (`reference`: trained once per test run, shared by the tests that
-# read it; it saves at its end only) and one SIGKILLed after its first checkpoint (`killed`: made once,
-# each test resumes its own copy). The model's own time and feature masks, LayerDrop, dropout and speed perturbation on; batch ids
-# logged (the elastic test compares them). A raw-waveform family in 1 process; w2v-BERT in 2, with
-# accumulation 2. The families share the recipe's code path: one per process count is killed and resumed.
-RUNS = {"wav2vec2": 1, "wav2vec2-bert": 2}
+# Per family and process count, one uninterrupted run (`continuous`: trained once per test run, shared by
+# the tests that read it; it saves at its end only) and one SIGKILLed after its first checkpoint (`killed`:
+# made once, each test resumes its own copy). The model's own time and feature masks, LayerDrop, dropout and
+# speed perturbation on; batch ids logged (the elastic test compares them). 2 processes with accumulation 2.
+RUNS = [(family, nproc) for family in FAMILY_NAMES for nproc in (1, 2)]
 RESUME = ["--max_steps", "3", "--eval_steps", "0", "--mask_time_prob", "0.2",
           "--mask_time_length", "2", "--mask_feature_prob", "0.2", "--mask_feature_length", "2",
           "--layerdrop", "0.3", "--speed_perturb", "0.1", "--dump_batch_ids", "true"]
 
 
-def run_args(corpus, family: str, out, init, save_steps: int = 1) -> list[str]:
+def run_args(corpus, nproc: int, out, init, save_steps: int = 1) -> list[str]:
     return train_args(corpus, out, init, *RESUME, "--save_steps", str(save_steps),
-                      *(["--gradient_accumulation_steps", "2"] if RUNS[family] == 2 else []))
+                      *(["--gradient_accumulation_steps", "2"] if nproc == 2 else []))
 
 
 @contextlib.contextmanager
@@ -321,43 +290,43 @@ def made_once(folder):
 
 @pytest.fixture(scope="session")
 def continuous(tiny_corpus, tmp_path_factory, reference):
-    """`continuous(family)`: its uninterrupted run (`reference`), from a tiny encoder every worker shares."""
-    def get(family: str):
+    """`continuous(family, nproc)`: its uninterrupted run (`reference`), from a tiny encoder every worker shares."""
+    def get(family: str, nproc: int):
         init = suite_dir(tmp_path_factory) / "tiny_encoders" / family
         with made_once(init) as todo:
             if todo:
                 tiny_encoder(family, init)
-        return reference("asr", RUNS[family], lambda out: run_args(tiny_corpus, family, out, init, save_steps=3))
+        return reference("asr", nproc, lambda out: run_args(tiny_corpus, nproc, out, init, save_steps=3))
     return get
 
 
 @pytest.fixture(scope="session")
 def killed(tiny_corpus, tmp_path_factory):
-    """`killed(family, dest)`: a copy in `dest` of its run SIGKILLed after checkpoint 1 (made once), and the
+    """`killed(family, nproc, dest)`: a copy in `dest` of its run SIGKILLed after checkpoint 1 (made once), and the
     arguments that re-launch it. The folder it started from was emptied after the kill: a resume reads the
     recorded front end, never the source (the same --init_from is given, as a re-launch does)."""
     import shutil
 
-    def get(family: str, dest):
-        root = suite_dir(tmp_path_factory) / "killed" / family
+    def get(family: str, nproc: int, dest):
+        root = suite_dir(tmp_path_factory) / "killed" / f"{family}-{nproc}"
         with made_once(root) as todo:
             if todo:
                 init = tiny_encoder(family, root / "init")
-                run("asr", RUNS[family], run_args(tiny_corpus, family, root / "run", init), kill_after_checkpoint=1,
+                run("asr", nproc, run_args(tiny_corpus, nproc, root / "run", init), kill_after_checkpoint=1,
                     launcher=False)
                 shutil.rmtree(init)
                 init.mkdir()
         shutil.copytree(root / "run", dest)
-        return run_args(tiny_corpus, family, dest, root / "init")
+        return run_args(tiny_corpus, nproc, dest, root / "init")
     return get
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", list(RUNS))
-def test_hf_encoder_interrupted_equals_continuous(tmp_path, continuous, killed, family):
+@pytest.mark.parametrize("family,nproc", RUNS)
+def test_hf_encoder_interrupted_equals_continuous(tmp_path, continuous, killed, family, nproc):
     """SIGKILL after checkpoint 1 and re-launch: bit-identical weights and losses to a run never interrupted."""
-    cont, args = continuous(family), killed(family, tmp_path / "interrupted")
-    run("asr", RUNS[family], args)
+    cont, args = continuous(family, nproc), killed(family, nproc, tmp_path / "interrupted")
+    run("asr", nproc, args)
     assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
     assert_same_weights(cont, tmp_path / "interrupted")
     assert_same_losses(cont, tmp_path / "interrupted")
@@ -370,7 +339,7 @@ def test_hf_encoder_continues_on_fewer_processes(tmp_path, continuous, killed):
     sum is reduced in another order)."""
     from tests.guarantees.test_elastic import LOSS_RTOL, compare
 
-    cont, args = continuous("wav2vec2-bert"), killed("wav2vec2-bert", tmp_path / "interrupted")
+    cont, args = continuous("wav2vec2-bert", 2), killed("wav2vec2-bert", 2, tmp_path / "interrupted")
     log = run("asr", 1, args)
     assert "checkpoint: 2 process(es) × accumulation 2; now: 1 × 4" in log
     assert len(resumed_positions(tmp_path / "interrupted.log")) == 1
@@ -379,18 +348,19 @@ def test_hf_encoder_continues_on_fewer_processes(tmp_path, continuous, killed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", list(RUNS))
-def test_a_family_trains_and_exports_a_stock_model_the_pipeline_reads(tiny_corpus, tmp_path, continuous, family):
-    """(A raw-waveform family and w2v-BERT, the uninterrupted runs above; HuBERT and WavLM: the in-process
-    test above.) final/: the stock <Family>ForCTC, feature extractor and Wav2Vec2CTCTokenizer, no code;
-    `pipeline` without trust_remote_code transcribes every test utterance as decode.py does (the stock
-    tokenizer keeps a doubled space where decode.py single-spaces). w2v-BERT's feature extractor pads an
+@pytest.mark.parametrize("family,nproc", RUNS)
+def test_a_family_trains_and_exports_a_stock_model_the_pipeline_reads(tiny_corpus, tmp_path, continuous, family,
+                                                                      nproc):
+    """The uninterrupted run of each family in 1 and in 2 processes (the kill/resume test's). final/:
+    the stock <Family>ForCTC, feature extractor and Wav2Vec2CTCTokenizer, no code; `pipeline` without
+    trust_remote_code transcribes every test utterance as decode.py does (the stock tokenizer keeps a
+    doubled space where decode.py single-spaces). w2v-BERT's feature extractor pads an
     odd count of 10 ms fbank frames to a last, masked 20 ms frame, which the pipeline decodes too
     (decode.py: the valid frames only): its audio is given here at an even count."""
     import soundfile as sf
     from transformers import pipeline
 
-    out = continuous(family)
+    out = continuous(family, nproc)
     final = out / "final"
     config = json.loads((final / "config.json").read_text())
     ctc = asr.model.FAMILIES[family].ctc
@@ -416,7 +386,7 @@ def test_the_lm_is_built_and_decodes_with_a_transformers_encoders_run(tiny_corpu
     """lm.py on a wav2vec 2.0 run (its training transcripts), then decode.py --lm: every test utterance
     decoded with the LM, and the greedy side of the same posteriors scored as decode.py scores it."""
     pytest.importorskip("kenlm", reason="pip install -r requirements-lm.txt")
-    out = continuous("wav2vec2")
+    out = continuous("wav2vec2", 1)
     proc = python([ROOT / "recipes/asr/lm.py", "--checkpoint", out, "--order", "2", "--output_dir", tmp_path / "lm"],
                   stderr_to_stdout=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
