@@ -451,11 +451,11 @@ def _to_int16(x: np.ndarray) -> np.ndarray:
 def _resample_to_16k(x: np.ndarray, rate: int = LIBRISPEECH_SAMPLE_RATE) -> np.ndarray:
     """22050 Hz → `rate` samples per second (then played at 16 kHz: speed × 16000 / rate)."""
     import torch  # lazy: keeps `import tools.corpus` (and spawned lock waiters) light
-    import torchaudio.functional as AF
+
+    from common.data.loading import resample
 
     # float64 so that rounding to int16 afterwards cannot flip with CPU-specific float32 kernels.
-    y = AF.resample(torch.from_numpy(x.astype(np.float64)), ESPEAK_SAMPLE_RATE, rate)
-    return y.numpy()
+    return resample(torch.from_numpy(x.astype(np.float64)), ESPEAK_SAMPLE_RATE, rate).numpy()
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,8 @@ from pathlib import Path
 import datasets
 import soundfile as sf
 import torch
-import torchaudio
 
-from common.data.loading import load_audio, sample_generator
+from common.data.loading import load_audio, resample, sample_generator
 from common.training.distributed import derive_seed
 from common.model.features import LogMel
 from common.data.manifest import read_corpus
@@ -65,7 +64,7 @@ def load_wav(row: dict, sample_rate: int) -> torch.Tensor:
     else:
         wav, sr = torch.as_tensor(array[0], dtype=torch.float32), array[1]
         wav = wav.mean(dim=-1) if wav.ndim == 2 else wav
-    return torchaudio.functional.resample(wav, sr, sample_rate) if sr != sample_rate else wav
+    return resample(wav, sr, sample_rate)
 
 
 def _duration(row: dict) -> float:
@@ -189,7 +188,7 @@ class SpeechDataset(torch.utils.data.Dataset):
         factor = self.speed_factor(row["id"])
         if factor != 1.0:  # played `factor` times faster: fewer samples
             sr = self.cfg.sample_rate
-            wav = torchaudio.functional.resample(wav, round(sr * factor), sr)
+            wav = resample(wav, round(sr * factor), sr)
         return row["id"], self.logmel(wav), self.tokenizer.encode(row["text"]), self.tokenizer.normalize(row["text"])
 
 

@@ -58,7 +58,6 @@ from typing import Annotated, Literal
 import numpy as np
 import soundfile as sf
 import torch
-import torchaudio
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository root: common/, tools/ (not installed)
 
@@ -66,7 +65,7 @@ from common.training.averaging import checkpoint_weights
 from common.training.sealing import resolve_checkpoint, run_dir_of
 from common.config import load_config, parse_config
 from common.config_rules import ConfigError, Count, ExistingPath, ExistingPathOr, NonNegative
-from common.data.loading import load_audio
+from common.data.loading import load_audio, resample
 from common.training.faults import UsageError, run_main
 from common.data.manifest import DataError, DataPolicy, prepare_manifest, split_manifest
 from common.data.source import run_manifests
@@ -108,7 +107,7 @@ def wideband_pesq(ref: torch.Tensor, out: torch.Tensor, sample_rate: int) -> flo
     from pesq import pesq
 
     n = min(len(ref), len(out))
-    ref16, out16 = (torchaudio.functional.resample(x[:n], sample_rate, 16000).numpy() for x in (ref, out))
+    ref16, out16 = (resample(x[:n], sample_rate, 16000).numpy() for x in (ref, out))
     return float(pesq(16000, ref16, out16, "wb"))
 
 
@@ -154,7 +153,7 @@ def run_asr(args: EvalConfig, wavs: dict[str, torch.Tensor], texts: dict[str, st
     lines = []
     for n, utt_id in enumerate(sorted(wavs)):
         name = f"1-1-{n:04d}"
-        wav = torchaudio.functional.resample(wavs[utt_id], sample_rate, args.asr_sample_rate)
+        wav = resample(wavs[utt_id], sample_rate, args.asr_sample_rate)
         sf.write(chapter / f"{name}.flac", wav.numpy(), args.asr_sample_rate, subtype="PCM_16")
         lines.append(f"{name} {texts[utt_id].upper()}\n")
     (chapter / "1-1.trans.txt").write_text("".join(lines))

@@ -33,6 +33,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from common.config import parse_config
 from common.config_rules import Count, ExistingPath, NonNegative
+from common.data.loading import resample
 
 
 @dataclass
@@ -147,7 +148,7 @@ def main() -> None:
 
     def scores(ref, out, ref_mel) -> dict:
         n = min(len(ref), len(out))
-        ref16, out16 = (torchaudio.functional.resample(x[:n], cfg.sample_rate, 16000).numpy() for x in (ref, out))
+        ref16, out16 = (resample(x[:n], cfg.sample_rate, 16000).numpy() for x in (ref, out))
         return {"pesq": float(pesq(16000, ref16, out16, "wb")),
                 "stoi": float(stoi(ref[:n].numpy(), out[:n].numpy(), cfg.sample_rate, extended=False)),
                 "mcd": mcd_dtw(frontend(out).numpy(), ref_mel.numpy())}

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.data.loading import DurationBatchSampler, load_audio, read_audio_file, sample_generator
+from common.data.loading import DurationBatchSampler, load_audio, read_audio_file, resample, sample_generator
 from common.training.faults import UsageError
 from common.training.distributed import derive_seed
 
@@ -160,3 +160,16 @@ def test_an_audio_file_of_any_rate_and_channels_reads_as_the_data_layer_reads_it
         with pytest.raises(UsageError) as e:
             read_audio_file(str(tmp_path / name), 16000)
         assert str(e.value).startswith(f"{tmp_path / name}: {says}") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("orig,new", [(16000, 22050), (22050, 16000), (8000, 16000), (15200, 16000), (16000, 16000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_resample_is_torchaudios_bit_for_bit(orig, new, dtype):
+    """The kernel made once per (rates, dtype) gives torchaudio.functional.resample's samples exactly
+    (the built-in corpus's bytes and every cached item depend on it), for one clip or a batch."""
+    import torchaudio
+
+    for shape in [(4001,), (3, 2500)]:
+        wav = torch.randn(shape, generator=torch.Generator().manual_seed(orig + new), dtype=dtype)
+        for _ in range(2):  # the second call reads the kept kernel
+            assert torch.equal(resample(wav, orig, new), torchaudio.functional.resample(wav, orig, new))
