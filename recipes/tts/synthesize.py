@@ -70,12 +70,13 @@ def refuse(message: str) -> typing.NoReturn:
     raise SystemExit(2)
 
 
-def pick_vocoder(choice: str, folder: Path, tts_cfg, refine_iters: int | None = None) -> str | None:
-    """The neural vocoder `--vocoder choice` names for the TTS model in `folder` (a resolved checkpoint), or
-    None for Griffin-Lim. `auto`: its run's own, <run>/vocoder, when that folder exists (a line names it;
-    `neural_vocoder` then refuses it unfinished, damaged or of another mel, and here of other data), else
-    Griffin-Lim (a line says so and gives the command that trains the voice's vocoder). `refine_iters`
-    (--vocoder_refine_iters) without a neural vocoder is refused."""
+def pick_vocoder(choice: str, folder: Path, tts_cfg, refine_iters: int | None = None) -> Path | None:
+    """The neural vocoder `--vocoder choice` names for the TTS model in `folder` (a resolved checkpoint), as
+    its verified final/ (COMPLETE digests: refused unfinished or damaged), or None for Griffin-Lim. `auto`:
+    its run's own, <run>/vocoder, when that folder exists (a line names it; refused when trained on other
+    data; `neural_vocoder` refuses another mel), else Griffin-Lim (a line says so and gives the command
+    that trains the voice's vocoder). `refine_iters` (--vocoder_refine_iters) without a neural vocoder is
+    refused."""
     path = None if choice in (AUTO, GRIFFIN_LIM) else choice
     if choice == AUTO:
         run = run_dir_of(folder)
@@ -90,18 +91,24 @@ def pick_vocoder(choice: str, folder: Path, tts_cfg, refine_iters: int | None = 
     if refine_iters is not None and path is None:
         refuse("--vocoder_refine_iters refines a neural vocoder's output: give --vocoder PATH, or train the TTS run's own "
                "(recipes/vocoder/train.py --tts_run); Griffin-Lim's own setting is --griffin_lim_iters")
-    if choice == AUTO and path is not None:  # trained for this run's data: its held-out sentences unheard
+    if path is None:
+        return None
+    try:  # hashed once here; neural_vocoder reads this folder
+        resolved = resolve_checkpoint(path, "--vocoder auto: the TTS run's vocoder" if choice == AUTO else "--vocoder")
+    except UsageError as e:
+        refuse(f"{e} (--vocoder griffin_lim: Griffin-Lim meanwhile)" if choice == AUTO else str(e))
+    if choice == AUTO:  # trained for this run's data: its held-out sentences unheard
         _, train_module = vocoder_recipe()
         try:
-            theirs = load_config(resolve_checkpoint(path, "--vocoder auto: the TTS run's vocoder"), train_module.Config)
-        except (UsageError, ConfigError) as e:
+            theirs = load_config(resolved, train_module.Config)
+        except ConfigError as e:
             refuse(f"{e} (--vocoder griffin_lim: Griffin-Lim meanwhile)")
         keys = [k for k in train_module.tts_run_keys(tts_cfg.data_dir, tts_cfg.dataset_name) if k != "data_cache_dir"]
         differ = [f"{k} {getattr(theirs, k)} vs {getattr(tts_cfg, k)}" for k in keys if getattr(theirs, k) != getattr(tts_cfg, k)]
         if differ:
             refuse(f"--vocoder auto: {path} was trained on other data than this TTS model ({', '.join(differ)}): "
                    f"train it again for this run (`{train} --resume false`), or give --vocoder griffin_lim")
-    return path
+    return resolved
 
 
 def vocoder_recipe():
@@ -111,15 +118,12 @@ def vocoder_recipe():
     return modules.model, modules.train
 
 
-def neural_vocoder(path: str, tts_cfg, refine_iters: int | None = None):
-    """mel → waveform with the generator in `path` (a vocoder output_dir or its final/). The folder
-    is verified (COMPLETE digests) and only its weights and config.yaml are read: the code is this
-    repository's recipes/vocoder/model.py, never the copy the export carries for use elsewhere.
-    Refuses, with one line, a vocoder whose mel is not the TTS model's."""
-    try:
-        folder = resolve_checkpoint(path, flag="--vocoder")
-    except UsageError as e:
-        refuse(str(e))
+def neural_vocoder(folder: Path, tts_cfg, refine_iters: int | None = None):
+    """mel → waveform with the generator in `folder` (a vocoder final/ that `pick_vocoder` verified).
+    Only its weights and config.yaml are read: the code is this repository's recipes/vocoder/model.py,
+    never the copy the export carries for use elsewhere. Refuses, with one line, a vocoder whose mel is
+    not the TTS model's."""
+    path = folder
     if not (folder / "vocoder_model.py").is_file():  # (only a sign of what made the folder: never imported)
         refuse(f"--vocoder {path}: {folder} is not a recipes/vocoder final/ (no vocoder_model.py in it)")
     code, train = vocoder_recipe()

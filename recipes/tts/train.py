@@ -226,7 +226,7 @@ def init_folder(cfg: Config, hours: float | None) -> Path | None:
         args += ["--phonemizer_language", "en-us", "--symbols", AUTO]
     if not start_from_base(Path(__file__), cfg, args, hours, BASE_STEPS_PER_S, log=logger.info):
         return None
-    return resolve_checkpoint(builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info), "--init_from")
+    return builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info) / "final"  # its seal checked there
 
 
 def build_models(cfg: Config, data: RecipeData) -> dict:

@@ -295,7 +295,7 @@ def init_folder(cfg: Config, hours: float | None) -> Path | None:
     if not start_from_base(Path(__file__), cfg, args, hours, BASE_STEPS_PER_S, log=logger.info):
         return None
     base = builtin_base(Path(__file__), args, cfg.data_cache_dir, log=logger.info, checkpoint=True)
-    return resolve_checkpoint(find_latest_checkpoint(base), "--init_from")
+    return find_latest_checkpoint(base)  # its seal checked by builtin_base
 
 
 def build_models(cfg: Config, data: RecipeData) -> dict:
