@@ -146,6 +146,36 @@ def test_length_regulation():
     assert model.lengths_to_padding(lens).tolist() == [[False] * 3 + [True] * 2, [False] * 5]
 
 
+def test_dropout_drops_p_keeps_the_mean_and_follows_the_seed():
+    """The 16-bit-mask dropout: P(drop) = round(p·2¹⁶)/2¹⁶, E[out] = x, the gradient is the mask, the same
+    seed gives the same mask, and outside training it is the identity."""
+    x = torch.ones(400, 1000, requires_grad=True)
+    torch.manual_seed(0)
+    y = model.dropout(x, 0.1, True)
+    dropped = float((y == 0).float().mean())
+    assert abs(dropped - round(0.1 * 65536) / 65536) < 0.002 and abs(float(y.mean()) - 1) < 0.003
+    assert torch.unique(y).tolist() == [0.0, pytest.approx(65536 / (65536 - round(0.1 * 65536)))]
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())
+    torch.manual_seed(0)
+    assert torch.equal(model.dropout(x, 0.1, True), y)
+    assert model.dropout(x, 0.1, False) is x and model.dropout(x, 0.0, True) is x
+    odd = model.dropout(torch.ones(3, 5, 7, dtype=torch.bfloat16), 0.5, True)  # numel not a multiple of 4
+    assert odd.shape == (3, 5, 7) and odd.dtype == torch.bfloat16 and set(torch.unique(odd).tolist()) <= {0.0, 2.0}
+
+
+def test_self_attention_is_multihead_attention_with_its_weights():
+    """Outside training, `self_attention` computes what nn.MultiheadAttention does with the same weights
+    and key padding (the checkpoint layout is the module's)."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, dropout=0.1, batch_first=True).eval()
+    x = torch.randn(3, 9, 16)
+    pad = torch.zeros(3, 9, dtype=torch.bool)
+    pad[1, 6:], pad[2, 2:] = True, True
+    expected, _ = mha(x, x, x, key_padding_mask=pad, need_weights=False)
+    assert torch.allclose(model.self_attention(mha, x, pad, training=False), expected, atol=1e-6)
+
+
 def test_symbols_round_trip():
     s = model.Symbols(" abcdefghijklmnopqrstuvwxyz'.,")
     ids = s.encode("  It's   a Test, ok. ")
