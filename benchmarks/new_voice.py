@@ -243,7 +243,13 @@ def main() -> None:
 
 
 def report(args, out: Path, steps: dict, cache_note: str) -> None:
-    """<out>/new_voice.json and one markdown table row: times in minutes, CER/WER in %, judge ratio, MCD in dB."""
+    """<out>/new_voice.json and one markdown table row: times in minutes, CER/WER in %, judge ratio, MCD in dB.
+    With --only, the steps an earlier call wrote there for the same voice are kept beside this call's."""
+    earlier = out / "new_voice.json"
+    if args.only and earlier.is_file():
+        before = json.loads(earlier.read_text())
+        if (before.get("voice"), before.get("lang"), before.get("smoke")) == (str(args.voice), args.lang, args.smoke):
+            steps = {**{k: v for k, v in before["steps"].items() if k not in steps}, **steps}
     quality = {}
     if "asr_decode" in steps:
         asr = json.loads((out / "asr" / "decode" / "final" / "test-greedy.json").read_text())

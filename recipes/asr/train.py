@@ -326,9 +326,9 @@ def prepare_frontend(cfg: Config, out: Path) -> dict | None:
 # Not the thread count: the base uses the machine's cores (`num_threads` auto), so that one machine
 # has one base whatever the voices' threads (the same command gives the same base on it, first or not).
 BASE_FIELDS = (*MATCHING_KEYS, "seed", "mixed_precision", "deterministic", "builtin_corpus")
-# The base's speed for the time the start log estimates: 6000 steps in 10 min 41 s, 1 process alone on
-# a 2-core VM (README, the default config's results).
-BASE_STEPS_PER_S = 9.4
+# The base's speed for the time the start log estimates: 10.3 steps/s, 1 process alone on a 2-core VM
+# (benchmarks/new_voice.py, results/README.md: "A new voice on a fresh machine").
+BASE_STEPS_PER_S = 10.3
 
 
 def init_folder(cfg: Config, hours: float | None) -> str | Path | None:

@@ -302,7 +302,7 @@ def main():
     keys = ("mcd", "mcd_vocoded", "mcd_vocoder_floor", "pesq_vocoder_floor", "length_ratio", "energy_corr", "soft_peak",
             "soft_hard_agreement", "synth_rms_db")
     summary = {"checkpoint": str(folder), "split": args.split, "utterances": len(rows),
-               "vocoder": vocoder_path or f"griffin-lim ({args.griffin_lim_iters} iterations)",
+               "vocoder": vocoder_path.named if vocoder_path else f"griffin-lim ({args.griffin_lim_iters} iterations)",
                **{k: float(np.mean([r[k] for r in rows])) for k in keys},
                "durations_sum_ok": sum(r["durations_sum_ok"] for r in rows),
                "monotonic_ok": sum(r["monotonic_ok"] for r in rows),

@@ -70,9 +70,14 @@ def refuse(message: str) -> typing.NoReturn:
     raise SystemExit(2)
 
 
-def pick_vocoder(choice: str, folder: Path, tts_cfg, refine_iters: int | None = None) -> Path | None:
-    """The neural vocoder `--vocoder choice` names for the TTS model in `folder` (a resolved checkpoint), as
-    its verified final/ (COMPLETE digests: refused unfinished or damaged), or None for Griffin-Lim. `auto`:
+class PickedVocoder(typing.NamedTuple):
+    named: str  # as --vocoder named it (auto: <the TTS run>/vocoder)
+    folder: Path  # its final/, verified
+
+
+def pick_vocoder(choice: str, folder: Path, tts_cfg, refine_iters: int | None = None) -> PickedVocoder | None:
+    """The neural vocoder `--vocoder choice` names for the TTS model in `folder` (a resolved checkpoint): as
+    named, and its final/, verified (COMPLETE digests: refused unfinished or damaged); None for Griffin-Lim. `auto`:
     its run's own, <run>/vocoder, when that folder exists (a line names it; refused when trained on other
     data; `neural_vocoder` refuses another mel), else Griffin-Lim (a line says so and gives the command
     that trains the voice's vocoder). `refine_iters` (--vocoder_refine_iters) without a neural vocoder is
@@ -108,7 +113,7 @@ def pick_vocoder(choice: str, folder: Path, tts_cfg, refine_iters: int | None = 
         if differ:
             refuse(f"--vocoder auto: {path} was trained on other data than this TTS model ({', '.join(differ)}): "
                    f"train it again for this run (`{train} --resume false`), or give --vocoder griffin_lim")
-    return resolved
+    return PickedVocoder(path, resolved)
 
 
 def vocoder_recipe():
@@ -118,12 +123,12 @@ def vocoder_recipe():
     return modules.model, modules.train
 
 
-def neural_vocoder(folder: Path, tts_cfg, refine_iters: int | None = None):
-    """mel → waveform with the generator in `folder` (a vocoder final/ that `pick_vocoder` verified).
+def neural_vocoder(picked: PickedVocoder, tts_cfg, refine_iters: int | None = None):
+    """mel → waveform with the generator `pick_vocoder` found (and verified).
     Only its weights and config.yaml are read: the code is this repository's recipes/vocoder/model.py,
     never the copy the export carries for use elsewhere. Refuses, with one line, a vocoder whose mel is
     not the TTS model's."""
-    path = folder
+    path, folder = picked
     if not (folder / "vocoder_model.py").is_file():  # (only a sign of what made the folder: never imported)
         refuse(f"--vocoder {path}: {folder} is not a recipes/vocoder final/ (no vocoder_model.py in it)")
     code, train = vocoder_recipe()

@@ -207,9 +207,9 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
 BASE_FIELDS = ("sample_rate", "n_mels", "win_length", "hop_length", "text_frontend", "dim", "encoder_layers",
                "decoder_layers", "num_heads", "ffn_dim", "conv_kernel", "duration_channels", "attention_dim",
                "seed", "mixed_precision", "deterministic", "builtin_corpus")
-# The base's speed for the time the start log estimates: 1000 steps at 2.5 steps/s alone on a 2-core VM,
-# 2 threads (README, "Time").
-BASE_STEPS_PER_S = 2.5
+# The base's speed for the time the start log estimates: 1.87 steps/s, 2 threads alone on a 2-core VM
+# (benchmarks/new_voice.py, results/README.md: "A new voice on a fresh machine"; 2.5 on an earlier VM).
+BASE_STEPS_PER_S = 1.87
 
 
 def init_folder(cfg: Config, hours: float | None) -> Path | None:

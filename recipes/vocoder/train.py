@@ -277,9 +277,9 @@ def build_data(cfg: Config, accelerator, out: Path, *, global_batch: int, num_wo
 # they shape training, not the weights (the base trains with config.yaml's).
 BASE_FIELDS = (*MEL_FIELDS, "dim", "hidden_dim", "layers", "magnitude_prior", "periods", "period_channels", "resolutions",
                "resolution_channels", "seed", "mixed_precision", "deterministic", "builtin_corpus")
-# The base's speed for the time the start log estimates: 1.96-1.97 steps/s, 2 threads alone on a 2-core VM,
-# the built-in corpus (results/vocoder/RESULTS.md, "The envelope loss").
-BASE_STEPS_PER_S = 1.96
+# The base's speed for the time the start log estimates: 1.65 steps/s, 2 threads alone on a 2-core VM,
+# the built-in corpus (benchmarks/new_voice.py, results/README.md: "A new voice on a fresh machine").
+BASE_STEPS_PER_S = 1.65
 
 
 def init_folder(cfg: Config, hours: float | None) -> Path | None:

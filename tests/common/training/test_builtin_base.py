@@ -50,13 +50,13 @@ def test_a_fresh_run_says_its_choice_the_bases_cost_and_how_to_skip_or_force_it_
     lines = []
     assert start_from_base(script, cfg, args, 0.5, train.BASE_STEPS_PER_S, log=lines.append) is True
     assert lines == ["--init_from auto: 0.50 h of training data, under 10 h: first training the built-in base "
-                     "(3500 steps on the built-in corpus, once per machine: roughly 6 min on 2 CPU cores at the 9.4 "
+                     "(3500 steps on the built-in corpus, once per machine: roughly 6 min on 2 CPU cores at the 10.3 "
                      "steps/s measured there, less on a GPU), then this run from it; --init_from none skips it "
                      "(from scratch)"]
     assert start_from_base(script, cfg, args, 25.0, train.BASE_STEPS_PER_S, log=lines.append) is False
     assert lines[1] == ("--init_from auto: 25.0 h of training data, 10 h or more: from scratch; --init_from builtin "
                         "starts from the built-in base instead (3500 steps on the built-in corpus, once per machine: "
-                        "roughly 6 min on 2 CPU cores at the 9.4 steps/s measured there, less on a GPU)")
+                        "roughly 6 min on 2 CPU cores at the 10.3 steps/s measured there, less on a GPU)")
     folder = base_folder(script, args, cfg.data_cache_dir)  # trained before on this machine: no wait
     folder.mkdir(parents=True)
     (folder / COMPLETE_MARKER).write_text("{}")
@@ -75,7 +75,7 @@ def test_the_bases_steps_are_its_yamls(tmp_path):
     start_from_base(ROOT / "recipes" / "asr" / "train.py", cfg, base_args(cfg, train.BASE_FIELDS), 50.0,
                     train.BASE_STEPS_PER_S, log=lines.append)
     assert lines == ["--init_from builtin: asked for, whatever the data's size: first training the built-in base "
-                     "(470 steps on the built-in corpus, once per machine: roughly 1 min on 2 CPU cores at the 9.4 "
+                     "(470 steps on the built-in corpus, once per machine: roughly 1 min on 2 CPU cores at the 10.3 "
                      "steps/s measured there, less on a GPU), then this run from it; --init_from none skips it "
                      "(from scratch)"]
 
@@ -103,7 +103,7 @@ def test_the_vocoders_base_shares_its_lists_and_says_its_cost(tmp_path):
     assert start_from_base(ROOT / "recipes" / "vocoder" / "train.py", cfg, args, 0.3, train.BASE_STEPS_PER_S,
                            log=lines.append) is True
     assert lines == ["--init_from auto: 0.30 h of training data, under 10 h: first training the built-in base (1000 steps "
-                     "on the built-in corpus, once per machine: roughly 9 min on 2 CPU cores at the 1.96 steps/s measured "
+                     "on the built-in corpus, once per machine: roughly 10 min on 2 CPU cores at the 1.65 steps/s measured "
                      "there, less on a GPU), then this run from it; --init_from none skips it (from scratch)"]
     itself = parse_config(train.Config, [], default_yaml=yaml_path)
     assert start_from_base(ROOT / "recipes" / "vocoder" / "train.py", itself, args, 0.82, train.BASE_STEPS_PER_S,
