@@ -29,18 +29,19 @@ from common.training.logs import get_logger
 
 logger = get_logger(__name__)  # main process only
 
+
 @functools.lru_cache(maxsize=32)
-def _resampler(orig: int, new: int, dtype: torch.dtype) -> torchaudio.transforms.Resample:
-    return torchaudio.transforms.Resample(orig, new, dtype=dtype)
+def _resampler(orig: int, new: int, dtype: torch.dtype, device: torch.device) -> torchaudio.transforms.Resample:
+    return torchaudio.transforms.Resample(orig, new, dtype=dtype).to(device)
 
 
 def resample(wav: torch.Tensor, orig: int, new: int) -> torch.Tensor:
     """`torchaudio.functional.resample(wav, orig, new)`, bit for bit, with its windowed-sinc kernel made
-    once per (orig, new, dtype): the functional rebuilds it on every call, which costs more than the
+    once per (orig, new, dtype, device): the functional rebuilds it on every call, which costs more than the
     filtering itself for co-prime rates (16000 -> 22050 Hz: ~0.1 s per clip on a CPU core)."""
     if orig == new:
         return wav
-    return _resampler(int(orig), int(new), wav.dtype)(wav)
+    return _resampler(int(orig), int(new), wav.dtype, wav.device)(wav)
 
 
 def load_audio(path: str, sample_rate: int) -> torch.Tensor:

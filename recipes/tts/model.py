@@ -121,10 +121,10 @@ def lengths_to_padding(lens: torch.Tensor, max_len: int | None = None) -> torch.
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Inverted dropout (`F.dropout`) whose mask costs a quarter of the random draws on CPU: 16 random
     bits per element, four per 64-bit draw, where `bernoulli_` makes a draw per element (with the
-    self-attention below, config.yaml's model trains 1.14x faster on 2 CPU cores: results/README.md). An element is dropped with
-    probability round(p·2¹⁶)/2¹⁶ (p = 0.1: 0.09998) and the kept ones scaled so that E[out] = x. Drawn
-    from the default CPU generator, so seeding and a checkpoint's RNG state cover it. Other devices:
-    `F.dropout`."""
+    self-attention below, config.yaml's model trains 1.14x faster on 2 CPU cores: results/README.md).
+    An element is dropped with probability round(p·2¹⁶)/2¹⁶ (p = 0.1: 0.09998) and the kept ones scaled
+    so that E[out] = x. Drawn from the default CPU generator, so seeding and a checkpoint's RNG state
+    cover it. Other devices: `F.dropout`."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
