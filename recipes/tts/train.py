@@ -80,7 +80,7 @@ class Config(DatasetConfig):
     # into the corpus cache (common/training/builtin_base.py); for the built-in voice itself: from scratch.
     # `auto`: `builtin` for small training data (below builtin_base.AUTO_MAX_HOURS), from scratch above.
     init_from: Annotated[str | None, ExistingPathOr("builtin", "auto")] = None  # auto: under 10 h of training data, first trains a second model, the built-in base (this recipe on the built-in voice, once per machine, then cached: minutes on a CPU, estimated in the start log), and starts from it; 10 h or more: from scratch. builtin: the base always; none: from scratch; or a TTS run to start from
-    base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml, 1000 steps)
+    base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml, 750 steps)
     dim: Annotated[int, Count] = 128  # encoder/decoder width
     encoder_layers: Annotated[int, Count] = 2  # FFT blocks over symbols
     decoder_layers: Annotated[int, Count] = 2  # FFT blocks over frames
