@@ -32,7 +32,7 @@ from tests.harness.harness import (ROOT, assert_same_losses, assert_same_weights
 SEED = 42
 ENCODER = ["--hidden_size", "32", "--num_layers", "2", "--num_heads", "2", "--ffn_dim", "64", "--conv_kernel", "7"]
 TINY = [*ENCODER, "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
-        "--max_batch_seconds", "16", "--stats_utterances", "20", "--init_from", "none",  # (last flag wins: a test may start from a run)
+        "--max_batch_seconds", "16", "--stats_utterances", "8", "--init_from", "none",  # (last flag wins: a test may start from a run)
         "--early_stopping_patience", "0"]  # the tiny corpus is a voice to auto: tests/guarantees/test_early_stopping.py tests it on
 RECIPE = ROOT / "recipes" / "asr"
 
@@ -300,7 +300,7 @@ def test_interrupted_equals_continuous_1proc(tiny_corpus, tmp_path):
     assert not torch.equal(averaged["head.weight"], trained["head.weight"])
     # global normalization statistics from an evenly spaced subset of the training set, in buffers
     train = read_librispeech(tiny_corpus / "librispeech", "train")
-    stride = max(1, len(train) // 20)  # an evenly spaced subset of stats_utterances
+    stride = max(1, len(train) // 8)  # an evenly spaced subset of stats_utterances (TINY: 8)
     mean, std = feature_stats([(r["id"], LogMel(16000, 80)(load_audio(r["path"], 16000))) for r in train.select(range(0, len(train), stride))])
     assert torch.allclose(weights["feat_mean"], mean) and torch.allclose(weights["feat_std"], std)
 
