@@ -38,7 +38,7 @@ SEED = 42
 RECIPE = ROOT / "recipes" / "tts"
 TINY_MODEL = ["--dim", "32", "--ffn_dim", "64", "--duration_channels", "32", "--attention_dim", "32", "--num_heads", "2",
               "--warmup_steps", "5", "--logging_steps", "1", "--report_to", "none", "--seed", str(SEED),
-              "--num_valid", "2", "--num_test", "2", "--max_batch_seconds", "16", "--stats_utterances", "8",
+              "--num_valid", "2", "--num_test", "2", "--max_batch_seconds", "16", "--stats_utterances", "20",
               "--binarization_start_steps", "3", "--learning_rate", "3e-3"]
 # Characters, from scratch: config.yaml's phonemes and built-in base for a voice of one's own are tested on their own
 TINY = [*TINY_MODEL, "--text_frontend", "characters", "--symbols", " abcdefghijklmnopqrstuvwxyz'.,;:?!-\"()",
