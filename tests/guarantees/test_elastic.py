@@ -49,13 +49,17 @@ def compare(cont: Path, cut: Path, key: str = "loss") -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("before,after", [pytest.param(2, 1, marks=pytest.mark.accelerate_launch), (1, 2)])
-def test_best_rq_continues_on_another_number_of_processes(tiny_corpus, tmp_path, before, after):
+def test_best_rq_continues_on_another_number_of_processes(tiny_corpus, tmp_path, reference, before, after):
     # 1 → 2 needs an even global batch: 1 process × accumulation 2 continues as 2 processes × 1.
+    from tests.guarantees.test_faults import STEPS, continuous_args
+
     accum = 2 if before == 1 else 1
-    extra = ["--max_batch_seconds", "16", "--max_steps", "9", "--save_steps", "1", "--dump_batch_ids", "true",
-             "--gradient_accumulation_steps", str(accum)]
+    extra = [*STEPS, "--dump_batch_ids", "true", "--gradient_accumulation_steps", str(accum)]  # 8 steps, across an epoch
     cont, cut = tmp_path / "continuous", tmp_path / "interrupted"
-    run("best_rq", before, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
+    if before == 2:  # the 2-process reference of test_faults.py (the same run: accumulation 1 is the default)
+        cont = reference("best_rq", 2, lambda out: continuous_args(tiny_corpus, out))
+    else:
+        run("best_rq", before, args_for(tiny_corpus, cont, *extra), launcher=False)  # the reference: forked (the guarantee is the cut run's)
     run("best_rq", before, args_for(tiny_corpus, cut, *extra), kill_after_checkpoint=4, launcher=False)  # harness.KILL_LEG
     log = run("best_rq", after, args_for(tiny_corpus, cut, *extra))
     assert f"checkpoint: {before} process(es) × accumulation {accum}; now: {after} × {accum * before // after}" in log

@@ -28,10 +28,17 @@ RESUMED_HERE = [recipe for recipe in RECIPES if not has_own_resume_test(recipe)]
 
 def on_tiny_corpus(recipe: str, tiny_corpus: Path, out: Path, *extra: str) -> list[str]:
     """The recipe's test model on the tiny built-in corpus (in the layout the recipe chooses), every step
-    logged, then `extra` (a later flag replaces an earlier one)."""
+    logged, its feature statistics (if it has any) from 8 training utterances instead of all of them,
+    then `extra` (a later flag replaces an earlier one)."""
+    import dataclasses
+
+    config = recipe_modules(recipe, "train").train.Config
+    has_stats = ("stats_utterances" in {f.name for f in dataclasses.fields(config)}
+                 and "stats_utterances" not in getattr(config, "LEFT_OUT", {}))
+    stats = ["--stats_utterances", "8"] if has_stats else []
     return last_flag_wins(["--builtin_corpus", "tiny", "--data_cache_dir", str(tiny_corpus.parent),
                            "--output_dir", str(out), "--max_batch_seconds", "16", "--warmup_steps", "5",
-                           "--logging_steps", "1", "--report_to", "none", *tiny_flags(recipe), *extra])
+                           "--logging_steps", "1", "--report_to", "none", *stats, *tiny_flags(recipe), *extra])
 
 
 def epoch_lengths(recipe: str, argv: list[str], nproc: int, tmp: Path) -> list[int]:

@@ -28,10 +28,16 @@ TINY_ARGS = [*TINY, "--max_batch_seconds", "16", "--max_steps", "3",
 STEPS = ["--max_batch_seconds", "16", "--max_steps", "8", "--save_steps", "1", "--save_total_limit", "2"]
 
 
+def continuous_args(corpus: Path, out: Path) -> list[str]:
+    """The reference runs' arguments: STEPS, their batches' ids logged (test_elastic.py compares a 2 → 1
+    resume with the 2-process one; the ids change no weight and no logged value)."""
+    return args_for(corpus, out, *STEPS, "--dump_batch_ids", "true")
+
+
 @pytest.fixture
 def continuous(tiny_corpus, reference):
     """Reference runs that were never interrupted, per process count (trained once per test run)."""
-    return lambda nproc: reference("best_rq", nproc, lambda out: args_for(tiny_corpus, out, *STEPS))
+    return lambda nproc: reference("best_rq", nproc, lambda out: continuous_args(tiny_corpus, out))
 
 
 def newest_step(out: Path) -> int:

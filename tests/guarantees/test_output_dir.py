@@ -9,13 +9,15 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.training.sealing import list_checkpoints
-from tests.harness.harness import ROOT, SUPPORT, checkpoint_exists, command, kill_tree, metrics, run, worker
+from tests.harness.harness import (ROOT, SUPPORT, base_env, checkpoint_exists, command, fork, kill_tree, metrics, run,
+                                   worker)
 from tests.recipes.test_best_rq import TINY, args_for
 
 pytestmark = pytest.mark.slow
@@ -29,8 +31,13 @@ def test_second_launch_into_a_busy_output_dir_is_refused(tiny_corpus, tmp_path):
     out = tmp_path / "run"
     # --num_threads 1: started outside the harness's CPU tokens, it would take both cores' threads, and so
     # would the re-launch that resumes its checkpoint (tests/harness/harness.py, cpu_tokens).
-    first = subprocess.Popen(command("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "400", "--num_threads", "1")),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    # `python train.py`, forked from the fork server (its imports spared) unless HARNESS_FORK=0: what is
+    # tested is the run lock, not the launcher (test_a_relaunch_right_after_ctrl_c_waits_for_the_save has it).
+    argv = command("best_rq", 1, args_for(tiny_corpus, out, *STEPS, "--max_steps", "400", "--num_threads", "1"),
+                   launcher=False)[1:]
+    with open(tmp_path / "first.log", "w") as log:
+        first = fork(argv, 1, base_env(None), log) or subprocess.Popen(
+            [sys.executable, *argv], env=base_env(None), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not (out / ".run.lock").is_file():

@@ -68,12 +68,17 @@ def test_precision_comes_from_the_profile_unless_the_flag_says_otherwise(tiny_co
 
 def test_a_gpu_profile_on_a_cpu_machine_with_more_processes_than_cores_is_refused(tiny_corpus, tmp_path):
     """multi_gpu.yaml as shipped asks for 8 processes; on a CPU-only machine accelerate would start 8
-    gloo processes sharing its cores. Refused, naming the core count and the CPU profile."""
-    from common.training.distributed import available_cores
-
-    n = available_cores() + 1
-    proc = launch(["--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--num_processes", str(n),
-                   "--main_process_port", str(free_port())], args_for(tiny_corpus, tmp_path / "run", "--max_steps", "2"))
+    gloo processes sharing its cores. Refused, naming the core count and the CPU profile. Launched on
+    one core (its affinity, as taskset or SLURM --cpus-per-task would give it), so 2 processes are one
+    too many, whatever the machine's core count."""
+    core = sorted(os.sched_getaffinity(0))[:1]
+    n = 2
+    proc = subprocess.run([*ACCELERATE, "--config_file", str(ROOT / "accelerate_configs" / "multi_gpu.yaml"),
+                           "--num_processes", str(n), "--main_process_port", str(free_port()),
+                           str(ROOT / "recipes" / "best_rq" / "train.py"),
+                           *args_for(tiny_corpus, tmp_path / "run", "--max_steps", "2")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=on_cores(core))
     assert proc.returncode != 0
     out = proc.stderr + proc.stdout
     assert f"error: {n} processes on this machine but no GPU and {n - 1} CPU core(s)" in out, out[-3000:]
