@@ -72,7 +72,9 @@ def test_nan_audio_is_named_by_the_feature_statistics(tiny_corpus, tmp_path):
     audio, sr = sf.read(victim, dtype="float32")
     audio[len(audio) // 2] = np.nan
     sf.write(victim, audio, sr, format="WAV", subtype="FLOAT")  # libsndfile reads the format, not the name
-    base = ["--data_dir", str(data), "--output_dir", str(tmp_path / "run"), *TINY, *STEPS, "--max_steps", "2"]
+    # --stats_utterances 500 (the recipe's default; TINY reads 8): the statistics read every file, the NaN one too
+    base = ["--data_dir", str(data), "--output_dir", str(tmp_path / "run"), *TINY, *STEPS, "--max_steps", "2",
+            "--stats_utterances", "500"]
     log = run("best_rq", 1, base, expect_rc=1)
     (line,) = error_lines(log)
     assert f"e.g. {victim.stem}: find every such file with --data_check full" in line and "(traceback above)" not in log
