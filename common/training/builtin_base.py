@@ -92,9 +92,21 @@ def wants_base(init_from: str | None, on_builtin_corpus: bool, hours: float | No
     return True, f"{hours:.2f} h of training data, under {AUTO_MAX_HOURS:g} h"
 
 
+def _base_max_steps(cfg) -> int | None:
+    """The recipe's `base_max_steps` (a voice's cap need not be its base's), unless a --base_config YAML
+    sets its own `max_steps`, which wins; None: neither, the base's YAML decides."""
+    steps = getattr(cfg, "base_max_steps", None)
+    if steps is None or (cfg.base_config and "max_steps" in load_yaml(Path(cfg.base_config))):
+        return None
+    return steps
+
+
 def base_steps(script: Path, cfg) -> int:
-    """The base's optimizer steps: `max_steps` of its YAML (--base_config, else the recipe's
-    config.yaml), else the Config's default (`base_args` passes none of its own)."""
+    """The base's optimizer steps: the recipe's `base_max_steps` (`_base_max_steps`; `base_args` passes
+    it), else `max_steps` of its YAML (--base_config, else the recipe's config.yaml), else the Config's
+    default."""
+    if (steps := _base_max_steps(cfg)) is not None:
+        return steps
     yaml_path = Path(cfg.base_config) if cfg.base_config else script.resolve().with_name("config.yaml")
     default = type(cfg).max_steps
     return int(load_yaml(yaml_path).get("max_steps", default)) if yaml_path.is_file() else default
@@ -132,8 +144,9 @@ def start_from_base(script: Path, cfg, args: list[str], hours: float | None, ste
 
 def base_args(cfg, fields) -> list[str]:
     """The base's arguments for a run of `cfg`: its `--base_config` YAML if any, the built-in corpus,
-    from scratch, and `--name value` for each of `fields` (the settings a base shares with the run
-    started from it: shape, units, exactness), as the recipe's parser reads them back."""
+    from scratch, its `--max_steps` where the recipe sets `base_max_steps` (`_base_max_steps`), and
+    `--name value` for each of `fields` (the settings a base shares with the run started from it: shape,
+    units, exactness), as the recipe's parser reads them back."""
     def flag(v) -> str:  # as the parser reads it back: none, true/false, a list comma-separated
         if isinstance(v, (list, tuple)):
             return ",".join(map(flag, v))
@@ -141,6 +154,7 @@ def base_args(cfg, fields) -> list[str]:
 
     return [*(["--config", str(Path(cfg.base_config).resolve())] if cfg.base_config else []),
             "--data_dir", "none", "--dataset_name", "none", "--init_from", "none", "--report_to", "none",
+            *(["--max_steps", str(steps)] if (steps := _base_max_steps(cfg)) is not None else []),
             *[arg for name in fields for arg in (f"--{name}", flag(getattr(cfg, name)))]]
 
 

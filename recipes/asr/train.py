@@ -3,7 +3,7 @@
     # built-in espeak-ng corpus, characters, 1 process (CPU or one GPU)
     accelerate launch recipes/asr/train.py
     # a voice of your own (LibriSpeech layout): started from the run above, trained once per machine (README);
-    # it stops when its validation CER has not improved in 4 validations, final/ holding the best one's weights
+    # it stops when its validation CER has not improved in 6 validations, final/ holding the best one's weights
     accelerate launch recipes/asr/train.py --data_dir my_voice --output_dir outputs/asr_my_voice
     # fine-tune a BEST-RQ encoder (same front end and encoder shape): its run, or its exported transformers
     # folder (outputs/best_rq/final/encoder, or a Hub id it was uploaded as), read as any transformers encoder
@@ -101,10 +101,10 @@ class Config(DatasetConfig):
     data_dir: str | None = None  # LibriSpeech-layout root, datasets.save_to_disk folder, or audiofolders <data_dir>/<split>/metadata.csv (manifest.py); None = built-in corpus
     eval_steps: int = 250  # optimizer steps between validation passes (loss, greedy WER/CER; 0 = never)
     metric_for_best_model: Literal["eval_cer", "eval_wer", "eval_loss"] = "eval_cer"
-    # A voice's validation CER flattens after ~3000 steps: 4 validations (1000 steps) without a lower CER
-    # end it (results/asr: replayed on the four prompt voices' 6000-step runs, fr and es stop at 3750/3500).
-    early_stopping_patience: int | None = None  # None = auto: 4 on a voice (your own data under 10 h), off on the built-in corpus
-    AUTO_EARLY_STOPPING_PATIENCE = 4
+    # A voice's validation CER can stay flat for 1250 steps and fall again (Spanish: 1750 → 3000 → 4000):
+    # 6 validations (1500 steps) without a lower CER end it, and max_steps caps it (results/asr).
+    early_stopping_patience: int | None = None  # None = auto: 6 on a voice (your own data under 10 h), off on the built-in corpus
+    AUTO_EARLY_STOPPING_PATIENCE = 6
     # --- data ---
     train_split: Annotated[str, Names] = "train"  # subfolder(s) of data_dir, comma-separated (train-clean-100,train-clean-360); --dataset_name: --train_split_name
     valid_split: str = "validation"  # subfolder of data_dir; --dataset_name: --eval_split_name
@@ -148,6 +148,7 @@ class Config(DatasetConfig):
     # shape fields above are then its config.json's; final/ is its stock <Family>ForCTC (no remote code).
     init_from: Annotated[str | None, _InitFrom()] = None  # auto: under 10 h of training data, first trains a second model, the built-in base (this recipe on the built-in corpus, once per machine, then cached: minutes on a CPU, estimated in the start log), and starts from it; 10 h or more: from scratch. builtin: the base always; none: from scratch; a BEST-RQ or ASR run to start from; or a transformers encoder: a save_pretrained folder or a Hub id
     base_config: Annotated[str | None, ExistingPath] = None  # the built-in base's YAML (None: this recipe's config.yaml)
+    base_max_steps: Annotated[int | None, Count] = None  # the built-in base's optimizer steps (a voice's cap is max_steps); None, or a --base_config that sets max_steps: that YAML's max_steps
     encoder_lr_scale: Annotated[float, NonNegative] = 1.0  # encoder LR = learning_rate × this (head: learning_rate)
     freeze_encoder_steps: Annotated[int, NonNegative] = 0  # optimizer steps during which the encoder is not updated
     layer_decay: Annotated[float, Range(0, 1, lo_open=True)] = 1.0  # encoder block k of N (0 = input projection) learns at encoder LR × this^(N-k)

@@ -13,7 +13,7 @@
 #   bash recipes/asr/transfer.sh data/prompts_fr/librispeech
 #
 # 1. BASE (default outputs/asr_builtin): the recipe's default run on the built-in corpus (generated on
-#    first use, ~30 s), 6000 steps, 18 min here (1 thread, beside another training), once per
+#    first use, ~30 s), config.yaml's max_steps (4000, ~6.5 min on 2 cores), once per
 #    machine: every later voice starts from the same model. BASE may instead be any ASR or BEST-RQ run
 #    you already have (its Conformer and feature statistics; the CTC head starts fresh for the new
 #    characters): the script then uses it as it is. Measured alternatives (README): a BEST-RQ encoder

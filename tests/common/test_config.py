@@ -350,7 +350,7 @@ def test_help_shows_the_defaults_a_plain_run_gets(capsys):
     with pytest.raises(SystemExit):
         parse_config(recipe_config("asr"), ["--help"], default_yaml=ROOT / "recipes" / "asr" / "config.yaml")
     out = capsys.readouterr().out
-    assert "--max_steps int (≥ 1; may change on resume) = 3500 (from config.yaml)\n" in out
+    assert "--max_steps int (≥ 1; may change on resume) = 4000 (from config.yaml)\n" in out
     assert "--learning_rate float (in (0, 1]) = 0.001 (from config.yaml)\n" in out
     assert "--seed int = 42\n" in out
     # and the --config given with --help

@@ -61,21 +61,21 @@ def test_a_killed_run_stops_at_the_same_step_with_the_same_weights(tmp_path, npr
 
 
 def test_the_asr_recipe_stops_a_voice_by_default_and_exports_its_best_average(tiny_corpus, tmp_path):
-    """The tiny corpus given as --data_dir is a voice (under 10 h): auto patience 4 (config.yaml's
+    """The tiny corpus given as --data_dir is a voice (under 10 h): auto patience 6 (config.yaml's
     weight average on, as the plain command has it); the threshold makes the first validation the best."""
     out = tmp_path / "asr"
     args = asr_args_for(tiny_corpus, out, "--max_steps", "12", "--eval_steps", "1", "--save_steps", "100",
                         "--early_stopping_threshold", "1e9")
     i = args.index("--early_stopping_patience")
     log = run("asr", 1, args[:i] + args[i + 2:])  # the tests' TINY turns auto off: back to the default
-    assert "--early_stopping_patience None (auto): 4 on" in log and "early stopping at step 5" in log
-    assert metrics(out)[-1]["step"] == 5
-    last = out / "checkpoints" / "step_00000005"  # saved where it stopped; it holds the stopper's copy of step 1
+    assert "--early_stopping_patience None (auto): 6 on" in log and "early stopping at step 7" in log
+    assert metrics(out)[-1]["step"] == 7
+    last = out / "checkpoints" / "step_00000007"  # saved where it stopped; it holds the stopper's copy of step 1
     kept = torch.load(last / "custom_checkpoint_1.pkl", weights_only=True)  # [WeightAverage, EarlyStopping, RunState]
-    assert (kept["best_step"], kept["bad_rounds"]) == (1, 4)
+    assert (kept["best_step"], kept["bad_rounds"]) == (1, 6)
     final, average = load_recipe_ctc_weights(out / "final"), load_recipe_ctc_weights(last)
     assert same(final, kept["weights"]["model"])  # step 1's weight average, what its validation scored
-    assert not torch.equal(final["head.weight"], average["head.weight"])  # not step 5's
+    assert not torch.equal(final["head.weight"], average["head.weight"])  # not step 7's
     card = (out / "final" / "README.md").read_text()
-    assert ("training ended: stopped early at step 5: eval_cer did not improve by more than 1e+09 in 4 validation(s) "
-            "(patience 4; best") in card and "this folder holds the weights validated at step 1" in card
+    assert ("training ended: stopped early at step 7: eval_cer did not improve by more than 1e+09 in 6 validation(s) "
+            "(patience 6; best") in card and "this folder holds the weights validated at step 1" in card

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from common.config import config_to_dict, parse_config
-from common.training.builtin_base import (AUTO, AUTO_MAX_HOURS, COMPLETE_MARKER, KEYWORD, base_args, base_folder,
+from common.training.builtin_base import (AUTO, AUTO_MAX_HOURS, COMPLETE_MARKER, KEYWORD, base_args, base_folder, base_steps,
                                           builtin_base, start_from_base, wants_base)
 from common.training.sealing import MARKER, seal_export
 from common.training.faults import UsageError
@@ -78,6 +78,24 @@ def test_the_bases_steps_are_its_yamls(tmp_path):
                      "(470 steps on the built-in corpus, once per machine: roughly 1 min on 2 CPU cores at the 10.3 "
                      "steps/s measured there, less on a GPU), then this run from it; --init_from none skips it "
                      "(from scratch)"]
+
+
+def test_a_voice_caps_at_max_steps_and_its_base_trains_base_max_steps(tmp_path):
+    """config.yaml's base is shorter than a voice's cap: the base's command carries its own --max_steps
+    (and its estimate counts those); a --base_config YAML that sets max_steps wins over base_max_steps."""
+    train, cfg = _asr_cfg(tmp_path)
+    args = base_args(cfg, train.BASE_FIELDS)
+    assert (cfg.max_steps, cfg.base_max_steps) == (4000, 3500)
+    assert args[args.index("--max_steps") + 1] == "3500"
+    assert base_steps(ROOT / "recipes" / "asr" / "train.py", cfg) == 3500
+    base_yaml = tmp_path / "base.yaml"
+    base_yaml.write_text("max_steps: 470\n")
+    train, cfg = _asr_cfg(tmp_path, "--base_config", str(base_yaml), "--base_max_steps", "900")
+    assert "--max_steps" not in base_args(cfg, train.BASE_FIELDS)
+    assert base_steps(ROOT / "recipes" / "asr" / "train.py", cfg) == 470
+    base_yaml.write_text("learning_rate: 0.002\n")  # no max_steps of its own: base_max_steps decides
+    args = base_args(cfg, train.BASE_FIELDS)
+    assert args[args.index("--max_steps") + 1] == "900"
 
 
 def test_auto_above_the_threshold_starts_from_scratch_without_the_base(tmp_path, monkeypatch, caplog):
