@@ -23,7 +23,11 @@ from rapidfuzz.distance import Levenshtein  # jiwer's own edit-distance backend
 
 def read(path: Path) -> dict[str, tuple[str, str]]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return {row["id"]: (row["ref"], row["hyp"]) for row in rows}
+    pairs = {row["id"]: (row["ref"], row["hyp"]) for row in rows}
+    if len(pairs) != len(rows):
+        raise SystemExit(f"paired_cer: {path} names an utterance id twice ({len(rows) - len(pairs)} repeats): "
+                         f"the ids pair the two files")
+    return pairs
 
 
 def edits(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

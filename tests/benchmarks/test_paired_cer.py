@@ -1,4 +1,4 @@
-"""benchmarks/paired_cer.py: the CERs it prints are decode.py's counts, and it refuses unpaired files."""
+"""benchmarks/paired_cer.py: the CERs it prints are decode.py's counts, and it refuses files it cannot pair."""
 
 import importlib.util
 import json
@@ -39,3 +39,5 @@ def test_files_of_other_utterances_or_references_are_refused(tmp_path):
         script.main([str(a), str(write(tmp_path / "b.jsonl", [("u2", "abcd", "abcd")]))])
     with pytest.raises(SystemExit, match="references differ"):
         script.main([str(a), str(write(tmp_path / "c.jsonl", [("u1", "abce", "abcd")]))])
+    with pytest.raises(SystemExit, match="names an utterance id twice"):
+        script.main([str(a), str(write(tmp_path / "d.jsonl", [("u1", "abcd", "abcd"), ("u1", "abcd", "abc")]))])
