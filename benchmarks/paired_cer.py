@@ -1,14 +1,16 @@
 """Two transcriptions of the same utterances, compared as a difference of CER with its uncertainty.
 
     python benchmarks/paired_cer.py A.jsonl B.jsonl [--resamples 10000] [--seed 0]
+    python benchmarks/paired_cer.py A_test.jsonl,A_valid.jsonl B_test.jsonl,B_valid.jsonl   # pooled
 
 A and B are `decode.py`'s (or `score.py`'s judge's) `<split>-greedy.jsonl`: one {"id", "ref", "hyp"}
 per line, the same ids and references in both (e.g. a TTS run scored through two vocoders by one
 judge). It prints each CER (character edits over reference characters, as `decode.py` counts them),
 B − A in CER points, and a 95 % paired bootstrap interval of that difference: the utterances are drawn
 with replacement, the same draw for A and B, `--resamples` times. An interval that holds 0 says the
-test set cannot tell the two apart; it is not a proof that they are equal. Not a test: nothing here
-is asserted.
+test set cannot tell the two apart; it is not a proof that they are equal. Comma-separated files are
+pooled into one set, the k-th of A paired with the k-th of B (two splits of one voice: their ids may
+repeat across files, never within one). Not a test: nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def read(path: Path) -> dict[str, tuple[str, str]]:
     return pairs
 
 
+def read_all(paths: str) -> list[dict[str, tuple[str, str]]]:
+    return [read(Path(p)) for p in paths.split(",")]
+
+
 def edits(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(edits of A, edits of B, reference characters), one entry per utterance id, in A's order."""
     if set(a) != set(b):
@@ -44,12 +50,15 @@ def edits(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("a", type=Path)
-    ap.add_argument("b", type=Path)
+    ap.add_argument("a", help="A's jsonl (or several, comma-separated, pooled)")
+    ap.add_argument("b", help="B's, in the same order")
     ap.add_argument("--resamples", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    ea, eb, chars = edits(read(args.a), read(args.b))
+    a, b = read_all(args.a), read_all(args.b)
+    if len(a) != len(b):
+        raise SystemExit(f"paired_cer: {len(a)} files against {len(b)}: give B's files in A's order, one for each")
+    ea, eb, chars = (np.concatenate(x) for x in zip(*(edits(fa, fb) for fa, fb in zip(a, b))))
     draw = np.random.default_rng(args.seed).integers(0, len(chars), size=(args.resamples, len(chars)))
     diff = 100 * (eb[draw].sum(1) - ea[draw].sum(1)) / chars[draw].sum(1)  # (resamples,) CER points
     low, high = np.percentile(diff, [2.5, 97.5])

@@ -23,6 +23,7 @@ therefore load a fresh instance for every utterance (dlopen, initialize, synthes
 libespeak-ng in the process (a phonemizer, say) can keep it mapped and its state alive.
 
 Usage: python -m tools.corpus --out DIR --profile tiny
+       python -m tools.corpus --out DIR --heldout 300    # new sentences in the TTS voice: heldout_ljspeech
 
 A build that stops part way (Ctrl-C, a kill, a failure) is kept as `<DIR>.partial` and the same
 command resumes it: the utterances it finished are kept once their digests check out (each
@@ -105,6 +106,7 @@ _SPEAKER_SEED = 20240  # seeds of the speaker draw and of the sentence stream
 _SENTENCE_SEED = 1234
 _ESPEAK_RNG_SEED = 1  # seeds espeak-ng's internal noise generator (breath, klatt aspiration)
 _SSL_SEED = 777  # seeds the SSL profiles' speakers, sentences and per-utterance augmentation
+_HELDOUT_SEED = 4321  # seeds heldout_ljspeech's sentences
 
 # Acoustic augmentation of SSL training utterances: what the encoder should learn to ignore.
 # Speed (tempo and pitch together, as Kaldi's speed perturbation) by resampling 22050 Hz to one of
@@ -688,6 +690,35 @@ def _plan_ssl(root: Path, profile: str) -> tuple[list[Job], dict[Path, str]]:
     return jobs, text_files
 
 
+def corpus_sentences() -> set[str]:
+    """Every sentence any profile speaks (labelled and SSL; what a model trained on the corpus may have heard)."""
+    taken: set[str] = set()
+    for profile in PROFILES:
+        taken.update(_plan(Path("."), profile)[2])
+    for cfg in SSL_PROFILES.values():
+        base = _plan(Path("."), cfg["base"])[2]
+        n = cfg["train_speakers"] * cfg["train_utts"]
+        taken.update([s for s in make_sentences(n + len(base), _SSL_SEED) if s not in set(base)][:n])
+    return taken
+
+
+def heldout_ljspeech(root: str | Path, n: int) -> Path:
+    """An LJSpeech folder of `n` sentences in the TTS voice (LJSPEECH_SPEAKER, ids HO-0001...) that no profile
+    speaks: a test set as large as a comparison needs (`recipes/tts/score.py --split all --data_dir`), where the
+    built-in one holds 20. A pure function of `n` (its first k sentences are those of any larger `n`)."""
+    root, taken = Path(root), corpus_sentences()
+    sentences = [s for s in make_sentences(n + len(taken), _HELDOUT_SEED) if s not in taken][:n]
+    (root / "wavs").mkdir(parents=True, exist_ok=True)
+    voice, rate, pitch = LJSPEECH_SPEAKER
+    metadata = []
+    for i, text in enumerate(sentences):
+        utt_id = f"HO-{i + 1:04d}"
+        _render((str(root / "wavs" / f"{utt_id}.wav"), text, voice, rate, pitch, None))
+        metadata.append(f"{utt_id}|{_raw_text(text)}|{text}\n")
+    (root / "metadata.csv").write_text("".join(metadata))
+    return root
+
+
 def prepare_corpus(root: str | Path, profile: str = "default", workers: int | None = None) -> Path:
     """Write the whole corpus under `root` (created if needed); see the module docstring.
 
@@ -823,10 +854,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, help="rendering processes (default: 1, every core for ssl profiles)")
     parser.add_argument("--subset", type=float, metavar="SECONDS",
                         help="print the ids of the fixed labelled subset of this duration (SSL profiles)")
+    parser.add_argument("--heldout", type=int, metavar="N",
+                        help="write into --out an LJSpeech folder of N sentences in the TTS voice that no profile speaks")
     parser.add_argument("--render", nargs=3, help=argparse.SUPPRESS)  # PLAN K/N PARENT_PID: a worker of prepare_corpus
     args = parser.parse_args(argv)
     if args.render:
         return _render_shard(*args.render)
+    if args.heldout is not None:
+        if not args.out or args.heldout < 1:
+            parser.error("--heldout N needs N ≥ 1 and --out DIR")
+        out = prepare_once(Path(args.out), lambda tmp: heldout_ljspeech(tmp, args.heldout),
+                           info={"heldout": args.heldout, "corpus_version": CORPUS_VERSION})
+        built = json.loads((out / ".complete").read_text())
+        if (built.get("heldout"), built.get("corpus_version")) != (args.heldout, CORPUS_VERSION):
+            parser.error(f"{out} holds another folder ({built.get('heldout')} sentences, corpus version "
+                         f"{built.get('corpus_version')}): give another --out, or delete it")
+        return print(out)
     start = time.monotonic()
     final_dir = Path(args.out) if args.out else builtin_corpus_dir(args.cache_dir, args.profile)
     prepare_once(final_dir, lambda tmp: prepare_corpus(tmp, args.profile, args.workers),

@@ -241,10 +241,11 @@ class RecipeData:
         return self.source.rows("validation", range(min(n, self.source.size("validation"))))
 
 
-def run_manifests(run_dir, prefix: str) -> list[dict] | None:
+def run_manifests(run_dir, prefix: str, by_folder: bool = False) -> list[dict] | list[list[dict]] | None:
     """Every row of the checked manifests a run's data check wrote for the splits whose names start
     with `prefix` (<run_dir>/data/<name>-<fingerprint>/: all of them, a run resumed on changed data has
-    several), or None when it wrote none (a `datasets` source, a copied final/). Only published folders
+    several; `by_folder`: one list of rows per folder, oldest name first), or None when it wrote none (a
+    `datasets` source, a copied final/). Only published folders
     count (not a builder's temporary one); each must match its COMPLETE marker (`verify_checkpoint`:
     a manifest edited or emptied since is refused; a folder from before the marker has its lines
     checked only), and its lines must be rows (`read_manifest`). `DataError` (one line) otherwise."""
@@ -259,7 +260,11 @@ def run_manifests(run_dir, prefix: str) -> list[dict] | None:
         if problem:
             raise DataError(f"{folder}: does not match its {MARKER} marker ({problem}): it changed since the data "
                             f"check wrote it; delete {folder} and re-launch the run that wrote it (it is rebuilt)")
-        rows += read_manifest(folder)
+        folder_rows = read_manifest(folder)
+        if by_folder:
+            rows.append(folder_rows)
+        else:
+            rows += folder_rows
     return rows
 
 

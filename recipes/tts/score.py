@@ -7,6 +7,9 @@
 
 Data settings (data_dir, built-in corpus, split sizes) come from the checkpoint's config.yaml, so the
 held-out ids are exactly the ones training never saw (`--split validation` scores those instead).
+`--split all --data_dir DIR` scores every sentence of another folder of the voice instead, those the TTS
+trained on left out and named (its run's data checks say which): a test set as large as a comparison
+needs, e.g. the built-in voice's `python -m tools.corpus --heldout 300 --out DIR` (its own holds 20).
 
 Per utterance: the model synthesizes the sentence from text alone (predicted durations) and
 - MCD (dB) against the recording: mel-cepstra c1..c13 = (1/M) · DCT-II of the natural-log mel
@@ -87,7 +90,7 @@ class EvalConfig:
     """Evaluate synthesis on held-out sentences. Every field can be set as --key value."""
 
     checkpoint: Annotated[str, ExistingPath] = "outputs/tts"  # training output_dir, its final/, or a checkpoints/step_XXXXXXXX/
-    split: Literal["test", "validation"] = "test"  # the checkpoint's deterministic split
+    split: Literal["test", "validation", "all"] = "test"  # the checkpoint's deterministic split; all: every sentence of --data_dir the TTS did not train on
     data_dir: Annotated[str | None, ExistingPath] = None  # None: the checkpoint's data_dir (or its built-in corpus)
     data_cache_dir: str | None = None  # None: the checkpoint's
     output: str | None = None  # None = <output_dir>/eval/<checkpoint name> (beside it, never inside)
@@ -118,6 +121,28 @@ def envelope_correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ea, eb)[0, 1])
 
 
+def words(text: str) -> str:
+    """A sentence's words, case and punctuation aside: what "the same sentence" means here."""
+    return " ".join(re.findall(r"\w+", text.casefold()))
+
+
+def tts_heard(folder: Path, cfg: Config, texts: dict[str, str]) -> list[str]:
+    """The ids whose sentence the TTS checkpoint trained on (`words`): for `--split all`, whose folder may hold
+    them (a new recording of a training prompt). Read from its run: every data check it wrote,
+    `<run>/data/all-*/manifest.jsonl`, less each one's held-out split (`split_manifest`, as training splits it)."""
+    fix = "score its held-out split instead (--split test or validation)"
+    try:
+        checked = run_manifests(run_dir_of(folder), "all", by_folder=True)
+    except DataError as e:
+        refuse(f"--split all: which sentences {folder} trained on cannot be read: {e}; or {fix}")
+    if checked is None:
+        refuse(f"--split all: which sentences {folder} trained on cannot be checked (no {run_dir_of(folder)}/data/"
+               f"all-*/manifest.jsonl: a run trained from a data folder keeps them, a `datasets` source or a copied "
+               f"final/ does not): {fix}")
+    trained = {words(row["text"]) for rows in checked for row in rows[:len(rows) - cfg.num_valid - cfg.num_test]}
+    return sorted(i for i, text in texts.items() if words(text) in trained)
+
+
 def judge_heard(asr_checkpoint: str, texts: dict[str, str]) -> list[str]:
     """The ids whose sentence the ASR judge trained on (the same words, case and punctuation aside):
     an intelligibility figure must come from sentences the judge never heard, or it flatters the
@@ -139,7 +164,6 @@ def judge_heard(asr_checkpoint: str, texts: dict[str, str]) -> list[str]:
         refuse(f"--asr_checkpoint {asr_checkpoint}: which sentences this judge trained on cannot be checked (no "
                f"{run_dir}/data/train-*/manifest.jsonl: a run trained from a data folder keeps them, a `datasets` "
                f"source or a copied final/ does not): judge with such a run, or pass --asr_judge_check false")
-    words = lambda text: " ".join(re.findall(r"\w+", text.casefold()))  # noqa: E731
     heard = {words(row["text"]) for row in rows}
     return sorted(i for i, text in texts.items() if words(text) in heard)
 
@@ -233,8 +257,19 @@ def main():
     policy = DataPolicy(cfg.sample_rate, cfg.min_seconds, cfg.max_seconds, cfg.wrong_sample_rate,
                         charset=cfg.symbols + cfg.symbols.upper() if fixed_table else None, on_bad_data=cfg.on_bad_data,
                         data_check=cfg.data_check)
-    manifest = split_manifest(prepare_manifest(out, "all", data_dir, policy, None), cfg.num_valid,
-                              cfg.num_test)[args.split]
+    manifest = prepare_manifest(out, "all", data_dir, policy, None)
+    if args.split == "all":  # a folder of new sentences (tools/corpus.py --heldout): as large as a comparison needs
+        trained = tts_heard(folder, cfg, {m["id"]: m["text"] for m in manifest})
+        if len(trained) == len(manifest):
+            refuse(f"{folder} trained on every sentence of {data_dir}: score --split test, or give --data_dir a folder "
+                   f"of sentences it never saw")
+        if trained:
+            print(f"{folder} trained on the sentences of {len(trained)} of the {len(manifest)} utterances of {data_dir} "
+                  f"({', '.join(trained[:5])}{' ...' if len(trained) > 5 else ''}): they are not scored", flush=True)
+            trained = set(trained)
+            manifest = manifest.filter(lambda m: m["id"] not in trained)
+    else:
+        manifest = split_manifest(manifest, cfg.num_valid, cfg.num_test)[args.split]
     dataset, collate = TTSDataset(manifest, cfg), Collator(cfg)
     heard = []  # checked before any synthesis: a refusal costs nothing
     if args.asr_checkpoint and args.asr_judge_check:

@@ -30,6 +30,10 @@ def test_it_prints_both_cers_and_an_interval_around_their_difference(tmp_path, c
     assert "A 10.00 %  B 30.00 %  B - A +20.00 points" in out  # 1 edit of 10 against 3 (ids paired, not lines)
     low, high = (float(x) for x in out.split("interval [")[1].split("]")[0].split(","))
     assert 0 <= low <= 20 <= high
+    c = write(tmp_path / "c.jsonl", [("u1", "xy", "x")])  # another split: its id may repeat A's
+    d = write(tmp_path / "d.jsonl", [("u1", "xy", "xy")])
+    load_script().main([f"{a},{c}", f"{b},{d}", "--resamples", "200"])
+    assert "4 utterances, 12 reference characters" in capsys.readouterr().out  # pooled: 2 edits of 12 against 3
 
 
 def test_files_of_other_utterances_or_references_are_refused(tmp_path):
@@ -39,5 +43,7 @@ def test_files_of_other_utterances_or_references_are_refused(tmp_path):
         script.main([str(a), str(write(tmp_path / "b.jsonl", [("u2", "abcd", "abcd")]))])
     with pytest.raises(SystemExit, match="references differ"):
         script.main([str(a), str(write(tmp_path / "c.jsonl", [("u1", "abce", "abcd")]))])
+    with pytest.raises(SystemExit, match="1 files against 2"):
+        script.main([str(a), f"{a},{a}"])
     with pytest.raises(SystemExit, match="names an utterance id twice"):
         script.main([str(a), str(write(tmp_path / "d.jsonl", [("u1", "abcd", "abcd"), ("u1", "abcd", "abc")]))])

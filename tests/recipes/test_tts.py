@@ -325,6 +325,26 @@ def test_smoke_then_synthesize_and_evaluate(tiny_corpus, tmp_path):
     assert float(shown["mcd"]) == pytest.approx(summary["mcd"], rel=1e-3)
     assert all(r["judge"] is None for r in rows)  # no ASR judge asked for: no transcript shown
 
+    # --split all --data_dir: every sentence of another folder of the voice, those the TTS trained on left out
+    from tools.corpus import heldout_ljspeech
+    new = heldout_ljspeech(tmp_path / "heldout", 2)  # two sentences no profile of the corpus speaks
+    first = (tiny_corpus / "ljspeech" / "metadata.csv").read_text().splitlines()[0]  # a training utterance
+    shutil.copy(tiny_corpus / "ljspeech" / "wavs" / f"{first.split('|')[0]}.wav", new / "wavs")
+    (new / "metadata.csv").write_text((new / "metadata.csv").read_text() + first.upper() + "\n")  # case aside
+    proc = python([RECIPE / "score.py", "--checkpoint", out, "--griffin_lim_iters", "2", "--split", "all",
+                   "--data_dir", new, "--output", tmp_path / "eval_all"])
+    assert proc.returncode == 0, proc.stderr
+    assert f"trained on the sentences of 1 of the 3 utterances of {new} ({first.split('|')[0]})" in proc.stdout
+    assert [json.loads(line)["id"] for line in (tmp_path / "eval_all" / "all.jsonl").read_text().splitlines()] == [
+        "HO-0001", "HO-0002"]
+    score = recipe_modules("tts", "score").score
+    trained = [m.split("|") for m in (tiny_corpus / "ljspeech" / "metadata.csv").read_text().splitlines()]
+    config = model.load_tts(out / "final")[1]
+    assert score.tts_heard(out / "final", config, {i: t for i, t, _ in trained}) == [i for i, *_ in trained[:-4]]
+    shutil.rmtree(out / "data")  # which sentences it trained on cannot be checked: refused, never guessed
+    with pytest.raises(SystemExit):
+        score.tts_heard(out / "final", config, {"x": "a radio"})
+
 
 @slow
 def test_score_leaves_out_the_sentences_its_asr_judge_trained_on(tiny_corpus, tmp_path, reference):
