@@ -282,6 +282,21 @@ def test_ssl10h_plan_keeps_the_default_test_voices_and_sentences_out(tmp_path):
     assert "AUGMENTATION.txt" in {p.name for p in ssl_files}
 
 
+def test_heldout_sentences_are_new_to_every_profile_and_a_folder_is_never_reused_for_another_n(tmp_path):
+    """--heldout N: an LJSpeech folder of N sentences in the TTS voice that no profile speaks, the first k
+    the same for any N ≥ k; a folder built for another N is refused in one line, never handed back as if it held N."""
+    corpus.main(["--heldout", "3", "--out", str(tmp_path / "h3")])
+    rows = [line.split("|") for line in (tmp_path / "h3" / "metadata.csv").read_text().splitlines()]
+    assert [r[0] for r in rows] == ["HO-0001", "HO-0002", "HO-0003"]
+    assert not {r[2] for r in rows} & corpus.corpus_sentences()
+    assert all(sf.info(str(tmp_path / "h3" / "wavs" / f"{r[0]}.wav")).samplerate == 22050 for r in rows)
+    two = corpus.heldout_ljspeech(tmp_path / "h2", 2)
+    assert (two / "metadata.csv").read_text().splitlines() == [("|".join(r)) for r in rows[:2]]
+    with pytest.raises(SystemExit) as e:
+        corpus.main(["--heldout", "4", "--out", str(tmp_path / "h3")])
+    assert e.value.code == 2
+
+
 @pytest.mark.slow
 def test_ssltiny_is_byte_identical_in_another_process_with_one_worker(ssltiny_corpus, tiny_corpus, tmp_path):
     # ensure_builtin_corpus rendered with worker processes (every core); this one renders alone.
