@@ -23,6 +23,7 @@ from torch import nn
 
 MEL_KEYS = ("sample_rate", "n_mels", "win_length", "hop_length")  # what must match a TTS model's mel
 SC_RESOLUTIONS = (1024, 2048)  # n_fft of --sc_loss_weight's STFTs, hop n_fft / 4
+REFINE_HEAD_WEIGHT = 0.25  # the head's share of the refined log-magnitude, the rest the output signal's (`Generator.refine`)
 HIFIGAN_MEL_SCALE = 1 / (2 * math.log(10))  # natural-log power mel → log10 amplitude mel (HiFi-GAN's loss scale)
 
 
@@ -96,17 +97,21 @@ class Generator(nn.Module):
         return (wav, phase) if with_phase else wav
 
     def refine(self, mel: torch.Tensor, iters: int) -> torch.Tensor:
-        """(B, frames, n_mels) log-mel → (B, samples) waveform: the head's spectrum made to agree with the mel
-        and with itself, at synthesis only (README, "Phase refinement"). The head's phases need not be those of
+        """(B, frames, n_mels) log-mel → (B, samples) waveform: the network's output made to agree with the mel
+        and with itself, at synthesis only (results/vocoder/RESULTS.md, "Phase refinement"). The head's phases need not be those of
         any signal (an STFT whose neighbouring frames disagree at a harmonic cancels part of it in the overlap-add,
         which is where the output's STOI was lost), and its magnitude is trained only through that overlap-add.
-        So: (1) each bin's magnitude is scaled so that the spectrum's mel is the input mel (the gain of each mel
-        band spread over its bins by the filters' weights: the fine structure between harmonics is the head's,
-        the band energies the mel's); (2) `iters` Griffin-Lim iterations with momentum 0.99 (Perraudin et al.
-        2013) start from the head's phases, not from random ones, and keep that magnitude."""
-        spec = self.spectrum(mel)  # (B, bins, T)
+        So: (1) the magnitude to keep is a weighted geometric mean of two: the head's (sharp harmonics; weight
+        REFINE_HEAD_WEIGHT) and that of the STFT of the output signal (a real signal's: its energy sits where
+        the signal puts it, so a pause or a stop closure stays quiet, which an ASR model hears), each bin then
+        scaled so that the spectrum's mel is the input mel (the gain of each mel band spread over its bins by
+        the filters' weights); (2) `iters` Griffin-Lim iterations with momentum 0.99 (Perraudin et al. 2013)
+        start from the output signal's phases, not from random ones, and keep that magnitude."""
+        head = self.spectrum(mel)  # (B, bins, T)
         samples = (mel.shape[1] - 1) * self.hop
-        mag = spec.abs()
+        wav = torch.istft(head, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)  # = forward
+        spec = torch.stft(wav, self.n_fft, self.hop, self.n_fft, self.window, center=True, return_complex=True)
+        mag = head.abs() ** REFINE_HEAD_WEIGHT * spec.abs() ** (1 - REFINE_HEAD_WEIGHT)
         band_gain = torch.exp(mel.float()) / ((mag.transpose(1, 2) ** 2) @ self.mel_basis).clamp_min(1e-10)  # (B, T, n_mels)
         weight = self.mel_basis.sum(1)  # (bins,): 0 above the top filter, where the gain is 1
         gain = (band_gain @ self.mel_basis.T) / weight.clamp_min(1e-10)  # (B, T, bins)

@@ -85,11 +85,11 @@ class Config(DatasetConfig):
     hidden_dim: Annotated[int, Count] = 768  # ConvNeXt pointwise MLP width
     layers: Annotated[int, Count] = 6  # ConvNeXt blocks
     # The head predicts a correction to the mel's least-squares inverse magnitude (what Griffin-Lim starts
-    # from; FreeV) instead of the whole log magnitude: README, "The magnitude prior"
+    # from; FreeV) instead of the whole log magnitude: results/vocoder/RESULTS.md, "The magnitude prior"
     magnitude_prior: bool = False
     # At synthesis only (`vocode`, evaluate.py, the TTS tools): the head's magnitude scaled to the mel's band
     # energies, then this many Griffin-Lim iterations from its phases. 0 = the network's output as trained.
-    refine_iters: Annotated[int, NonNegative, ResumeSafe] = 0  # README, "Phase refinement"
+    refine_iters: Annotated[int, NonNegative, ResumeSafe] = 0  # results/vocoder/RESULTS.md, "Phase refinement"
     # --- discriminators ---
     # Each list needs at least one value (an empty one would silently drop a discriminator; to train
     # the generator alone, raise --gan_start_steps); periods and n_fft are at most a training segment.
@@ -98,7 +98,7 @@ class Config(DatasetConfig):
     resolutions: list[Annotated[int, Range(4)]] = field(default_factory=lambda: [512, 1024, 2048])  # multi-resolution STFT discriminator: n_fft each (hop n_fft / 4)
     resolution_channels: Annotated[int, Count] = 16  # its conv channels (Vocos: 32)
     # A vocoder output_dir, final/ or checkpoints/step_*/ to start from (another voice): its generator, and its
-    # discriminators from a checkpoint (README, "Transfer"). `builtin`: this recipe's run on the built-in corpus
+    # discriminators from a checkpoint (results/vocoder/RESULTS.md, "Transfer"). `builtin`: this recipe's run on the built-in corpus
     # (`base_config`, with this run's mel, model shape and `builtin_corpus`), trained once per machine into the
     # corpus cache (common/training/builtin_base.py), its last checkpoint (generator and discriminators); for
     # the built-in voice itself: from scratch. `auto`: `builtin` for small training data, from scratch above.

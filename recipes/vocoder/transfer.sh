@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A vocoder for a new voice from 20-60 minutes of its recordings: transfer. 0.3 h of one voice is
 # little for a GAN vocoder; started from the built-in espeak-ng voice it beats the same compute from
-# scratch on PESQ, STOI and MCD (README, "Transfer: start from the built-in voice").
+# scratch on PESQ, STOI and MCD (results/vocoder/RESULTS.md, "Transfer: start from the built-in voice").
 #
 #   bash recipes/vocoder/transfer.sh DATA_DIR [train.py arguments for the voice ...]
 #   bash recipes/vocoder/transfer.sh data/prompts_es/ljspeech --num_valid 48 --num_test 52
