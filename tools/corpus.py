@@ -696,9 +696,9 @@ def corpus_sentences() -> set[str]:
     for profile in PROFILES:
         taken.update(_plan(Path("."), profile)[2])
     for cfg in SSL_PROFILES.values():
-        base = _plan(Path("."), cfg["base"])[2]
+        base = set(_plan(Path("."), cfg["base"])[2])
         n = cfg["train_speakers"] * cfg["train_utts"]
-        taken.update([s for s in make_sentences(n + len(base), _SSL_SEED) if s not in set(base)][:n])
+        taken.update([s for s in make_sentences(n + len(base), _SSL_SEED) if s not in base][:n])  # as _plan_ssl
     return taken
 
 
@@ -861,8 +861,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.render:
         return _render_shard(*args.render)
     if args.heldout is not None:
-        if not args.out or args.heldout < 1:
-            parser.error("--heldout N needs N ≥ 1 and --out DIR")
+        if not args.out or args.heldout < 1 or args.subset is not None:
+            parser.error("--heldout N needs N ≥ 1 and --out DIR (and no --subset: it writes a folder of its own)")
         out = prepare_once(Path(args.out), lambda tmp: heldout_ljspeech(tmp, args.heldout),
                            info={"heldout": args.heldout, "corpus_version": CORPUS_VERSION})
         built = json.loads((out / ".complete").read_text())
