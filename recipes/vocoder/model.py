@@ -365,6 +365,9 @@ def mel_mismatch(vocoder_cfg, tts_cfg) -> str | None:
 def vocode(generator: Generator, mel: torch.Tensor, refine_iters: int | None = None) -> torch.Tensor:
     """(frames, n_mels) log-mel → (samples,) float32 in [-1, 1]. With `refine_iters` (None: the run's
     `refine_iters`) above 0, `Generator.refine`; 0: the network's own output (what training saw)."""
+    if (mel.shape[0] - 1) * generator.hop <= generator.n_fft // 2:  # the STFTs' reflect padding needs more samples
+        raise ValueError(f"a mel of {mel.shape[0]} frames is too short to vocode: at least "
+                         f"{generator.n_fft // 2 // generator.hop + 2} are needed")
     iters = generator.refine_iters if refine_iters is None else refine_iters
     wav = generator.refine(mel.float()[None], iters) if iters else generator(mel.float()[None])
     return wav[0].clamp(-1.0, 1.0)

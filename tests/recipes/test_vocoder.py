@@ -86,6 +86,10 @@ def test_phase_refinement_gives_a_signal_whose_mel_is_the_input_mel():
     raw, gained, refined = error(0), float((frontend(generator.refine(mel[None], 0)[0]) - mel)[loud].abs().mean()), error(None)
     assert gained < 0.4 * raw and refined < 0.8 * gained and refined < 0.5, (raw, gained, refined)  # None: its own 32
     assert torch.equal(vocoder.model.vocode(generator, mel, 0), generator(mel[None])[0].clamp(-1, 1))  # 0: as trained
+    for frames in (1, 3):  # under one window's padding: one line saying so, not an error from inside torch
+        with pytest.raises(ValueError, match=f"a mel of {frames} frames is too short to vocode: at least 4"):
+            vocoder.model.vocode(generator, mel[:frames])
+    assert vocoder.model.vocode(generator, mel[:4]).shape == (3 * 256,)
 
 
 def test_the_segment_collator_cuts_the_same_segments_for_the_same_position():
