@@ -692,11 +692,10 @@ def _plan_ssl(root: Path, profile: str) -> tuple[list[Job], dict[Path, str]]:
 
 def corpus_sentences() -> set[str]:
     """Every sentence any profile speaks (labelled and SSL; what a model trained on the corpus may have heard)."""
-    taken: set[str] = set()
-    for profile in PROFILES:
-        taken.update(_plan(Path("."), profile)[2])
+    labelled = {profile: set(_plan(Path("."), profile)[2]) for profile in PROFILES}
+    taken = set().union(*labelled.values())
     for cfg in SSL_PROFILES.values():
-        base = set(_plan(Path("."), cfg["base"])[2])
+        base = labelled[cfg["base"]]
         n = cfg["train_speakers"] * cfg["train_utts"]
         taken.update([s for s in make_sentences(n + len(base), _SSL_SEED) if s not in base][:n])  # as _plan_ssl
     return taken

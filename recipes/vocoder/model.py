@@ -89,18 +89,27 @@ class Generator(nn.Module):
         spec = torch.complex(mag * torch.cos(phase), mag * torch.sin(phase))
         return (spec, phase) if with_phase else spec
 
+    def stft(self, wav: torch.Tensor) -> torch.Tensor:
+        """(B, samples) → (B, n_fft/2 + 1, frames) complex: the centred STFT the head's columns are."""
+        return torch.stft(wav, self.n_fft, self.hop, self.n_fft, self.window, center=True, return_complex=True)
+
+    def istft(self, spec: torch.Tensor, samples: int) -> torch.Tensor:
+        """(B, n_fft/2 + 1, frames) complex → (B, samples): `stft`'s inverse (overlap-add)."""
+        return torch.istft(spec, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
+
     def forward(self, mel: torch.Tensor, with_phase: bool = False):
         """(B, frames, n_mels) log-mel → (B, (frames − 1) · hop) waveform (and, `with_phase`, spectrum's phase)."""
         spec, phase = self.spectrum(mel, with_phase=True)
         samples = (mel.shape[1] - 1) * self.hop  # the centred mel of these samples has mel.shape[1] frames
-        wav = torch.istft(spec, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
+        wav = self.istft(spec, samples)
         return (wav, phase) if with_phase else wav
 
     def refine(self, mel: torch.Tensor, iters: int) -> torch.Tensor:
         """(B, frames, n_mels) log-mel → (B, samples) waveform: the network's output made to agree with the mel
-        and with itself, at synthesis only (results/vocoder/RESULTS.md, "Phase refinement"). The head's phases need not be those of
-        any signal (an STFT whose neighbouring frames disagree at a harmonic cancels part of it in the overlap-add,
-        which is where the output's STOI was lost), and its magnitude is trained only through that overlap-add.
+        and with itself, at synthesis only (results/vocoder/RESULTS.md, "Phase refinement"). The head's phases
+        need not be those of any signal (an STFT whose neighbouring frames disagree at a harmonic cancels part of
+        it in the overlap-add, which is where the output's STOI was lost), and its magnitude is trained only
+        through that overlap-add.
         So: (1) the magnitude to keep is a weighted geometric mean of two: the head's (sharp harmonics; weight
         REFINE_HEAD_WEIGHT) and that of the STFT of the output signal (a real signal's: its energy sits where
         the signal puts it, so a pause or a stop closure stays quiet, which an ASR model hears), each bin then
@@ -109,8 +118,7 @@ class Generator(nn.Module):
         start from the output signal's phases, not from random ones, and keep that magnitude."""
         head = self.spectrum(mel)  # (B, bins, T)
         samples = (mel.shape[1] - 1) * self.hop
-        wav = torch.istft(head, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)  # = forward
-        spec = torch.stft(wav, self.n_fft, self.hop, self.n_fft, self.window, center=True, return_complex=True)
+        spec = self.stft(self.istft(head, samples))  # the spectrum of the output signal (`forward`'s)
         mag = head.abs() ** REFINE_HEAD_WEIGHT * spec.abs() ** (1 - REFINE_HEAD_WEIGHT)
         band_gain = torch.exp(mel.float()) / ((mag.transpose(1, 2) ** 2) @ self.mel_basis).clamp_min(1e-10)  # (B, T, n_mels)
         weight = self.mel_basis.sum(1)  # (bins,): 0 above the top filter, where the gain is 1
@@ -120,12 +128,11 @@ class Generator(nn.Module):
         phase = spec / spec.abs().clamp_min(1e-8)
         previous = torch.zeros_like(spec)
         for _ in range(iters):
-            wav = torch.istft(mag * phase, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
-            rebuilt = torch.stft(wav, self.n_fft, self.hop, self.n_fft, self.window, center=True, return_complex=True)
+            rebuilt = self.stft(self.istft(mag * phase, samples))
             phase = rebuilt - (0.99 / 1.99) * previous  # the momentum step of "fast" Griffin-Lim
             phase = phase / phase.abs().clamp_min(1e-8)
             previous = rebuilt
-        return torch.istft(mag * phase, self.n_fft, self.hop, self.n_fft, self.window, center=True, length=samples)
+        return self.istft(mag * phase, samples)
 
 
 # ---------------------------------------------------------------------------------------------
